@@ -1,0 +1,33 @@
+"""Errors that reach the user: one line naming the problem, and a hint saying what to do."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_VALIDATION_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+class InferccError(Exception):
+    """A problem with the user's input or environment. The CLI prints it on one line, exit 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class PassError(InferccError):
+    """A pass failed; the message names the pass. This is a bug in infercc, not in the model."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ValidationError(InferccError):
+    """The optimized model's outputs differ from the original's beyond tolerance."""
+
+    exit_code = EXIT_VALIDATION_FAILED
