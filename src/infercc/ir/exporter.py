@@ -1,0 +1,225 @@
+"""IR -> ModelProto, and the streaming, atomic model writer.
+
+`save_model` never builds a second copy of the weights in memory: it serializes the model
+without its main-graph initializers, then appends each initializer to the graph field one at a
+time, so peak memory is the IR plus the largest single tensor. Models whose weights pass 2 GB
+(or with `external_data=True`) get their tensors in a `<file>.data` beside the model. Files are
+written under a temporary name and renamed, so a crash never leaves half a model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from infercc.ir.graph import Graph, Model, Node, Value
+from infercc.ir.tensor import Tensor
+
+EXTERNAL_THRESHOLD = 2**31 - 2**27  # ~1.87 GiB of weights: past this, write external data
+EXTERNAL_MIN_BYTES = 1024  # smaller tensors stay inline even in external-data mode
+_ALIGN = 4096
+# Strings have no fixed width; 4- and 2-bit types pack several values to a byte.
+_INLINE_ONLY = {
+    getattr(TensorProto, n)
+    for n in ("STRING", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(TensorProto, n)
+}
+
+
+def type_proto_of(value: Value) -> onnx.TypeProto:
+    if value.type_proto is not None and not _type_stale(value):
+        return value.type_proto
+    tp = onnx.TypeProto()
+    if value.dtype is None:
+        return tp
+    tt = tp.tensor_type
+    tt.elem_type = value.dtype
+    if value.shape is not None:
+        tt.shape.SetInParent()
+        for d in value.shape:
+            dim = tt.shape.dim.add()
+            if isinstance(d, int):
+                dim.dim_value = d
+            elif isinstance(d, str):
+                dim.dim_param = d
+    return tp
+
+
+def _type_stale(value: Value) -> bool:
+    tp = value.type_proto
+    assert tp is not None
+    return (
+        tp.HasField("tensor_type")
+        and value.dtype is not None
+        and tp.tensor_type.elem_type not in (0, value.dtype)
+    )
+
+
+def _value_info(value: Value) -> onnx.ValueInfoProto:
+    vi = onnx.ValueInfoProto(name=value.name, doc_string=value.doc_string)
+    vi.type.CopyFrom(type_proto_of(value))
+    for k, v in value.metadata_props:
+        vi.metadata_props.add(key=k, value=v)
+    return vi
+
+
+def export_node(node: Node, with_weights: bool = True) -> onnx.NodeProto:
+    np_ = onnx.NodeProto(
+        op_type=node.op_type, domain=node.domain, name=node.name, doc_string=node.doc_string
+    )
+    np_.input.extend(v.name if v is not None else "" for v in node.inputs)
+    np_.output.extend(v.name if v is not None else "" for v in node.outputs)
+    if node.overload:
+        np_.overload = node.overload
+    for k, v in node.metadata_props:
+        np_.metadata_props.add(key=k, value=v)
+    for name, a in node.attributes.items():
+        if isinstance(a, Graph):
+            attr = np_.attribute.add(name=name, type=onnx.AttributeProto.GRAPH)
+            attr.g.CopyFrom(export_graph(a, with_weights))
+        elif isinstance(a, list):
+            attr = np_.attribute.add(name=name, type=onnx.AttributeProto.GRAPHS)
+            attr.graphs.extend(export_graph(g, with_weights) for g in a)
+        else:
+            np_.attribute.append(a)
+    return np_
+
+
+def export_graph(graph: Graph, with_weights: bool = True) -> onnx.GraphProto:
+    """A GraphProto; without weights, the main-graph initializers are left out."""
+    gp = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
+    gp.node.extend(export_node(n, True) for n in graph)
+    if with_weights:
+        gp.initializer.extend(v.const.to_proto(v.name) for v in graph.initializers.values())
+    gp.sparse_initializer.extend(graph.sparse_initializers)
+    gp.input.extend(_value_info(v) for v in graph.inputs)
+    gp.output.extend(_value_info(v) for v in graph.outputs)
+    gp.value_info.extend(_value_info(v) for v in _kept_infos(graph))
+    gp.value_info.extend(graph.extra_value_info)
+    for k, v in graph.metadata_props:
+        gp.metadata_props.add(key=k, value=v)
+    return gp
+
+
+def _kept_infos(graph: Graph) -> Iterator[Value]:
+    outputs = {id(v) for v in graph.outputs}
+    for node in graph:
+        for v in node.outputs:
+            if v is not None and v.keep_info and id(v) not in outputs:
+                yield v
+
+
+def _model_shell(model: Model) -> onnx.ModelProto:
+    mp = onnx.ModelProto(
+        # IR < 4 demands every initializer be listed as a graph input too; infercc treats such
+        # initializers as constants, so the model is written as IR 4 (same opsets).
+        ir_version=max(model.ir_version, 4),
+        producer_name=model.producer_name,
+        producer_version=model.producer_version,
+        domain=model.domain,
+        model_version=model.model_version,
+        doc_string=model.doc_string,
+    )
+    for domain, version in model.opset_imports.items():
+        mp.opset_import.add(domain=domain, version=version)
+    for k, v in model.metadata_props:
+        mp.metadata_props.add(key=k, value=v)
+    mp.functions.extend(model.functions)
+    mp.training_info.extend(model.training_info)
+    return mp
+
+
+def export_model(model: Model, with_weights: bool = True) -> onnx.ModelProto:
+    """The model as a ModelProto (weights copied in: use `save_model` for large models)."""
+    mp = _model_shell(model)
+    mp.graph.CopyFrom(export_graph(model.graph, with_weights))
+    return mp
+
+
+def weights_nbytes(model: Model) -> int:
+    return sum(v.const.nbytes for v in model.graph.initializers.values())  # type: ignore[union-attr]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+_GRAPH_TAG = _varint((7 << 3) | 2)  # ModelProto.graph
+_INIT_TAG = _varint((5 << 3) | 2)  # GraphProto.initializer
+
+
+def save_model(model: Model, path: str | Path, external_data: bool | None = None) -> list[Path]:
+    """Write the model atomically; returns the files written (model, and .data if any)."""
+    path = Path(path)
+    use_external = (
+        external_data if external_data is not None else weights_nbytes(model) > EXTERNAL_THRESHOLD
+    )
+    data_path = path.with_name(path.name + ".data")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp_data = data_path.with_name(f".{data_path.name}.{os.getpid()}.tmp")
+    inits = list(model.graph.initializers.values())
+    try:
+        with open(tmp, "wb") as f:
+            if use_external:
+                with open(tmp_data, "wb") as fd:
+                    protos = [_to_external(v, fd, data_path.name) for v in inits]
+                _write_model(model, f, lambda: iter(protos))
+            else:
+                _write_model(model, f, lambda: (v.const.to_proto(v.name) for v in inits))
+        if use_external:
+            os.replace(tmp_data, data_path)
+        os.replace(tmp, path)
+    finally:
+        for t in (tmp, tmp_data):
+            if t.exists():
+                t.unlink()
+    return [path, data_path] if use_external else [path]
+
+
+def _write_model(model: Model, f, tensors: Callable[[], Iterator[TensorProto]]) -> None:
+    """Serialize the shell and graph, then stream the initializers into the graph field.
+
+    `tensors` is called twice (sizes first, then bytes) so that tensors built from arrays exist
+    one at a time; the source model's own TensorProtos are never copied.
+    """
+    shell = _model_shell(model).SerializeToString()
+    graph = export_graph(model.graph, with_weights=False).SerializeToString()
+    sizes = [t.ByteSize() for t in tensors()]
+    total = len(graph) + sum(len(_INIT_TAG) + len(_varint(s)) + s for s in sizes)
+    f.write(shell)
+    f.write(_GRAPH_TAG + _varint(total) + graph)
+    for t, s in zip(tensors(), sizes, strict=True):
+        f.write(_INIT_TAG + _varint(s))
+        f.write(t.SerializeToString())
+
+
+def _to_external(value: Value, fd, location: str) -> TensorProto:
+    tensor: Tensor = value.const  # type: ignore[assignment]
+    if tensor.nbytes < EXTERNAL_MIN_BYTES or tensor.dtype in _INLINE_ONLY:
+        return tensor.to_proto(value.name)
+    fd.write(b"\0" * ((-fd.tell()) % _ALIGN))
+    offset = fd.tell()
+    if tensor.proto is not None and not tensor.is_external and tensor.proto.raw_data:
+        fd.write(tensor.proto.raw_data)
+    else:
+        fd.write(np.ascontiguousarray(tensor.numpy()).tobytes())
+    out = TensorProto(name=value.name, data_type=tensor.dtype, doc_string=value.doc_string)
+    out.dims.extend(tensor.shape)
+    out.data_location = TensorProto.EXTERNAL
+    length = fd.tell() - offset
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        out.external_data.add(key=k, value=v)
+    return out

@@ -1,0 +1,302 @@
+"""ModelProto -> IR. The only code that reads ONNX protobuf (besides the exporter's writer).
+
+Everything a ModelProto holds is kept: initializers (decoded lazily, external data
+memory-mapped), Constant nodes, every attribute, subgraphs with outer-scope references, symbolic
+dimensions, value_info, opset imports of any domain, model-local functions, metadata, docs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from infercc.errors import InferccError
+from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn
+from infercc.ir.tensor import Tensor
+
+log = logging.getLogger(__name__)
+
+_MAX_PROTO = 2**31 - 1
+
+
+def load_model(path: str | Path) -> Model:
+    """Read a model file into the IR without reading external weights."""
+    path = Path(path)
+    if not path.exists():
+        raise InferccError(f"model file not found: {path}", "check the path")
+    if path.is_dir():
+        raise InferccError(f"{path} is a directory, not an ONNX model file", "pass the .onnx file")
+    size = path.stat().st_size
+    if size > _MAX_PROTO:
+        raise InferccError(
+            f"{path} is {size / 2**30:.1f} GiB in one file; protobuf cannot read over 2 GiB",
+            "save the model with external data (onnx.save(..., save_as_external_data=True))",
+        )
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InferccError(
+            f"{path} is not a valid ONNX model: protobuf could not parse it ({_short(e)})",
+            "the file may be truncated or not an ONNX file; re-export the model",
+        ) from None
+    if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
+        raise InferccError(
+            f"{path} holds no ONNX graph (empty, truncated or not an ONNX file)",
+            "re-export the model",
+        )
+    return import_model(proto, base_dir=path.parent)
+
+
+def _short(e: Exception) -> str:
+    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+
+
+def import_model(proto: onnx.ModelProto, base_dir: Path | None = None) -> Model:
+    _check_versions(proto)
+    model = Model(Graph(proto.graph.name))
+    model.ir_version = proto.ir_version
+    model.opset_imports = {op.domain: op.version for op in proto.opset_import}
+    model.producer_name = proto.producer_name
+    model.producer_version = proto.producer_version
+    model.domain = proto.domain
+    model.model_version = proto.model_version
+    model.doc_string = proto.doc_string
+    model.metadata_props = [(p.key, p.value) for p in proto.metadata_props]
+    model.functions = list(proto.functions)
+    model.training_info = list(proto.training_info)
+    model.base_dir = base_dir
+    try:
+        _Importer(model, base_dir).graph(proto.graph, model.graph, None)
+    except IRError as e:
+        raise InferccError(
+            f"invalid model: {e}", "the model breaks ONNX's rules; re-export it"
+        ) from None
+    return model
+
+
+def _check_versions(proto: onnx.ModelProto) -> None:
+    if proto.ir_version > onnx.IR_VERSION:
+        raise InferccError(
+            f"model IR version {proto.ir_version} is newer than the installed onnx supports "
+            f"({onnx.IR_VERSION})",
+            "upgrade onnx (pip install -U onnx)",
+        )
+    latest = onnx.defs.onnx_opset_version()
+    for op in proto.opset_import:
+        if op.domain in ("", "ai.onnx") and op.version > latest:
+            raise InferccError(
+                f"model uses opset {op.version} but the installed onnx knows up to {latest}",
+                "upgrade onnx (pip install -U onnx), or export the model with a lower opset",
+            )
+    if not any(op.domain in ("", "ai.onnx") for op in proto.opset_import) and proto.graph.node:
+        if any(n.domain in ("", "ai.onnx") for n in proto.graph.node):
+            raise InferccError(
+                "model has standard ONNX nodes but no opset import for the default domain",
+                "re-export the model with an opset version",
+            )
+
+
+def _dims(type_proto: onnx.TypeProto) -> tuple[int | str | None, ...] | None:
+    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
+        return None
+    out: list[int | str | None] = []
+    for d in type_proto.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            out.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            out.append(d.dim_param)
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def apply_type(value: Value, type_proto: onnx.TypeProto) -> None:
+    if type_proto.HasField("tensor_type"):
+        if type_proto.tensor_type.elem_type:
+            value.dtype = type_proto.tensor_type.elem_type
+        dims = _dims(type_proto)
+        if dims is not None:
+            value.shape = dims
+
+
+class _Importer:
+    def __init__(self, model: Model, base_dir: Path | None):
+        self.model = model
+        self.base_dir = base_dir
+
+    def graph(self, gp: onnx.GraphProto, graph: Graph, outer: dict[str, Value] | None) -> Graph:
+        graph.name = gp.name
+        graph.doc_string = gp.doc_string
+        graph.metadata_props = [(p.key, p.value) for p in gp.metadata_props]
+        graph.sparse_initializers = list(gp.sparse_initializer)
+        scope: dict[str, Value] = {}
+        for t in gp.initializer:
+            self._define(scope, t.name, "initializer")
+            v = Value(t.name, const=Tensor.from_proto(t, self.base_dir))
+            v.doc_string = t.doc_string
+            scope[t.name] = graph.add_initializer(v)
+        for vi in gp.input:
+            if vi.name in graph.initializers:
+                # IR < 4 lists every initializer as an input too: it is a constant.
+                graph.initializers[vi.name].type_proto = vi.type
+                continue
+            self._define(scope, vi.name, "graph input")
+            v = Value(vi.name)
+            apply_type(v, vi.type)
+            v.type_proto = vi.type
+            v.doc_string = vi.doc_string
+            scope[vi.name] = graph.add_input(v)
+        infos = {vi.name: vi for vi in gp.value_info}
+        for node_proto in self._ordered(gp, scope, outer):
+            self.node(node_proto, graph, scope, outer)
+        for vi in gp.output:
+            v = self._resolve(vi.name, scope, outer, f"graph output {vi.name!r}")
+            if v.graph is not graph:
+                raise InferccError(
+                    f"graph output {vi.name!r} of {gp.name!r} is an outer-scope value",
+                    "unsupported model form; re-export it",
+                )
+            apply_type(v, vi.type)
+            v.type_proto = vi.type
+            v.doc_string = v.doc_string or vi.doc_string
+            graph.outputs.append(v)
+        for name, vi in infos.items():
+            v = scope.get(name)
+            if v is None or v.graph is not graph:
+                graph.extra_value_info.append(vi)
+                continue
+            if v.type_proto is None:
+                apply_type(v, vi.type)
+                v.keep_info = True
+        return graph
+
+    def _define(self, scope: dict[str, Value], name: str, what: str) -> None:
+        if name in scope or self.model.value(name) is not None:
+            raise InferccError(
+                f"duplicate value name {name!r} ({what} defined twice)",
+                "every tensor name must be assigned once; re-export the model",
+            )
+
+    def _resolve(
+        self, name: str, scope: dict[str, Value], outer: dict[str, Value] | None, who: str
+    ) -> Value:
+        v = scope.get(name)
+        if v is None and outer is not None:
+            v = outer.get(name)
+        if v is None:
+            raise InferccError(
+                f"{who} reads {name!r}, which no node, graph input or initializer defines",
+                "the model is incomplete (a missing initializer or a dangling reference); "
+                "re-export it",
+            )
+        return v
+
+    def _ordered(
+        self, gp: onnx.GraphProto, scope: dict[str, Value], outer: dict[str, Value] | None
+    ) -> list[onnx.NodeProto]:
+        """The nodes in topological order (the file's order when it already is one)."""
+        nodes = list(gp.node)
+        producer: dict[str, int] = {}
+        for i, n in enumerate(nodes):
+            for o in n.output:
+                if not o:
+                    continue
+                if o in producer or o in scope:
+                    raise InferccError(
+                        f"duplicate value name {o!r}: assigned by more than one node or input",
+                        "every tensor name must be assigned once; re-export the model",
+                    )
+                producer[o] = i
+        sorted_already = True
+        deps: list[set[int]] = []
+        for i, n in enumerate(nodes):
+            d = {producer[x] for x in _node_reads(n) if x in producer}
+            d.discard(i)
+            if any(j > i for j in d):
+                sorted_already = False
+            deps.append(d)
+            if i in {producer.get(x) for x in n.input if x}:
+                raise InferccError(
+                    f"graph has a cycle: node {_label(n)} reads its own output",
+                    "the model is malformed; re-export it",
+                )
+        if sorted_already:
+            return nodes
+        keys = [_NodeKey(i) for i in range(len(nodes))]
+        order = _stable_kahn(
+            keys,  # type: ignore[arg-type]
+            {keys[i]: {keys[j] for j in deps[i]} for i in range(len(nodes))},  # type: ignore[misc]
+            {k: k.i for k in keys},  # type: ignore[misc]
+        )
+        if order is None:
+            stuck = [_label(nodes[k.i]) for k in keys if k not in set(order or [])][:3]
+            raise InferccError(
+                f"graph has a cycle (involving {', '.join(stuck)})",
+                "the model is malformed; re-export it",
+            )
+        log.info("graph %r was not in topological order; sorted it", gp.name)
+        return [nodes[k.i] for k in order]  # type: ignore[attr-defined]
+
+    def node(
+        self,
+        np_: onnx.NodeProto,
+        graph: Graph,
+        scope: dict[str, Value],
+        outer: dict[str, Value] | None,
+    ) -> None:
+        who = f"node {_label(np_)}"
+        inputs = [self._resolve(x, scope, outer, who) if x else None for x in np_.input]
+        node = Node(np_.op_type, inputs, domain=np_.domain, name=np_.name)
+        node.doc_string = np_.doc_string
+        node.overload = getattr(np_, "overload", "")
+        node.metadata_props = [(p.key, p.value) for p in getattr(np_, "metadata_props", [])]
+        inner_outer = {**(outer or {}), **scope}
+        for a in np_.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                node.set_attr(a.name, self._subgraph(a.g, inner_outer, node))
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                node.set_attr(a.name, [self._subgraph(g, inner_outer, node) for g in a.graphs])
+            else:
+                node.attributes[a.name] = a
+        for o in np_.output:
+            if not o:
+                node._append_output(None)
+                continue
+            self._define(scope, o, f"output of {who}")
+            v = Value(o)
+            node._append_output(v)
+            scope[o] = v
+        graph.append(node)
+
+    def _subgraph(self, gp: onnx.GraphProto, outer: dict[str, Value], owner: Node) -> Graph:
+        sub = Graph(gp.name, self.model)
+        sub.owner = owner
+        return self.graph(gp, sub, outer)
+
+
+class _NodeKey:
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+def _node_reads(n: onnx.NodeProto) -> set[str]:
+    """Names a node reads, including free names read inside its subgraphs."""
+    names = {x for x in n.input if x}
+    for a in n.attribute:
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+            inner_defined = {t.name for t in g.initializer} | {vi.name for vi in g.input}
+            for sub in g.node:
+                inner_defined.update(o for o in sub.output if o)
+            for sub in g.node:
+                names.update(x for x in _node_reads(sub) if x not in inner_defined)
+            names.update(vi.name for vi in g.output if vi.name not in inner_defined)
+    return names
+
+
+def _label(n: onnx.NodeProto) -> str:
+    return f"{n.name!r} ({n.op_type})" if n.name else f"({n.op_type} -> {list(n.output)[:2]})"

@@ -1,0 +1,166 @@
+"""Constant tensors of the IR: numpy arrays, decoded lazily from the TensorProto they came from.
+
+A weight that no pass touches is never decoded: the exporter writes its original TensorProto back.
+External data is memory-mapped when a pass asks for the array, never read whole into memory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from infercc.errors import InferccError
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def external_info(proto: TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in proto.external_data}
+
+
+def resolve_external_path(base_dir: Path | None, location: str, tensor: str) -> Path:
+    """The file an external tensor lives in; refuses paths that leave the model's directory."""
+    if base_dir is None:
+        raise InferccError(
+            f"tensor '{tensor}' stores its data in an external file but the model was not read "
+            "from a path",
+            "load the model from its file so its external data can be found",
+        )
+    loc = Path(location)
+    base = base_dir.resolve()
+    target = (base / loc).resolve()
+    if loc.is_absolute() or os.path.commonpath([base, target]) != str(base):
+        raise InferccError(
+            f"tensor '{tensor}' points at external data outside the model's folder: {location!r}",
+            "external data locations must be relative paths inside the model's directory",
+        )
+    if not target.is_file():
+        raise InferccError(
+            f"external data file for tensor '{tensor}' not found: {target}",
+            "keep the .data file next to the model",
+        )
+    return target
+
+
+class Tensor:
+    """An immutable constant: either an array, or a TensorProto decoded on first use."""
+
+    __slots__ = ("_array", "proto", "dtype", "shape", "base_dir")
+
+    def __init__(
+        self,
+        array: np.ndarray | None = None,
+        *,
+        proto: TensorProto | None = None,
+        dtype: int | None = None,
+        base_dir: Path | None = None,
+    ):
+        if array is None and proto is None:
+            raise ValueError("Tensor needs an array or a proto")
+        self._array = array
+        self.proto = proto
+        self.base_dir = base_dir
+        if proto is not None:
+            self.dtype = proto.data_type
+            self.shape = tuple(int(d) for d in proto.dims)
+        else:
+            arr = np.asarray(array)
+            self._array = arr
+            self.dtype = (
+                dtype if dtype is not None else onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+            )
+            self.shape = tuple(arr.shape)
+
+    @classmethod
+    def from_proto(cls, proto: TensorProto, base_dir: Path | None = None) -> Tensor:
+        return cls(proto=proto, base_dir=base_dir)
+
+    @property
+    def is_external(self) -> bool:
+        return self.proto is not None and self.proto.data_location == TensorProto.EXTERNAL
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        if self.dtype in (TensorProto.STRING, TensorProto.UNDEFINED):
+            return 0
+        return self.size * _np_dtype(self.dtype).itemsize
+
+    def numpy(self) -> np.ndarray:
+        """The data as a read-only array (memory-mapped for external data)."""
+        if self._array is None:
+            self._array = self._decode()
+            self._array.flags.writeable = False
+        return self._array
+
+    def _decode(self) -> np.ndarray:
+        assert self.proto is not None
+        if self.is_external:
+            return self._map_external()
+        return numpy_helper.to_array(self.proto)
+
+    def _map_external(self) -> np.ndarray:
+        info = external_info(self.proto)
+        path = resolve_external_path(self.base_dir, info.get("location", ""), self.proto.name)
+        dtype = _np_dtype(self.dtype)
+        offset = int(info.get("offset", 0))
+        length = int(info.get("length", self.size * dtype.itemsize))
+        if length < self.size * dtype.itemsize or offset + length > path.stat().st_size:
+            raise InferccError(
+                f"external data of tensor '{self.proto.name}' is shorter than its shape needs",
+                "the .data file is truncated or does not belong to this model",
+            )
+        if self.size == 0:
+            return np.zeros(self.shape, dtype=dtype)
+        if dtype.kind not in "biufc" or self.dtype in _CUSTOM_TYPES:
+            raw = np.fromfile(path, dtype=np.uint8, count=length, offset=offset).tobytes()
+            copy = TensorProto()
+            copy.CopyFrom(self.proto)
+            del copy.external_data[:]
+            copy.data_location = TensorProto.DEFAULT
+            copy.raw_data = raw
+            return numpy_helper.to_array(copy)
+        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=self.shape)
+
+    def to_proto(self, name: str) -> TensorProto:
+        """A TensorProto with inline data (external data is read in)."""
+        if self.proto is not None and not self.is_external:
+            if self.proto.name == name:
+                return self.proto
+            copy = TensorProto()
+            copy.CopyFrom(self.proto)
+            copy.name = name
+            return copy
+        arr = self.numpy()
+        if self.dtype in _CUSTOM_TYPES or arr.dtype.kind not in "biufc":
+            return numpy_helper.from_array(np.asarray(arr), name=name)
+        proto = TensorProto()
+        proto.name = name
+        proto.data_type = self.dtype
+        proto.dims.extend(self.shape)
+        proto.raw_data = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes()
+        return proto
+
+
+_CUSTOM_TYPES = {
+    TensorProto.BFLOAT16,
+    TensorProto.FLOAT8E4M3FN,
+    TensorProto.FLOAT8E4M3FNUZ,
+    TensorProto.FLOAT8E5M2,
+    TensorProto.FLOAT8E5M2FNUZ,
+    TensorProto.UINT4,
+    TensorProto.INT4,
+    TensorProto.STRING,
+}
+for _name in ("FLOAT4E2M1", "FLOAT8E8M0", "UINT2", "INT2"):
+    if hasattr(TensorProto, _name):
+        _CUSTOM_TYPES.add(getattr(TensorProto, _name))

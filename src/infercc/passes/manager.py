@@ -1,0 +1,209 @@
+"""The pass registry and the pipeline manager.
+
+A pass is a function `(graph, ctx) -> PassResult`, registered by name. The manager runs the
+pipeline in order, repeatedly, until no pass changes the graph (a fixpoint) or the step cap is
+reached; it times each pass, sums its statistics, re-infers shapes after a change, lints the
+graph after every pass under `verify`, and names the pass in any error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from infercc.errors import InferccError, PassError
+from infercc.ir.graph import Graph, IRError, Model, Node
+from infercc.ir.shapes import infer_shapes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FOLD_LIMIT = 16 * 2**20
+
+
+@dataclass
+class Refusal:
+    """A rewrite that matched but did not fire, and why."""
+
+    pass_name: str
+    node: str
+    op_type: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "pass": self.pass_name,
+            "node": self.node,
+            "op": self.op_type,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class PassContext:
+    """What passes may know about the job: target, options, and a log of refusals."""
+
+    target: str = "cpu"
+    backend: str = "ort"
+    portable: bool = False
+    fold_limit: int = DEFAULT_FOLD_LIMIT
+    verify: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    refusals: list[Refusal] = field(default_factory=list)
+    current_pass: str = ""
+    _seen: set[tuple[str, str, str]] = field(default_factory=set)
+
+    def refuse(self, node: Node, reason: str) -> None:
+        """Record that a rewrite at `node` did not fire (shown by --explain)."""
+        key = (self.current_pass, node.name or str(id(node)), reason)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.refusals.append(Refusal(self.current_pass, node.name, node.op_type, reason))
+
+    @property
+    def fused_ops_allowed(self) -> bool:
+        """True when the output may use onnxruntime's contrib ops (com.microsoft)."""
+        return not self.portable and self.backend == "ort"
+
+
+@dataclass
+class PassResult:
+    changed: bool
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+PassFn = Callable[[Graph, PassContext], PassResult]
+
+
+@dataclass
+class PassInfo:
+    name: str
+    fn: PassFn
+    doc: str
+
+
+REGISTRY: dict[str, PassInfo] = {}
+
+
+def register_pass(name: str) -> Callable[[PassFn], PassFn]:
+    def deco(fn: PassFn) -> PassFn:
+        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        REGISTRY[name] = PassInfo(name, fn, doc)
+        return fn
+
+    return deco
+
+
+DEFAULT_PIPELINE = (
+    "fold-constants",
+    "eliminate-no-ops",
+    "eliminate-dead-code",
+    "fuse-conv-bn-relu",
+    "fuse-qkv",
+)
+
+
+@dataclass
+class PassStats:
+    runs: int = 0
+    changed: int = 0
+    time_s: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "changed": self.changed,
+            "time_s": round(self.time_s, 6),
+            **self.counts,
+        }
+
+
+@dataclass
+class PipelineReport:
+    passes: dict[str, PassStats]
+    iterations: int
+    reached_fixpoint: bool
+    refusals: list[Refusal]
+
+
+def check_pass_names(names: Iterable[str]) -> None:
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise InferccError(
+            f"unknown pass {unknown[0]!r}",
+            "known passes: " + ", ".join(sorted(REGISTRY)),
+        )
+
+
+def run_passes(
+    model: Model,
+    ctx: PassContext | None = None,
+    pipeline: Iterable[str] = DEFAULT_PIPELINE,
+    disabled: Iterable[str] = (),
+    max_iterations: int = 8,
+    on_pass: Callable[[str], None] | None = None,
+) -> PipelineReport:
+    """Run the pipeline to a fixpoint (or `max_iterations` rounds)."""
+    ctx = ctx or PassContext()
+    pipeline = list(pipeline)
+    disabled = set(disabled)
+    check_pass_names([*pipeline, *disabled])
+    stats = {name: PassStats() for name in pipeline if name not in disabled}
+    infer_shapes(model)
+    iterations = 0
+    fixpoint = False
+    while iterations < max_iterations:
+        iterations += 1
+        changed_round = False
+        for name in stats:
+            if on_pass is not None:
+                on_pass(name)
+            result = _run_one(name, model, ctx, stats[name])
+            if result.changed:
+                changed_round = True
+                infer_shapes(model)
+        if not changed_round:
+            fixpoint = True
+            break
+    return PipelineReport(stats, iterations, fixpoint, ctx.refusals)
+
+
+def _run_one(name: str, model: Model, ctx: PassContext, st: PassStats) -> PassResult:
+    info = REGISTRY[name]
+    ctx.current_pass = name
+    t0 = time.perf_counter()
+    try:
+        result = info.fn(model.graph, ctx)
+        if ctx.verify:
+            model.graph.lint()
+    except InferccError:
+        raise
+    except IRError as e:
+        raise PassError(
+            f"pass {name!r} broke the graph: {e}",
+            f"this is a bug in infercc; rerun with --disable-pass {name} to skip it",
+        ) from e
+    except Exception as e:
+        raise PassError(
+            f"pass {name!r} failed: {type(e).__name__}: {e}",
+            f"this is a bug in infercc; rerun with --disable-pass {name} to skip it",
+        ) from e
+    finally:
+        st.time_s += time.perf_counter() - t0
+    st.runs += 1
+    st.changed += int(result.changed)
+    for key, val in result.stats.items():
+        st.counts[key] = st.counts.get(key, 0) + val
+    log.debug("pass %s: changed=%s %s", name, result.changed, result.stats)
+    return result
+
+
+def graphs_of(graph: Graph) -> Iterator[Graph]:
+    """The graph and every subgraph under it, parents first."""
+    yield graph
+    for node in list(graph):
+        for sub in node.subgraphs():
+            yield from graphs_of(sub)

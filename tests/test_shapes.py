@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infercc.errors import InferccError
+from infercc.shapes import parse_shape, parse_shapes
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("input=1x3x224x224", ("input", (1, 3, 224, 224))),
+        ("encoder/input_ids:0=2x128", ("encoder/input_ids:0", (2, 128))),
+        ("x=7", ("x", (7,))),
+        ("x=", ("x", ())),
+        ("x=0x4", ("x", (0, 4))),
+        ("x=1X3", ("x", (1, 3))),
+        (" x = 1 x 3 ", ("x", (1, 3))),
+        ("a=b=2x2", ("a=b", (2, 2))),
+    ],
+)
+def test_parse_shape(spec: str, expected: tuple[str, tuple[int, ...]]) -> None:
+    assert parse_shape(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["x", "=1x3", "x=1xx3", "x=-1x3", "x=1x3.5", "x=abc", "x=1x²"])
+def test_parse_shape_rejects_bad_spec(spec: str) -> None:
+    with pytest.raises(InferccError, match="bad --shape") as info:
+        parse_shape(spec)
+    assert repr(spec) in info.value.message
+    assert "NAME=D0xD1" in (info.value.hint or "")
+
+
+def test_parse_shapes_collects_by_name() -> None:
+    assert parse_shapes(["a=1x2", "b="]) == {"a": (1, 2), "b": ()}
+    assert parse_shapes(None) == {}
+    assert parse_shapes([]) == {}
+
+
+def test_parse_shapes_rejects_duplicate() -> None:
+    with pytest.raises(InferccError, match="given twice for input 'a'"):
+        parse_shapes(["a=1x2", "b=3", "a=1x2"])
+
+
+_names = st.text(alphabet="abcXYZ019_/:.-", min_size=1, max_size=12)
+
+
+@given(_names, st.lists(st.integers(0, 10_000), max_size=6))
+def test_parse_shape_round_trip(name: str, dims: list[int]) -> None:
+    assert parse_shape(f"{name}={'x'.join(map(str, dims))}") == (name, tuple(dims))
