@@ -178,6 +178,7 @@ def _save_external(model: onnx.ModelProto, directory: Path) -> str:
     """Save with weights in one external file, then restore `model`'s in-memory weights."""
     path = directory / "model.onnx"
     logger.info("model is over %d bytes: saving with external data to %s", MAX_INLINE_BYTES, path)
+    untouched = [t for t in _initializers(model.graph) if not t.HasField("data_location")]
     try:
         onnx.save_model(
             model,
@@ -190,7 +191,20 @@ def _save_external(model: onnx.ModelProto, directory: Path) -> str:
     finally:
         # save_model moves raw_data out of the caller's proto; put it back.
         onnx.external_data_helper.load_external_data_for_model(model, fspath(directory))
+        for tensor in untouched:
+            tensor.ClearField("data_location")
     return fspath(path)
+
+
+def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers of `graph` and of every subgraph (If/Loop/Scan bodies)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _initializers(attr.g)
+            for sub in attr.graphs:
+                yield from _initializers(sub)
 
 
 def _make_session(source: str | bytes, optimize: bool) -> ort.InferenceSession:
@@ -390,7 +404,7 @@ def _cosine(r: np.ndarray, c: np.ndarray) -> float:
     """Cosine similarity; 1.0 for two zero vectors, 0.0 for a zero and a non-zero one."""
     scale = max(float(np.abs(r).max(initial=0.0)), float(np.abs(c).max(initial=0.0)))
     if scale == 0.0:
-        return 1.0
+        return 0.0
     r, c = r / scale, c / scale  # avoid overflow in the norms
     norm_r, norm_c = float(np.linalg.norm(r)), float(np.linalg.norm(c))
     if norm_r == 0.0 or norm_c == 0.0:

@@ -454,16 +454,27 @@ class Graph:
         assert model is not None
         out_name = old.name
         model.rename_value(old, model.fresh_name(out_name + "_replaced"))
-        local = new.producer is not None and new.producer.graph is self
-        if local and not new.is_graph_output:
+        if self.can_take_output_name(new):
             model.rename_value(new, out_name)
             carrier = new
         else:
+            local = new.producer is not None and new.producer.graph is self
             carrier = Value(out_name, new.dtype, new.shape)
             ident = Node("Identity", [new], [carrier], name=self.fresh_node_name("keep_output"))
             self.insert_after(new.producer if local else self._root, ident)  # type: ignore[arg-type]
         carrier.type_proto = old.type_proto
         self.outputs = [carrier if v is old else v for v in self.outputs]
+
+    def can_take_output_name(self, value: Value) -> bool:
+        """Whether `value` can become a graph output by taking the output's name.
+
+        A node output or constant of this graph can; a graph input, a value that already is a
+        graph output, or an outer-scope value cannot (replacing an output by one of those needs
+        an Identity, so no-op eliminations must leave such an Identity alone).
+        """
+        if value.graph is not self or value.is_graph_output:
+            return False
+        return value.producer is not None or value.const is not None
 
     def lint(self) -> None:
         """Check every invariant; raises IRError naming the first one broken."""

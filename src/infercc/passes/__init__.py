@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from infercc.passes import dce  # noqa: F401
+from infercc.passes import (  # noqa: F401  (importing registers the passes)
+    dce,
+    fold_constants,
+    fuse_conv_bn_relu,
+    fuse_qkv,
+    no_ops,
+)
 from infercc.passes.manager import (
     DEFAULT_PIPELINE,
     REGISTRY,
