@@ -404,7 +404,7 @@ def _cosine(r: np.ndarray, c: np.ndarray) -> float:
     """Cosine similarity; 1.0 for two zero vectors, 0.0 for a zero and a non-zero one."""
     scale = max(float(np.abs(r).max(initial=0.0)), float(np.abs(c).max(initial=0.0)))
     if scale == 0.0:
-        return 0.0
+        return 1.0
     r, c = r / scale, c / scale  # avoid overflow in the norms
     norm_r, norm_c = float(np.linalg.norm(r)), float(np.linalg.norm(c))
     if norm_r == 0.0 or norm_c == 0.0:
