@@ -1,5 +1,29 @@
-"""infercc: an ahead-of-time graph compiler and optimizer for ONNX models."""
+"""infercc: an ahead-of-time graph compiler and optimizer for ONNX models.
+
+import infercc
+report = infercc.optimize("model.onnx", "model.opt.onnx")
+print(report.nodes_before, report.nodes_after, report.validation.passed)
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "inspect_model", "optimize", "validate"]
+
+
+def __getattr__(name: str):
+    # Lazy, so `import infercc` stays cheap (onnxruntime loads only when needed).
+    if name == "optimize":
+        from infercc.api import optimize
+
+        return optimize
+    if name == "inspect_model":
+        from infercc.inspect import inspect_model
+
+        return inspect_model
+    if name == "validate":
+        from infercc.validate import validate
+
+        return validate
+    raise AttributeError(name)

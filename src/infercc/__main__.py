@@ -1,0 +1,3 @@
+from infercc.cli import main
+
+main()

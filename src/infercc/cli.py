@@ -1,0 +1,246 @@
+"""The `infercc` command line: parse options, call the Python API, render. No logic here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from infercc import __version__
+from infercc.errors import EXIT_BAD_INPUT, EXIT_VALIDATION_FAILED, InferccError
+
+app = typer.Typer(
+    name="infercc",
+    help=(
+        "Ahead-of-time compiler and optimizer for ONNX models.\n\n"
+        "Start with: infercc optimize model.onnx   (writes model.opt.onnx, validated against "
+        "the original under onnxruntime)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_state = {"debug": False}
+out = Console()
+err = Console(stderr=True)
+
+ShapeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--shape",
+        help="Pin an input's shape, e.g. --shape input_ids=1x128 (repeatable). Symbolic dims "
+        "not pinned default to 1 (first axis) and 8 (others).",
+    ),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"infercc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks and debug logs on errors.")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print version.")
+    ] = False,
+) -> None:
+    _state["debug"] = debug
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def optimize(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to optimize (never modified).")],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="Where to write the optimized model [default: <stem>.opt.onnx beside the input].",
+        ),
+    ] = None,
+    target: Annotated[str, typer.Option(help="Target to optimize for.")] = "cpu",
+    shape: ShapeOpt = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Validate on samples: a directory of .npz (one sample each, keyed by "
+            "input name) or <input>.npy files, or one .npz."
+        ),
+    ] = None,
+    disable_pass: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--disable-pass", help="Skip a pass by name (repeatable); `infercc passes` lists them."
+        ),
+    ] = None,
+    portable: Annotated[
+        bool, typer.Option(help="Keep standard ONNX only (no onnxruntime contrib ops).")
+    ] = False,
+    no_validate: Annotated[
+        bool, typer.Option("--no-validate", help="Skip comparing outputs with the original.")
+    ] = False,
+    verify: Annotated[
+        bool, typer.Option(help="Check the IR's invariants after every pass (slower).")
+    ] = False,
+    fold_limit: Annotated[
+        int, typer.Option(help="Largest constant (bytes) that constant folding may create.")
+    ] = 16 * 2**20,
+    external_data: Annotated[
+        bool,
+        typer.Option(
+            "--external-data",
+            help="Write weights to <output>.data even when under 2 GB (always done above 2 GB).",
+        ),
+    ] = False,
+    atol: Annotated[float, typer.Option(help="Validation absolute tolerance.")] = 1e-4,
+    rtol: Annotated[float, typer.Option(help="Validation relative tolerance.")] = 1e-3,
+    min_cosine: Annotated[float, typer.Option(help="Validation minimum cosine.")] = 0.9999,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")
+    ] = False,
+    explain: Annotated[
+        bool, typer.Option(help="List every rewrite that matched but refused, and why.")
+    ] = False,
+) -> None:
+    """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation and
+    Q/K/V projections; validate against the original; write the result atomically.
+
+    Exit codes: 0 success, 1 validation failed (nothing written), 2 bad input.
+    """
+    from infercc.api import optimize as run
+    from infercc.report import render_optimize
+    from infercc.shapes import parse_shapes
+
+    with _progress(as_json) as step:
+        report = run(
+            model,
+            output,
+            target=target,
+            shapes=parse_shapes(shape),
+            data=data,
+            disable_passes=disable_pass or [],
+            portable=portable,
+            run_validation=not no_validate,
+            fold_limit=fold_limit,
+            verify=verify,
+            external_data=True if external_data else None,
+            atol=atol,
+            rtol=rtol,
+            min_cosine=min_cosine,
+            on_step=step,
+        )
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+    else:
+        render_optimize(report, out, explain=explain)
+    if not report.passed:
+        raise typer.Exit(EXIT_VALIDATION_FAILED)
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to describe.")],
+    shape: ShapeOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Describe MODEL: inputs and outputs, opsets, op histogram, parameters, and FLOPs of
+    Conv/MatMul/Gemm at the given shapes."""
+    from infercc.inspect import inspect_model
+    from infercc.report import render_inspect
+    from infercc.shapes import parse_shapes
+
+    report = inspect_model(model, parse_shapes(shape))
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+    else:
+        render_inspect(report, out)
+
+
+@app.command()
+def passes(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the passes, in pipeline order."""
+    from infercc.passes import DEFAULT_PIPELINE, REGISTRY
+
+    rows = [{"name": n, "doc": REGISTRY[n].doc} for n in DEFAULT_PIPELINE]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    for r in rows:
+        out.print(f"[bold]{r['name']}[/]  {r['doc']}")
+
+
+class _progress:
+    """A spinner on stderr naming the current step (silent under --json or without a TTY)."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet or not err.is_terminal
+        self.status = None
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda _msg: None
+        self.status = err.status("starting")
+        self.status.__enter__()
+        return lambda msg: self.status.update(msg)
+
+    def __exit__(self, *exc) -> None:
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+
+def main() -> None:
+    """Entry point: one-line errors with exit code 2; tracebacks only with --debug."""
+    debug = "--debug" in sys.argv[1:]
+    try:
+        app(standalone_mode=False)
+    except InferccError as e:
+        if debug:
+            raise
+        err.print(
+            f"[red]error:[/] {e.message}" + (f" — {e.hint}" if e.hint else ""),
+            soft_wrap=True,
+            highlight=False,
+        )
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except _click_exceptions() as e:
+        e.show()
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as e:  # a bug: say so on one line, the traceback with --debug
+        if debug:
+            raise
+        msg = str(e).splitlines()[0] if str(e) else ""
+        err.print(
+            f"[red]internal error:[/] {type(e).__name__}: {msg} — rerun with --debug for the "
+            "traceback and report it",
+            soft_wrap=True,
+            highlight=False,
+        )
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _click_exceptions():
+    import click
+
+    return (click.exceptions.ClickException,)

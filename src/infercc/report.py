@@ -1,0 +1,140 @@
+"""Rendering reports for people (rich tables). The JSON form is each report's `to_dict()`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from infercc.api import OptimizeReport
+from infercc.inspect import InspectReport
+from infercc.validate import ValidationReport
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def render_optimize(report: OptimizeReport, console: Console, explain: bool = False) -> None:
+    console.print(f"[bold]{report.input}[/] -> [bold]{report.output}[/]  (target {report.target})")
+    console.print(
+        f"nodes {report.nodes_before} -> {report.nodes_after}   "
+        f"size {human_bytes(report.size_before)} -> {human_bytes(report.size_after)}   "
+        f"{report.iterations} round(s){'' if report.reached_fixpoint else ' (step cap reached)'}"
+        f"   {report.seconds:.2f} s"
+    )
+    console.print(_passes_table(report))
+    console.print(_ops_table(report))
+    if report.validation is not None:
+        render_validation(report.validation, console)
+        if not report.validation.passed:
+            console.print("[red]validation failed: the optimized model was not written[/]")
+    else:
+        console.print("validation skipped (--no-validate)")
+    if explain:
+        _render_refusals(report, console)
+    elif report.refusals:
+        console.print(f"{len(report.refusals)} rewrite(s) refused; --explain lists them")
+
+
+def _passes_table(report: OptimizeReport) -> Table:
+    t = Table(title="passes", title_justify="left")
+    t.add_column("pass")
+    t.add_column("rewrites")
+    t.add_column("time", justify="right")
+    for name, st in report.passes.items():
+        counts = {k: v for k, v in st.items() if k not in ("runs", "changed", "time_s") and v}
+        text = ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
+        t.add_row(name, text, f"{st['time_s'] * 1000:.1f} ms")
+    return t
+
+
+def _ops_table(report: OptimizeReport) -> Table:
+    t = Table(title="ops", title_justify="left")
+    t.add_column("op")
+    t.add_column("before", justify="right")
+    t.add_column("after", justify="right")
+    t.add_column("delta", justify="right")
+    for op in sorted(set(report.ops_before) | set(report.ops_after)):
+        a, b = report.ops_before.get(op, 0), report.ops_after.get(op, 0)
+        delta = f"{b - a:+d}" if b != a else ""
+        t.add_row(op, str(a), str(b), delta)
+    return t
+
+
+def _render_refusals(report: OptimizeReport, console: Console) -> None:
+    if not report.refusals:
+        console.print("no rewrite was refused")
+        return
+    t = Table(title="refused rewrites", title_justify="left")
+    for col in ("pass", "node", "op", "reason"):
+        t.add_column(col)
+    for r in report.refusals:
+        t.add_row(r["pass"], r["node"], r["op"], r["reason"])
+    console.print(t)
+
+
+def render_validation(v: ValidationReport, console: Console) -> None:
+    status = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
+    console.print(
+        f"validation {status} on {v.samples} sample(s) "
+        f"(atol {v.atol:g}, rtol {v.rtol:g}, cosine >= {v.min_cosine})"
+    )
+    t = Table()
+    for col in ("output", "max abs", "max rel", "cosine", "out of tol", "ok"):
+        t.add_column(col)
+    for m in v.outputs.values():
+        t.add_row(
+            m.name,
+            _num(m.max_abs),
+            _num(m.max_rel),
+            _num(m.cosine, ".6f"),
+            _num(m.frac_out_of_tol, ".2%"),
+            "yes" if m.passed else f"[red]no[/] {m.reason or ''}",
+        )
+    console.print(t)
+
+
+def _num(x: float | None, fmt: str = ".3g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render_inspect(r: InspectReport, console: Console) -> None:
+    console.print(f"[bold]{r.path}[/]  {human_bytes(r.size)}  IR {r.ir_version}  {r.producer}")
+    console.print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in r.opsets.items()))
+    io = Table(title="inputs and outputs", title_justify="left")
+    for col in ("", "name", "dtype", "shape"):
+        io.add_column(col)
+    for kind, items in (("in", r.inputs), ("out", r.outputs)):
+        for t in items:
+            shape = (
+                "?" if t.shape is None else "x".join("?" if d is None else str(d) for d in t.shape)
+            )
+            io.add_row(kind, t.name, t.dtype, shape)
+    console.print(io)
+    ops = Table(title=f"{r.nodes} nodes", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, n in sorted(r.ops.items(), key=lambda kv: (-kv[1], kv[0])):
+        ops.add_row(op, str(n))
+    console.print(ops)
+    console.print(
+        f"parameters {human_count(r.parameters)} ({human_bytes(r.parameter_bytes)})   "
+        f"FLOPs {human_count(r.flops)}"
+        + "".join(f"   {op} {human_count(f)}" for op, f in r.flops_by_op.items())
+    )
+    if r.flops_unknown_nodes:
+        console.print(
+            f"{len(r.flops_unknown_nodes)} compute node(s) have unknown shapes; "
+            "pin symbolic inputs with --shape NAME=1x3x224x224"
+        )
