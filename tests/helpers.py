@@ -44,6 +44,7 @@ def op_counts(proto: onnx.ModelProto) -> Counter:
 def run_ort(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
     sess = ort.InferenceSession(
         proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
     )
