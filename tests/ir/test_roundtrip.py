@@ -1,4 +1,4 @@
-"""Import then export keeps what a ModelProto holds, for the models onnx ships and for edge cases."""
+"""Import then export keeps what a ModelProto holds: models onnx ships, and edge cases."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from infercc.errors import InferccError
 from infercc.ir import export_model, import_model, load_model, save_model
 from infercc.ir.exporter import EXTERNAL_THRESHOLD
-from tests.helpers import parse, run_ort
+from tests.helpers import run_ort
 
 DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 SHIPPED = sorted(
@@ -172,7 +172,8 @@ def test_external_data_written_and_read_lazily(tmp_path):
     save_model(load_model(tmp_path / "m.onnx"), tmp_path / "sub" / "m2.onnx", external_data=True)
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(tmp_path / "sub" / "m2.onnx"), providers=["CPUExecutionProvider"])
+    path = str(tmp_path / "sub" / "m2.onnx")
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], expected)
 
 
