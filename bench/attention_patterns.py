@@ -80,8 +80,10 @@ class Graph:
         tt = v.type.tensor_type
         if not tt.HasField("shape"):
             return "?"
-        dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
-                for d in tt.shape.dim]
+        dims = [
+            d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
+            for d in tt.shape.dim
+        ]
         return "[" + ",".join(dims) + "]"
 
     def is_const(self, name: str) -> bool:
@@ -252,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     for n in region(G, qkv):
         ins = ", ".join(G.describe_input(i) for i in n.input)
         outs = ", ".join(f"{o}{G.shape_of(o) if G.shape_of(o) != '?' else ''}" for o in n.output)
-        print(f"#{G.index[id(n)]:<4d} {n.op_type}{fmt_attrs(n)}  [{n.name}]\n"
-              f"        in:  {ins}\n        out: {outs}")
+        print(
+            f"#{G.index[id(n)]:<4d} {n.op_type}{fmt_attrs(n)}  [{n.name}]\n"
+            f"        in:  {ins}\n        out: {outs}"
+        )
     return 0
 
 

@@ -1,8 +1,11 @@
 """Wall time and peak RSS of ``infercc optimize`` against a load+save floor.
 
-Every measurement runs in a fresh child process, reaped with ``os.wait4`` so that the peak
-RSS reported is that one child's own maximum (the kernel folds in any descendants the child
-waited for). Cases:
+Every measurement runs in a fresh, tiny runner process (``python -I -S``) that starts the
+measured command as its only child and reports ``getrusage(RUSAGE_CHILDREN).ru_maxrss``, so
+the peak RSS is that one run's maximum (the kernel folds in descendants the command waited
+for). The runner, not this script, is the command's parent because Linux charges a child's
+pre-exec high-water RSS (the parent's memory, with vfork/posix_spawn) to the child's maxrss;
+the runner is ~10 MB, so that bias is negligible. Cases:
 
 * ``startup``  ``python -c "import onnx"``: interpreter + onnx import, for reference
 * ``floor``    ``onnx.load`` + ``onnx.save`` of the same model: the least any optimizer that
@@ -35,13 +38,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CASES = ("startup", "floor", "infercc", "onnxslim")
 MB = 1e6
+
+# argv: RESULT_JSON CMD...; runs CMD as its single child, writes wall time, rc, maxrss.
+RUNNER_CODE = """\
+import json, resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.call(sys.argv[2:])
+wall = time.perf_counter() - t0
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(sys.argv[1], "w") as f:
+    json.dump({"wall_s": wall, "rc": rc, "maxrss": ru.ru_maxrss}, f)
+"""
 
 FLOOR_CODE = """\
 import os, sys, onnx
@@ -76,10 +88,10 @@ class CaseResult:
     tool_json: object | None = None  # parsed stdout of a --json tool, when it parsed
 
 
-def maxrss_mb(ru) -> float:
+def maxrss_mb(maxrss: int) -> float:
     # Linux reports kilobytes, macOS bytes.
     scale = 1.0 if sys.platform == "darwin" else 1024.0
-    return ru.ru_maxrss * scale / MB
+    return maxrss * scale / MB
 
 
 def path_size(p: Path) -> int:
@@ -106,36 +118,47 @@ def path_size(p: Path) -> int:
     return total
 
 
+def dir_size(d: Path, exclude: tuple[str, ...]) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and p.name not in exclude)
+
+
 def measure(cmd: list[str], workdir: Path, timeout: float) -> tuple[Run, str, str]:
-    """Run ``cmd`` once in a fresh child; return its wall time, peak RSS, and output."""
+    """Run ``cmd`` once under a fresh runner; return wall time, peak RSS, and its output."""
     out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
+    result_path = workdir / "runner.json"
+    runner = [sys.executable, "-I", "-S", "-c", RUNNER_CODE, str(result_path), *cmd]
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                cwd=workdir, start_new_session=True)
-        timed_out = threading.Event()
-
-        def kill() -> None:
-            timed_out.set()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-        timer = threading.Timer(timeout, kill)
-        timer.start()
+        proc = subprocess.Popen(
+            runner,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+            start_new_session=True,
+        )
         try:
-            _, status, ru = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        wall = time.perf_counter() - t0
-    rc = os.waitstatus_to_exitcode(status)
-    proc.returncode = rc  # already reaped; keep Popen from waiting again
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # runner and command share a new session
+            proc.wait()
+            timed_out = True
     stdout = out_path.read_text(errors="replace")
     stderr = err_path.read_text(errors="replace")
-    if timed_out.is_set():
-        stderr += f"\n[timed out after {timeout:.0f}s]"
-    return Run(wall_s=wall, peak_rss_mb=maxrss_mb(ru), returncode=rc), stdout, stderr
+    if timed_out or not result_path.exists():
+        why = f"timed out after {timeout:g}s" if timed_out else f"runner exit {proc.returncode}"
+        return (
+            Run(wall_s=float("nan"), peak_rss_mb=float("nan"), returncode=-998),
+            stdout,
+            (stderr + f"\n[{why}]"),
+        )
+    res = json.loads(result_path.read_text())
+    result_path.unlink()
+    return (
+        Run(wall_s=res["wall_s"], peak_rss_mb=maxrss_mb(res["maxrss"]), returncode=res["rc"]),
+        stdout,
+        stderr,
+    )
 
 
 def onnxslim_cmd() -> list[str] | None:
@@ -157,8 +180,17 @@ def build_cmd(case: str, model: Path, out: Path, args) -> list[str] | None:
     if case == "infercc":
         if not infercc_available():
             return None
-        return [sys.executable, "-m", "infercc", "optimize", str(model), "-o", str(out),
-                "--json", *shlex.split(args.extra_args)]
+        return [
+            sys.executable,
+            "-m",
+            "infercc",
+            "optimize",
+            str(model),
+            "-o",
+            str(out),
+            "--json",
+            *shlex.split(args.extra_args),
+        ]
     if case == "onnxslim":
         base = onnxslim_cmd()
         if base is None:
@@ -187,7 +219,7 @@ def run_case(case: str, model: Path, args) -> CaseResult:
             run, stdout, stderr = measure(cmd, workdir, args.timeout)
             if case in ("floor", "infercc", "onnxslim") and run.returncode == 0:
                 if out.exists():
-                    run.out_mb = path_size(out) / MB
+                    run.out_mb = dir_size(workdir, ("stdout.txt", "stderr.txt")) / MB
                 elif case != "infercc" or "--dry-run" not in args.extra_args:
                     run.returncode = -999
                     stderr += "\n[command exited 0 but wrote no output model]"
@@ -210,30 +242,48 @@ def run_case(case: str, model: Path, args) -> CaseResult:
 
 
 def fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    width = spec.split(".")[0]
+    return format("-", f">{width}") if v is None else format(v, spec)
 
 
 def print_table(model: Path, model_mb: float, results: list[CaseResult], runs: int) -> None:
     print(f"model: {model}  ({model_mb:.1f} MB)   runs per case: {runs}")
     print("wall = median over runs; peak RSS = max over runs; ratios are to the floor row\n")
-    hdr = (f"{'case':10s} {'status':8s} {'wall s':>8s} {'peak RSS MB':>12s} {'t/floor':>8s} "
-           f"{'RSS/floor':>10s} {'model MB':>9s} {'RSS/model':>10s} {'out MB':>8s}")
+    hdr = (
+        f"{'case':10s} {'status':8s} {'wall s':>8s} {'peak RSS MB':>12s} {'t/floor':>8s} "
+        f"{'RSS/floor':>10s} {'model MB':>9s} {'RSS/model':>10s} {'out MB':>8s}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in results:
-        print(f"{r.name:10s} {r.status:8s} {fmt(r.wall_s, '8.2f')} "
-              f"{fmt(r.peak_rss_mb, '12.0f')} {fmt(r.time_ratio, '8.2f')} "
-              f"{fmt(r.rss_ratio, '10.2f')} {model_mb:9.1f} {fmt(r.rss_over_model, '10.2f')} "
-              f"{fmt(r.out_mb, '8.1f')}")
+        print(
+            f"{r.name:10s} {r.status:8s} {fmt(r.wall_s, '8.2f')} "
+            f"{fmt(r.peak_rss_mb, '12.0f')} {fmt(r.time_ratio, '8.2f')} "
+            f"{fmt(r.rss_ratio, '10.2f')} {model_mb:9.1f} {fmt(r.rss_over_model, '10.2f')} "
+            f"{fmt(r.out_mb, '8.1f')}"
+        )
     for r in results:
         if r.error:
             print(f"\n{r.name} {r.status.upper()}: {r.error}")
             if r.cmd:
-                print(f"  command: {shlex.join(r.cmd[:3]) if r.name == 'floor' else shlex.join(r.cmd)}")
+                shown = r.cmd[:3] + ["..."] if r.name == "floor" else r.cmd
+                print(f"  command: {shlex.join(shown)}")
     for r in results:
         if r.name == "infercc" and isinstance(r.tool_json, dict):
             keys = ", ".join(list(r.tool_json)[:12])
             print(f"\ninfercc --json keys: {keys}")
+
+
+def glue_option_values(argv: list[str]) -> list[str]:
+    """Let ``--extra-args "--no-validate"`` work: argparse would read the value as an option."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a in ("--extra-args", "--slim-args"):
+            out.append(f"{a}={next(it, '')}")
+        else:
+            out.append(a)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(glue_option_values(sys.argv[1:] if argv is None else argv))
 
     model = args.model.resolve()
     if not model.exists():
