@@ -1,0 +1,259 @@
+"""The command line: exit codes, one-line errors, nothing written on bad input, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y) {
+  a = Identity(x)
+  b = Relu(a)
+  y = Add(b, w)
+}
+"""
+
+
+def write_model(path: Path, text: str = MODEL) -> Path:
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.append(numpy_helper.from_array(np.arange(4, dtype=np.float32), "w"))
+    onnx.save(proto, path)
+    return path
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "infercc", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def listing(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_optimize_json_report(tmp_path):
+    src = write_model(tmp_path / "m.onnx")
+    r = run("optimize", str(src), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    for key in (
+        "nodes_before",
+        "nodes_after",
+        "ops_before",
+        "ops_after",
+        "passes",
+        "output",
+        "validation",
+        "seconds",
+    ):
+        assert key in rep
+    assert rep["nodes_before"] == 3 and rep["nodes_after"] == 2
+    assert rep["ops_after"] == {"Add": 1, "Relu": 1}
+    assert rep["validation"]["passed"] is True
+    assert set(rep["validation"]["outputs"]["y"]) >= {"max_abs", "max_rel", "cosine"}
+    assert all("time_s" in st for st in rep["passes"].values())
+    out = tmp_path / "m.opt.onnx"
+    assert rep["output"] == str(out) and out.exists()
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+
+
+def test_optimize_human_summary(tmp_path):
+    src = write_model(tmp_path / "m.onnx")
+    r = run("optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--explain")
+    assert r.returncode == 0, r.stderr
+    assert "nodes 3 -> 2" in r.stdout and "validation passed" in r.stdout
+    assert "eliminate-no-ops" in r.stdout
+
+
+def test_optimize_is_deterministic_and_idempotent(tmp_path):
+    src = write_model(tmp_path / "m.onnx")
+    assert run("optimize", str(src), "-o", str(tmp_path / "a.onnx")).returncode == 0
+    assert run("optimize", str(src), "-o", str(tmp_path / "b.onnx")).returncode == 0
+    a = (tmp_path / "a.onnx").read_bytes()
+    assert a == (tmp_path / "b.onnx").read_bytes()
+    r = run("optimize", str(tmp_path / "a.onnx"), "-o", str(tmp_path / "c.onnx"), "--json")
+    assert json.loads(r.stdout)["nodes_before"] == json.loads(r.stdout)["nodes_after"]
+    assert (tmp_path / "c.onnx").read_bytes() == a
+
+
+def test_refuses_to_overwrite_input(tmp_path):
+    src = write_model(tmp_path / "m.onnx")
+    before = src.read_bytes()
+    r = run("optimize", str(src), "-o", str(src))
+    assert r.returncode == 2
+    assert "refusing to overwrite the input" in r.stderr
+    assert src.read_bytes() == before
+
+
+def _hostile(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    cases = {}
+    p = tmp_path / "text.onnx"
+    p.write_text("this is not a model\n")
+    cases["not protobuf"] = (p, "not a valid ONNX model")
+    good = write_model(tmp_path / "good.onnx").read_bytes()
+    p = tmp_path / "trunc.onnx"
+    p.write_bytes(good[: len(good) // 2])
+    cases["truncated"] = (p, "ONNX")
+    p = tmp_path / "empty.onnx"
+    p.write_bytes(b"")
+    cases["empty"] = (p, "no ONNX graph")
+    cyc = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["b"], ["a"]), helper.make_node("Relu", ["a"], ["b"])],
+            "g",
+            [],
+            [helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [1])],
+        )
+    )
+    p = tmp_path / "cycle.onnx"
+    onnx.save(cyc, p)
+    cases["cycle"] = (p, "cycle")
+    dangling = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Add", ["x", "missing_w"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        )
+    )
+    p = tmp_path / "dangling.onnx"
+    onnx.save(dangling, p)
+    cases["missing initializer"] = (p, "'missing_w', which no node, graph input or initializer")
+    dup = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        )
+    )
+    p = tmp_path / "dup.onnx"
+    onnx.save(dup, p)
+    cases["duplicate names"] = (p, "duplicate value name 'y'")
+    future = onnx.parser.parse_model(MODEL.replace('"" : 17', '"" : 999'))
+    p = tmp_path / "future.onnx"
+    onnx.save(future, p)
+    cases["future opset"] = (p, "opset 999")
+    cases["missing file"] = (tmp_path / "nope.onnx", "not found")
+    return cases
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "not protobuf",
+        "truncated",
+        "empty",
+        "cycle",
+        "missing initializer",
+        "duplicate names",
+        "future opset",
+        "missing file",
+    ],
+)
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, case):
+    work = tmp_path / "w"
+    work.mkdir()
+    path, message = _hostile(work)[case]
+    before = listing(work)
+    r = run("optimize", str(path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error:") and message in lines[0]
+    assert "Traceback" not in r.stderr
+    assert listing(work) == before
+
+
+def test_debug_shows_traceback(tmp_path):
+    p = tmp_path / "text.onnx"
+    p.write_text("garbage")
+    r = run("--debug", "optimize", str(p))
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_unknown_pass_and_bad_shape(tmp_path):
+    src = write_model(tmp_path / "m.onnx")
+    r = run("optimize", str(src), "--disable-pass", "nope")
+    assert r.returncode == 2 and "unknown pass 'nope'" in r.stderr
+    r = run("optimize", str(src), "--shape", "x=1xbanana")
+    assert r.returncode == 2 and "--shape" in r.stderr
+    r = run("optimize", str(src), "--shape", "nope=1x4")
+    assert r.returncode == 2 and "not an input of the model" in r.stderr
+    assert listing(tmp_path) == ["m.onnx"]
+
+
+def test_disable_pass(tmp_path):
+    src = write_model(tmp_path / "m.onnx")
+    r = run("optimize", str(src), "--disable-pass", "eliminate-no-ops", "--json")
+    rep = json.loads(r.stdout)
+    assert "eliminate-no-ops" not in rep["passes"] and rep["nodes_after"] == 3
+
+
+def test_validation_failure_exit_1_nothing_written(tmp_path, monkeypatch):
+    from infercc import api
+    from infercc.passes import manager
+
+    src = write_model(tmp_path / "m.onnx")
+
+    def corrupt(graph, ctx):  # a deliberately wrong rewrite: Relu -> Neg
+        changed = False
+        for n in graph:
+            if n.op_type == "Relu":
+                n.op_type = "Neg"
+                changed = True
+        return manager.PassResult(changed)
+
+    monkeypatch.setitem(manager.REGISTRY, "corrupt", manager.PassInfo("corrupt", corrupt, ""))
+    monkeypatch.setattr(api._passes, "DEFAULT_PIPELINE", ("corrupt",))
+    report = api.optimize(src, tmp_path / "o.onnx")
+    assert not report.passed and report.validation.outputs["y"].cosine < 0.9999
+    assert listing(tmp_path) == ["m.onnx"]
+
+
+def test_inspect_json(tmp_path):
+    r = run("inspect", str(DATA / "light" / "light_resnet50.onnx"), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["ops"]["Conv"] == 53 and rep["ops"]["BatchNormalization"] == 53
+    # ResNet-50 at 224x224: 4.1 G multiply-adds in its convolutions
+    assert 8.0e9 < rep["flops_by_op"]["Conv"] < 8.4e9
+    assert rep["inputs"][0]["shape"] == [1, 3, 224, 224]
+
+
+def test_inspect_pins_symbolic_shapes(tmp_path):
+    text = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 64] x) => (float[B, 32] y) { y = MatMul(x, w) }
+"""
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.append(numpy_helper.from_array(np.ones((64, 32), np.float32), "w"))
+    p = tmp_path / "mm.onnx"
+    onnx.save(proto, p)
+    rep = json.loads(run("inspect", str(p), "--shape", "x=8x64", "--json").stdout)
+    assert rep["flops"] == 2 * 8 * 64 * 32 and rep["parameters"] == 64 * 32
+    rep = json.loads(run("inspect", str(p), "--json").stdout)
+    assert rep["flops_unknown_nodes"] and rep["flops"] == 0
+
+
+def test_help_teaches():
+    r = run("optimize", "--help")
+    assert r.returncode == 0
+    for word in ("--shape", "--disable-pass", "--portable", "--no-validate", "--explain"):
+        assert word in r.stdout
+    assert "passes" in run("passes").stdout or run("passes").returncode == 0
