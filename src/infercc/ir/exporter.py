@@ -159,6 +159,8 @@ def _varint(n: int) -> bytes:
 
 _GRAPH_TAG = _varint((7 << 3) | 2)  # ModelProto.graph
 _INIT_TAG = _varint((5 << 3) | 2)  # GraphProto.initializer
+_RAW_TAG = _varint((9 << 3) | 2)  # TensorProto.raw_data
+_CHUNK = 8 * 2**20
 
 
 def save_model(model: Model, path: str | Path, external_data: bool | None = None) -> list[Path]:
@@ -178,7 +180,7 @@ def save_model(model: Model, path: str | Path, external_data: bool | None = None
                     protos = [_to_external(v, fd, data_path.name) for v in inits]
                 _write_model(model, f, lambda: iter(protos))
             else:
-                _write_model(model, f, lambda: (v.const.to_proto(v.name) for v in inits))
+                _write_model(model, f, lambda: (_inline(v) for v in inits))
         if use_external:
             os.replace(tmp_data, data_path)
         os.replace(tmp, path)
@@ -189,21 +191,58 @@ def save_model(model: Model, path: str | Path, external_data: bool | None = None
     return [path, data_path] if use_external else [path]
 
 
-def _write_model(model: Model, f, tensors: Callable[[], Iterator[TensorProto]]) -> None:
+def _write_model(model: Model, f, tensors: Callable[[], Iterator[TensorProto | Tensor]]) -> None:
     """Serialize the shell and graph, then stream the initializers into the graph field.
 
     `tensors` is called twice (sizes first, then bytes) so that tensors built from arrays exist
-    one at a time; the source model's own TensorProtos are never copied.
+    one at a time. The source model's TensorProtos are never copied, and raw bytes still lying
+    in the source file are copied file to file in chunks.
     """
     shell = _model_shell(model).SerializeToString()
     graph = export_graph(model.graph, with_weights=False).SerializeToString()
-    sizes = [t.ByteSize() for t in tensors()]
+    sizes = [_tensor_size(t) for t in tensors()]
     total = len(graph) + sum(len(_INIT_TAG) + len(_varint(s)) + s for s in sizes)
     f.write(shell)
     f.write(_GRAPH_TAG + _varint(total) + graph)
     for t, s in zip(tensors(), sizes, strict=True):
         f.write(_INIT_TAG + _varint(s))
+        _write_tensor(t, f)
+
+
+def _tensor_size(t: TensorProto | Tensor) -> int:
+    if isinstance(t, TensorProto):
+        return t.ByteSize()
+    n = t.source.length  # type: ignore[union-attr]
+    return t.proto.ByteSize() + len(_RAW_TAG) + len(_varint(n)) + n  # type: ignore[union-attr]
+
+
+def _write_tensor(t: TensorProto | Tensor, f) -> None:
+    if isinstance(t, TensorProto):
         f.write(t.SerializeToString())
+        return
+    src = t.source
+    assert src is not None and t.proto is not None
+    f.write(t.proto.SerializeToString())
+    f.write(_RAW_TAG + _varint(src.length))
+    with open(src.path, "rb") as fin:
+        fin.seek(src.offset)
+        left = src.length
+        while left:
+            chunk = fin.read(min(left, _CHUNK))
+            if not chunk:
+                raise OSError(f"{src.path} was truncated while being copied")
+            f.write(chunk)
+            left -= len(chunk)
+
+
+def _inline(value: Value) -> TensorProto | Tensor:
+    """What the writer needs for one initializer, without reading raw bytes still on disk."""
+    tensor: Tensor = value.const  # type: ignore[assignment]
+    if tensor.source is not None and tensor.proto is not None:
+        if tensor.proto.name != value.name:
+            tensor.proto = tensor.header(value.name)
+        return tensor
+    return tensor.to_proto(value.name)
 
 
 def _to_external(value: Value, fd, location: str) -> TensorProto:
@@ -212,7 +251,9 @@ def _to_external(value: Value, fd, location: str) -> TensorProto:
         return tensor.to_proto(value.name)
     fd.write(b"\0" * ((-fd.tell()) % _ALIGN))
     offset = fd.tell()
-    if tensor.proto is not None and not tensor.is_external and tensor.proto.raw_data:
+    if tensor.source is not None:
+        fd.write(tensor.raw_bytes())
+    elif tensor.proto is not None and not tensor.is_external and tensor.proto.raw_data:
         fd.write(tensor.proto.raw_data)
     else:
         fd.write(np.ascontiguousarray(tensor.numpy()).tobytes())

@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from infercc.errors import InferccError
 from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn
 from infercc.ir.tensor import Tensor
+from infercc.ir.wire import RawSlice, read_model
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def load_model(path: str | Path) -> Model:
             "save the model with external data (onnx.save(..., save_as_external_data=True))",
         )
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        proto, slices = read_model(path)
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InferccError(
             f"{path} is not a valid ONNX model: protobuf could not parse it ({_short(e)})",
@@ -47,14 +48,23 @@ def load_model(path: str | Path) -> Model:
             f"{path} holds no ONNX graph (empty, truncated or not an ONNX file)",
             "re-export the model",
         )
-    return import_model(proto, base_dir=path.parent)
+    return import_model(proto, base_dir=path.parent, raw_slices=slices)
 
 
 def _short(e: Exception) -> str:
     return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
 
 
-def import_model(proto: onnx.ModelProto, base_dir: Path | None = None) -> Model:
+def import_model(
+    proto: onnx.ModelProto,
+    base_dir: Path | None = None,
+    raw_slices: list[RawSlice | None] | None = None,
+) -> Model:
+    """Build the IR from a ModelProto (which the IR then references: do not modify it).
+
+    `raw_slices` (from `wire.read_model`) says where each main-graph initializer's raw bytes
+    lie in the source file, for tensors that were not read into memory.
+    """
     _check_versions(proto)
     model = Model(Graph(proto.graph.name))
     model.ir_version = proto.ir_version
@@ -69,7 +79,7 @@ def import_model(proto: onnx.ModelProto, base_dir: Path | None = None) -> Model:
     model.training_info = list(proto.training_info)
     model.base_dir = base_dir
     try:
-        _Importer(model, base_dir).graph(proto.graph, model.graph, None)
+        _Importer(model, base_dir, raw_slices).graph(proto.graph, model.graph, None)
     except IRError as e:
         raise InferccError(
             f"invalid model: {e}", "the model breaks ONNX's rules; re-export it"
@@ -123,9 +133,12 @@ def apply_type(value: Value, type_proto: onnx.TypeProto) -> None:
 
 
 class _Importer:
-    def __init__(self, model: Model, base_dir: Path | None):
+    def __init__(
+        self, model: Model, base_dir: Path | None, raw_slices: list[RawSlice | None] | None
+    ):
         self.model = model
         self.base_dir = base_dir
+        self.raw_slices = raw_slices
 
     def graph(self, gp: onnx.GraphProto, graph: Graph, outer: dict[str, Value] | None) -> Graph:
         graph.name = gp.name
@@ -133,9 +146,11 @@ class _Importer:
         graph.metadata_props = [(p.key, p.value) for p in gp.metadata_props]
         graph.sparse_initializers = list(gp.sparse_initializer)
         scope: dict[str, Value] = {}
-        for t in gp.initializer:
+        slices = self.raw_slices if outer is None and self.raw_slices else []
+        for i, t in enumerate(gp.initializer):
             self._define(scope, t.name, "initializer")
-            v = Value(t.name, const=Tensor.from_proto(t, self.base_dir))
+            source = slices[i] if i < len(slices) else None
+            v = Value(t.name, const=Tensor.from_proto(t, self.base_dir, source))
             v.doc_string = t.doc_string
             scope[t.name] = graph.add_initializer(v)
         for vi in gp.input:

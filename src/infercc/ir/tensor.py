@@ -14,6 +14,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from infercc.errors import InferccError
+from infercc.ir.wire import RawSlice
 
 
 def _np_dtype(elem_type: int) -> np.dtype:
@@ -51,7 +52,7 @@ def resolve_external_path(base_dir: Path | None, location: str, tensor: str) -> 
 class Tensor:
     """An immutable constant: either an array, or a TensorProto decoded on first use."""
 
-    __slots__ = ("_array", "proto", "dtype", "shape", "base_dir")
+    __slots__ = ("_array", "proto", "dtype", "shape", "base_dir", "source")
 
     def __init__(
         self,
@@ -60,12 +61,15 @@ class Tensor:
         proto: TensorProto | None = None,
         dtype: int | None = None,
         base_dir: Path | None = None,
+        source: RawSlice | None = None,
     ):
         if array is None and proto is None:
             raise ValueError("Tensor needs an array or a proto")
         self._array = array
         self.proto = proto
         self.base_dir = base_dir
+        # Where raw_data still lies in the source model file (the proto then holds no data).
+        self.source = source
         if proto is not None:
             self.dtype = proto.data_type
             self.shape = tuple(int(d) for d in proto.dims)
@@ -78,8 +82,10 @@ class Tensor:
             self.shape = tuple(arr.shape)
 
     @classmethod
-    def from_proto(cls, proto: TensorProto, base_dir: Path | None = None) -> Tensor:
-        return cls(proto=proto, base_dir=base_dir)
+    def from_proto(
+        cls, proto: TensorProto, base_dir: Path | None = None, source: RawSlice | None = None
+    ) -> Tensor:
+        return cls(proto=proto, base_dir=base_dir, source=source)
 
     @property
     def is_external(self) -> bool:
@@ -106,7 +112,53 @@ class Tensor:
         assert self.proto is not None
         if self.is_external:
             return self._map_external()
+        if self.source is not None:
+            return self._map_source()
         return numpy_helper.to_array(self.proto)
+
+    def _map_source(self) -> np.ndarray:
+        src = self.source
+        assert src is not None and self.proto is not None
+        dtype = _np_dtype(self.dtype)
+        fixed_width = dtype.kind in "biufc" and self.dtype not in _CUSTOM_TYPES
+        if fixed_width and src.length != self.size * dtype.itemsize:
+            raise InferccError(
+                f"tensor '{self.proto.name}' holds {src.length} bytes but its shape needs "
+                f"{self.size * dtype.itemsize}",
+                "the model file is corrupt; re-export it",
+            )
+        if fixed_width and self.size > 0:
+            return np.memmap(src.path, dtype=dtype, mode="r", offset=src.offset, shape=self.shape)
+        return numpy_helper.to_array(self._full_proto(self.proto.name))
+
+    def raw_bytes(self) -> bytes:
+        """The raw_data bytes read from the source file (only for tensors with a source)."""
+        assert self.source is not None
+        with open(self.source.path, "rb") as f:
+            f.seek(self.source.offset)
+            data = f.read(self.source.length)
+        if len(data) != self.source.length:
+            raise InferccError(
+                f"model file {self.source.path} changed or was truncated while being read",
+                "do not modify the input model while infercc runs",
+            )
+        return data
+
+    def header(self, name: str) -> TensorProto:
+        """The proto without data (for a tensor whose raw bytes stay in the source file)."""
+        assert self.proto is not None
+        if self.proto.name == name:
+            return self.proto
+        copy = TensorProto()
+        copy.CopyFrom(self.proto)
+        copy.name = name
+        return copy
+
+    def _full_proto(self, name: str) -> TensorProto:
+        copy = TensorProto()
+        copy.CopyFrom(self.header(name))
+        copy.raw_data = self.raw_bytes()
+        return copy
 
     def _map_external(self) -> np.ndarray:
         info = external_info(self.proto)
@@ -133,6 +185,8 @@ class Tensor:
 
     def to_proto(self, name: str) -> TensorProto:
         """A TensorProto with inline data (external data is read in)."""
+        if self.source is not None:
+            return self._full_proto(name)
         if self.proto is not None and not self.is_external:
             if self.proto.name == name:
                 return self.proto
