@@ -1,1 +1,465 @@
-"""(being written)"""
+"""eliminate-no-ops: remove operators that provably return their input unchanged.
+
+Each rule forwards the node's output to a value that already holds the same tensor (same dtype,
+same shape, same elements), so every reader reads that value instead. It fires only when the
+dtype, shape and broadcasting known in the graph prove it; fuzzers found peers removing
+"no-ops" that were not (onnxoptimizer#274 dropout, #275 expand, #283 split, #285 mul-by-one).
+
+- Identity: y = x.
+- Dropout in inference: y = x when training_mode is absent or a constant False (and, before
+  opset 7, is_test=1) and the mask output is unused; the ratio does not matter then.
+- Cast / CastLike to the input's own (known) dtype: the conversion is the identity.
+- Reshape / Flatten / Squeeze / Unsqueeze whose result has the input's shape: these only
+  relabel the dimensions of a row-major buffer, so equal shapes mean equal tensors. For Reshape
+  with a constant target the shape is checked entry by entry (0 copies the input dimension
+  unless allowzero=1; a -1 is accepted only when every other dimension is proven equal).
+- Reshape(Reshape(x, s1), s2) = Reshape(x, s2) when s2 is a constant with no 0 that copies a
+  dimension (allowzero=1, or no 0 at all): the result depends only on the element count and
+  row-major order, which the first Reshape preserves (-1 is computed from the element count).
+- Unsqueeze(Squeeze(x, a), a) = x and Squeeze(Unsqueeze(x, a), a) = x for the same normalized
+  constant axes (both sets of axes live in the same rank, and Squeeze only drops size-1 dims).
+- Expand(x, s) = x when broadcasting x with s gives x's shape: len(s) <= rank(x) and every
+  aligned entry of s is 1 or equal to x's (static) dimension.
+- Transpose with the identity perm; Transpose(Transpose(x, p1), p2) = Transpose(x, q) with
+  q[i] = p1[p2[i]], removed entirely when q is the identity.
+- Slice covering every sliced axis fully with step 1 (start 0, end >= the dimension; for a
+  symbolic dimension, end >= 2**62).
+- Split with one output and no split sizes, or sizes equal to the whole dimension; Concat of a
+  single input; Pad whose constant pads are all zero (any mode).
+- x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1, x ** 1 with a constant neutral operand, when
+  broadcasting the constant with x gives x's shape (the dtype is x's: ONNX requires equal
+  operand types, and Pow returns the base's type). The only difference is the sign of a zero:
+  -0.0 + 0.0 is +0.0, which compares equal to -0.0.
+
+A node whose output is a graph output stays when its input cannot take the output's name (a
+graph input, another graph output, an outer-scope value): replacing it would only add an
+Identity again and the pipeline would never reach a fixpoint. Nodes left dead by a rewrite of a
+pair are removed by eliminate-dead-code. Runs on every subgraph too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from infercc.ir.graph import Dim, Graph, Node, Value
+from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+
+log = logging.getLogger(__name__)
+
+# A rule inspects one node and returns the stats key of the rewrite it made, or None.
+Rule = Callable[[Node, PassContext], "str | None"]
+
+_HUGE_END = 2**62  # a Slice end this large reaches past any dimension a tensor can have
+
+
+@register_pass("eliminate-no-ops")
+def eliminate_no_ops(graph: Graph, ctx: PassContext) -> PassResult:
+    """Remove operators that provably return their input (Identity, same-type Cast, ...)."""
+    stats: Counter[str] = Counter()
+    for g in graphs_of(graph):
+        for node in g.nodes:
+            rule = _RULES.get(node.op_type)
+            if rule is None or node.graph is not g or not node.is_standard:
+                continue
+            kind = rule(node, ctx)
+            if kind is not None:
+                stats[kind] += 1
+    return PassResult(changed=bool(stats), stats=dict(stats))
+
+
+# -- forwarding -------------------------------------------------------------------------------
+
+
+def _forward(node: Node, src: Value | None, ctx: PassContext, kind: str) -> str | None:
+    """Make every reader of the node's first output read `src`; remove the node."""
+    graph = node.graph
+    out = node.outputs[0]
+    if graph is None or src is None or out is None:
+        return None
+    if out.is_graph_output and not graph.can_take_output_name(src):
+        ctx.refuse(node, "output is a graph output and its input cannot take the output's name")
+        return None
+    graph.replace_all_uses_with(out, src)
+    if not any(v is not None and (v.uses() or v.is_graph_output) for v in node.outputs):
+        graph.remove(node)
+    log.debug("eliminate-no-ops: %s %s", kind, node.name)
+    return kind
+
+
+# -- constants, shapes and attributes ---------------------------------------------------------
+
+
+def _const(value: Value | None) -> np.ndarray | None:
+    """The value's data when it is an initializer or the output of a Constant node."""
+    if value is None:
+        return None
+    if value.const is not None:
+        return value.numpy()
+    p = value.producer
+    if p is None or p.op_type != "Constant" or not p.is_standard:
+        return None
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        data = p.attr(key)
+        if data is not None:
+            return np.asarray(data)
+    return None
+
+
+def _const_ints(value: Value | None) -> list[int] | None:
+    data = _const(value)
+    if data is None or data.ndim > 1 or not np.issubdtype(data.dtype, np.integer):
+        return None
+    return [int(x) for x in data.reshape(-1)]
+
+
+def _opset(node: Node) -> int:
+    model = node.graph.model if node.graph is not None else None
+    if model is None:
+        return 21
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21))
+
+
+def _ints_input_or_attr(node: Node, index: int, name: str) -> list[int] | None:
+    """An int list given as a constant input (newer opsets) or as an attribute (older)."""
+    if node.input(index) is not None:
+        return _const_ints(node.input(index))
+    attr = node.attr(name)
+    return None if attr is None else [int(x) for x in attr]
+
+
+def _normalize(axes: Sequence[int], rank: int) -> list[int] | None:
+    out = [a + rank if a < 0 else a for a in axes]
+    if any(a < 0 or a >= rank for a in out) or len(set(out)) != len(out):
+        return None
+    return sorted(out)
+
+
+def _same_shape(a: Value | None, b: Value | None) -> bool:
+    """Both shapes fully static and equal."""
+    return (
+        a is not None
+        and b is not None
+        and a.static_shape is not None
+        and a.static_shape == b.static_shape
+    )
+
+
+def _broadcast_keeps(shape: tuple[Dim, ...], other: Sequence[int]) -> bool:
+    """Whether broadcasting `shape` with a static `other` gives `shape` back."""
+    if len(other) > len(shape):
+        return False
+    aligned = zip(reversed(shape), reversed(other), strict=False)
+    return all(o == 1 or (isinstance(d, int) and d == o) for d, o in aligned)
+
+
+def _producer(value: Value | None, op_type: str) -> Node | None:
+    p = value.producer if value is not None else None
+    if p is None or p.op_type != op_type or not p.is_standard:
+        return None
+    return p
+
+
+# -- Identity, Dropout, Cast ------------------------------------------------------------------
+
+
+def _identity(node: Node, ctx: PassContext) -> str | None:
+    return _forward(node, node.input(0), ctx, "identity")
+
+
+def _dropout(node: Node, ctx: PassContext) -> str | None:
+    reason = _dropout_training(node)
+    if reason is None:
+        mask = node.outputs[1] if len(node.outputs) > 1 else None
+        if mask is not None and (mask.uses() or mask.is_graph_output):
+            reason = "the mask output is used"
+    if reason is not None:
+        ctx.refuse(node, reason)
+        return None
+    return _forward(node, node.input(0), ctx, "dropout")
+
+
+def _dropout_training(node: Node) -> str | None:
+    """Why the Dropout may be in training mode, or None when it provably is not."""
+    if _opset(node) < 7 and node.attr("is_test", 0) != 1:
+        return "is_test is not set (training mode before opset 7)"
+    mode = node.input(2)
+    if mode is None:
+        return None
+    data = _const(mode)
+    if data is None:
+        return "training_mode is not a constant"
+    if data.size != 1 or bool(data.reshape(-1)[0]):
+        return "training_mode is true"
+    return None
+
+
+def _cast(node: Node, ctx: PassContext) -> str | None:
+    x = node.input(0)
+    if x is None or x.dtype is None:
+        ctx.refuse(node, "input dtype unknown")
+        return None
+    if node.attr("to") != x.dtype:
+        return None
+    return _forward(node, x, ctx, "cast")
+
+
+def _cast_like(node: Node, ctx: PassContext) -> str | None:
+    x, like = node.input(0), node.input(1)
+    if x is None or like is None or x.dtype is None or like.dtype is None:
+        ctx.refuse(node, "input dtype unknown")
+        return None
+    if x.dtype != like.dtype:
+        return None
+    return _forward(node, x, ctx, "cast")
+
+
+# -- Reshape and friends ----------------------------------------------------------------------
+
+
+def _reshape(node: Node, ctx: PassContext) -> str | None:
+    x, out = node.input(0), node.outputs[0]
+    target = _const_ints(node.input(1))
+    allowzero = node.attr("allowzero", 0) == 1
+    if x is not None and x.shape is not None and target is not None:
+        if _reshape_keeps(x.shape, target, allowzero):
+            return _forward(node, x, ctx, "reshape")
+    elif _same_shape(x, out):
+        return _forward(node, x, ctx, "reshape")
+    return _reshape_chain(node, target, allowzero, ctx)
+
+
+def _reshape_keeps(shape: tuple[Dim, ...], target: list[int], allowzero: bool) -> bool:
+    """Whether Reshape(x of `shape`, target) provably has x's shape."""
+    if len(target) != len(shape):
+        return False
+    unresolved = []
+    for d, t in zip(shape, target, strict=True):
+        if t == 0 and not allowzero:
+            continue
+        if t == -1:
+            unresolved.append(d)
+        elif not (isinstance(d, int) and d == t):
+            return False
+    if not unresolved:
+        return True
+    # One -1: it equals x's dimension when every other dimension is a known positive int.
+    others = [d for d, t in zip(shape, target, strict=True) if t != -1]
+    return len(unresolved) == 1 and all(isinstance(d, int) and d > 0 for d in others)
+
+
+def _reshape_chain(
+    node: Node, target: list[int] | None, allowzero: bool, ctx: PassContext
+) -> str | None:
+    """Reshape(Reshape(x, s1), s2) -> Reshape(x, s2) when s2 never copies a dimension."""
+    first = _producer(node.input(0), "Reshape")
+    if first is None:
+        if node.input(0) is not None and node.input(0).shape is None:
+            ctx.refuse(node, "input shape unknown")
+        return None
+    if target is None:
+        ctx.refuse(node, "shape is not a constant (cannot merge with the Reshape before it)")
+        return None
+    if 0 in target and not allowzero:
+        ctx.refuse(node, "shape has a 0 copying a dimension of the Reshape before it")
+        return None
+    node.set_input(0, first.input(0))
+    return "reshape_chain"
+
+
+def _flatten(node: Node, ctx: PassContext) -> str | None:
+    x = node.input(0)
+    axis = node.attr("axis", 1)
+    if x is not None and x.rank == 2 and axis in (1, -1):
+        return _forward(node, x, ctx, "flatten")
+    return _shape_only(node, ctx, "flatten")
+
+
+def _shape_only(node: Node, ctx: PassContext, kind: str) -> str | None:
+    """A pure relabelling of dimensions whose static output shape equals its input's."""
+    x = node.input(0)
+    if _same_shape(x, node.outputs[0]):
+        return _forward(node, x, ctx, kind)
+    return None
+
+
+def _axes(node: Node) -> list[int] | None:
+    if _opset(node) >= 13:
+        return _const_ints(node.input(1)) if node.input(1) is not None else None
+    attr = node.attr("axes")
+    return None if attr is None else [int(a) for a in attr]
+
+
+def _squeeze_pair(node: Node, ctx: PassContext) -> str | None:
+    """Squeeze(Unsqueeze(x, a), a) or Unsqueeze(Squeeze(x, a), a): x, for equal axes."""
+    inverse = "Unsqueeze" if node.op_type == "Squeeze" else "Squeeze"
+    first = _producer(node.input(0), inverse)
+    if first is None:
+        return _shape_only(node, ctx, node.op_type.lower())
+    rank = node.input(0).rank if node.op_type == "Squeeze" else first.input(0).rank
+    a1, a2 = _axes(first), _axes(node)
+    if rank is not None and a1 is not None and a2 is not None:
+        n1, n2 = _normalize(a1, rank), _normalize(a2, rank)
+        if n1 and n1 == n2:
+            return _forward(node, first.input(0), ctx, "squeeze_unsqueeze")
+    return _shape_only(node, ctx, node.op_type.lower())
+
+
+def _expand(node: Node, ctx: PassContext) -> str | None:
+    x, out = node.input(0), node.outputs[0]
+    shape = _const_ints(node.input(1))
+    if shape is None:
+        if _same_shape(x, out):
+            return _forward(node, x, ctx, "expand")
+        ctx.refuse(node, "target shape is not a constant")
+        return None
+    if x is None or x.shape is None:
+        ctx.refuse(node, "input shape unknown")
+        return None
+    if not _broadcast_keeps(x.shape, shape):
+        ctx.refuse(node, "Expand broadcasts to a larger shape")
+        return None
+    return _forward(node, x, ctx, "expand")
+
+
+# -- Transpose --------------------------------------------------------------------------------
+
+
+def _perm(node: Node) -> list[int] | None:
+    perm = node.attr("perm")
+    if perm is not None:
+        return [int(p) for p in perm]
+    rank = node.input(0).rank if node.input(0) is not None else None
+    return None if rank is None else list(range(rank))[::-1]
+
+
+def _transpose(node: Node, ctx: PassContext) -> str | None:
+    perm = _perm(node)
+    if perm is None:
+        ctx.refuse(node, "no perm and input rank unknown")
+        return None
+    if perm == list(range(len(perm))):
+        return _forward(node, node.input(0), ctx, "transpose")
+    first = _producer(node.input(0), "Transpose")
+    p1 = _perm(first) if first is not None else None
+    if first is None or p1 is None or len(p1) != len(perm):
+        return None
+    composed = [p1[p] for p in perm]
+    if composed == list(range(len(composed))):
+        return _forward(node, first.input(0), ctx, "transpose_pair")
+    node.set_input(0, first.input(0))
+    node.set_attr("perm", composed)
+    return "transpose_pair"
+
+
+# -- Slice, Split, Concat, Pad ----------------------------------------------------------------
+
+
+def _slice(node: Node, ctx: PassContext) -> str | None:
+    x = node.input(0)
+    if x is None or x.shape is None:
+        ctx.refuse(node, "input shape unknown")
+        return None
+    starts = _ints_input_or_attr(node, 1, "starts")
+    ends = _ints_input_or_attr(node, 2, "ends")
+    axes = _ints_input_or_attr(node, 3, "axes")
+    steps = _const_ints(node.input(4)) if node.input(4) is not None else None
+    if starts is None or ends is None or len(starts) != len(ends):
+        return None
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    if len(axes) != len(starts) or len(steps) != len(starts):
+        return None
+    if _normalize(axes, x.rank) is None:  # type: ignore[arg-type]
+        return None
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+        if step != 1 or not _covers(x.shape[axis], start, end):
+            return None
+    return _forward(node, x, ctx, "slice")
+
+
+def _covers(dim: Dim, start: int, end: int) -> bool:
+    """Whether [start:end] (step 1) covers a whole dimension."""
+    if isinstance(dim, int):
+        return (start == 0 or start <= -dim) and end >= dim
+    return start == 0 and end >= _HUGE_END
+
+
+def _split(node: Node, ctx: PassContext) -> str | None:
+    if len(node.outputs) != 1:
+        return None
+    x = node.input(0)
+    sizes = _ints_input_or_attr(node, 1, "split")
+    if sizes is not None:
+        axis = node.attr("axis", 0)
+        if x is None or x.rank is None or not -x.rank <= axis < x.rank:
+            ctx.refuse(node, "input shape unknown")
+            return None
+        if sizes != [x.shape[axis]]:  # type: ignore[index]
+            ctx.refuse(node, "split size does not cover the whole axis")
+            return None
+    return _forward(node, x, ctx, "split")
+
+
+def _concat(node: Node, ctx: PassContext) -> str | None:
+    if len(node.inputs) != 1:
+        return None
+    return _forward(node, node.input(0), ctx, "concat")
+
+
+def _pad(node: Node, ctx: PassContext) -> str | None:
+    pads = _ints_input_or_attr(node, 1, "pads") if _opset(node) >= 11 else node.attr("pads")
+    if pads is None or any(int(p) != 0 for p in pads):
+        return None
+    return _forward(node, node.input(0), ctx, "pad")
+
+
+# -- arithmetic with a neutral constant -------------------------------------------------------
+
+# op -> (neutral element, which operand may be the constant: 0 = left, 1 = right)
+_NEUTRAL: dict[str, tuple[int, tuple[int, ...]]] = {
+    "Add": (0, (0, 1)),
+    "Sub": (0, (1,)),
+    "Mul": (1, (0, 1)),
+    "Div": (1, (1,)),
+    "Pow": (1, (1,)),
+}
+
+
+def _arith(node: Node, ctx: PassContext) -> str | None:
+    neutral, sides = _NEUTRAL[node.op_type]
+    for side in sides:
+        data = _const(node.input(side))
+        if data is None or data.dtype == object or not np.all(data == neutral):
+            continue
+        x = node.input(1 - side)
+        if x is None or x.shape is None:
+            ctx.refuse(node, "input shape unknown")
+            return None
+        if not _broadcast_keeps(x.shape, data.shape):
+            ctx.refuse(node, "the constant's broadcast changes the output shape")
+            return None
+        return _forward(node, x, ctx, node.op_type.lower())
+    return None
+
+
+_RULES: dict[str, Rule] = {
+    "Identity": _identity,
+    "Dropout": _dropout,
+    "Cast": _cast,
+    "CastLike": _cast_like,
+    "Reshape": _reshape,
+    "Flatten": _flatten,
+    "Squeeze": _squeeze_pair,
+    "Unsqueeze": _squeeze_pair,
+    "Expand": _expand,
+    "Transpose": _transpose,
+    "Slice": _slice,
+    "Split": _split,
+    "Concat": _concat,
+    "Pad": _pad,
+    **{op: _arith for op in _NEUTRAL},
+}
