@@ -1,1 +1,492 @@
-"""(being written)"""
+"""fuse-conv-bn-relu: fold BatchNormalization and per-channel affine ops into the layer before.
+
+Inference BatchNormalization is a per-channel affine map on axis 1:
+
+    BN(y) = y·s + t,   s = γ/σ,   t = β - μ·s,   σ = sqrt(var + eps)
+
+so when y = W * x + b is linear in its weight per output channel (Conv, ConvTranspose, Gemm,
+MatMul[+Add]), BN(y) = (W·s) * x + (b-μ)·γ/σ + β exactly: W' = W·γ/σ per output channel and
+b' = (b-μ)·γ/σ + β. The output channel o of a Conv weight [M, C/g, k...] is axis 0; of a
+ConvTranspose weight [C, M/g, k...] it is axis 1 *within each group*, o = g·(M/g) + j; of a Gemm
+or a MatMul it is a column of the weight (a row when transB=1). The same holds for a following
+Mul by a constant m (W' = W·m, b' = b·m) or Add of a constant a (b' = b + a) when the constant
+broadcasts exactly per output channel (shape [M,1,..], [1,M,1,..] or a scalar that does not
+raise the rank), and for a BatchNormalization followed by such a Mul/Add (scale' = scale·m,
+bias' = bias·m + a), since an affine map of an affine map is affine.
+
+Conditions that keep it exact: the producer's output is read only by the folded node (and is no
+graph output); weights, biases and BN parameters are constants; BN is in inference mode (no
+training_mode, only its first output read); the channel count matches. Arithmetic runs in
+float64 and is cast back to the weight's dtype. New constants are always created (the old ones
+may be read elsewhere; eliminate-dead-code drops them when not).
+
+Last, when the model targets onnxruntime on the CPU (ctx.fused_ops_allowed and target "cpu"), a
+float32 2-D Conv whose output is read only by Relu, Clip (constant bounds), LeakyRelu, Sigmoid,
+HardSigmoid or Tanh becomes onnxruntime's com.microsoft FusedConv, which applies the same
+activation to the convolution result (activation / activation_params attributes). FusedConv is
+never matched again, so the pass is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from onnx import TensorProto
+
+from infercc.ir.graph import Graph, Node, Value
+from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+
+log = logging.getLogger(__name__)
+
+MS_DOMAIN = "com.microsoft"
+STAT_KEYS = (
+    "bn_into_conv",
+    "bn_into_convtranspose",
+    "bn_into_gemm",
+    "bn_into_matmul",
+    "mul_into_conv",
+    "add_into_conv",
+    "affine_into_bn",
+    "activation_fused",
+)
+_CONVS = ("Conv", "ConvTranspose")
+_FLOATS = (np.float16, np.float32, np.float64)
+_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh")
+_F32_MAX = float(np.finfo(np.float32).max)
+
+Stats = dict[str, int]
+
+
+@register_pass("fuse-conv-bn-relu")
+def fuse_conv_bn_relu(graph: Graph, ctx: PassContext) -> PassResult:
+    """Fold BatchNormalization / per-channel Mul, Add into Conv, Gemm, MatMul; fuse activations."""
+    stats: Stats = dict.fromkeys(STAT_KEYS, 0)
+    for g in graphs_of(graph):
+        _fold_affine(g, ctx, stats)
+    if ctx.fused_ops_allowed and ctx.target == "cpu":
+        for g in graphs_of(graph):
+            _fuse_activations(g, ctx, stats)
+    return PassResult(changed=any(stats.values()), stats=stats)
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def _const(v: Value | None) -> np.ndarray | None:
+    """The data of an initializer or of a Constant node's output; None otherwise."""
+    if v is None:
+        return None
+    if v.const is not None:
+        return v.numpy()
+    p = v.producer
+    if p is None or p.op_type != "Constant" or not p.is_standard:
+        return None
+    if "value" in p.attributes:
+        return np.asarray(p.attr("value"))
+    for key in ("value_float", "value_floats"):
+        if key in p.attributes:
+            return np.asarray(p.attr(key), dtype=np.float32)
+    return None
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype in _FLOATS
+
+
+def _sole_reader(v: Value, node: Node) -> bool:
+    return not v.is_graph_output and v.users() == [node]
+
+
+def _new_const(graph: Graph, array: np.ndarray, like: Value | None, base: str) -> Value:
+    name = f"{like.name}_fused" if like is not None else base
+    return graph.make_constant(np.ascontiguousarray(array), name)
+
+
+def _set_input(node: Node, i: int, value: Value) -> None:
+    while len(node.inputs) <= i:
+        node.append_input(None)
+    node.set_input(i, value)
+
+
+def _replace_node(graph: Graph, node: Node, by: Value) -> None:
+    """Readers of node's first output read `by`; the node goes."""
+    graph.replace_all_uses_with(node.output, by)
+    graph.remove(node)
+
+
+def _per_channel(c: np.ndarray, rank: int | None, m: int) -> np.ndarray | None:
+    """c as a float64 vector of length m, when broadcasting c against a rank-`rank` tensor with
+    m channels on axis 1 applies one value per channel and leaves the shape alone."""
+    if c.ndim == 0:
+        return np.full(m, float(c), dtype=np.float64)
+    if rank is None or rank < 2 or c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, m):
+        return None
+    return np.broadcast_to(c.reshape(-1).astype(np.float64), (m,)).copy()
+
+
+# -- BatchNormalization parameters --------------------------------------------------------------
+
+
+def _bn_reason(bn: Node) -> str | None:
+    """Why BN is not a foldable inference-mode BatchNormalization (None when it is)."""
+    if bn.attr("training_mode", 0):
+        return "BatchNormalization is in training mode"
+    if bn.attr("spatial", 1) == 0:
+        return "BatchNormalization with spatial=0 is not per-channel"
+    if any(o is not None and (o.uses() or o.is_graph_output) for o in bn.outputs[1:]):
+        return "BatchNormalization has more than one output in use"
+    params = [_const(bn.input(i)) for i in range(1, 5)]
+    if any(p is None for p in params):
+        return "BatchNormalization parameters are not constant"
+    if any(p.ndim != 1 or p.shape != params[0].shape or not _is_float(p) for p in params):
+        return "BatchNormalization parameters are not float vectors of one length"
+    return None
+
+
+def _bn_affine(bn: Node) -> tuple[np.ndarray, np.ndarray]:
+    """(s, t) in float64 with BN(y) = y·s + t per channel."""
+    gamma, beta, mean, var = (_const(bn.input(i)).astype(np.float64) for i in range(1, 5))
+    s = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+    return s, beta - mean * s
+
+
+# -- BN / Mul / Add folding ---------------------------------------------------------------------
+
+
+def _fold_affine(graph: Graph, ctx: PassContext, stats: Stats) -> None:
+    for node in graph.nodes:
+        if node.graph is not graph or not node.is_standard:
+            continue
+        if node.op_type == "BatchNormalization":
+            _fold_bn(graph, node, ctx, stats)
+        elif node.op_type in ("Mul", "Add"):
+            _fold_mul_add(graph, node, ctx, stats)
+
+
+def _fold_bn(graph: Graph, bn: Node, ctx: PassContext, stats: Stats) -> None:
+    x = bn.input(0)
+    p = x.producer if x is not None else None
+    target = _bn_target(p) if p is not None and p.graph is graph else None
+    if target is None:
+        return
+    reason = _bn_reason(bn) or _reader_reason(p, bn)
+    if reason is None:
+        scale, shift = _bn_affine(bn)
+        fold = {"conv": _bn_into_conv, "gemm": _bn_into_gemm, "matmul": _bn_into_matmul}[target]
+        reason = fold(graph, p, bn, scale, shift)
+    if reason is not None:
+        ctx.refuse(bn, reason)
+        return
+    key = {"Conv": "bn_into_conv", "ConvTranspose": "bn_into_convtranspose", "Gemm": "bn_into_gemm"}
+    stats[key.get(p.op_type, "bn_into_matmul")] += 1
+
+
+def _bn_target(p: Node | None) -> str | None:
+    """Which kind of layer the BN after `p` could fold into."""
+    if p is None or not p.is_standard:
+        return None
+    if p.op_type in _CONVS:
+        return "conv"
+    if p.op_type == "Gemm":
+        return "gemm"
+    if p.op_type == "MatMul" or (p.op_type == "Add" and _matmul_add(p) is not None):
+        return "matmul"
+    return None
+
+
+def _reader_reason(p: Node, node: Node) -> str | None:
+    if _sole_reader(p.output, node):
+        return None
+    return "conv output has other readers" if p.op_type in _CONVS else "output has other readers"
+
+
+def _conv_reason(conv: Node, m: int | None = None) -> str | None:
+    """Why conv's weight/bias cannot absorb a per-output-channel scale (None when they can)."""
+    w = _const(conv.input(1))
+    if w is None:
+        return "conv weight is not constant"
+    if not _is_float(w) or w.ndim < 3:
+        return "conv weight is not a float tensor of rank >= 3"
+    if conv.input(2) is not None and _const(conv.input(2)) is None:
+        return "conv bias is not constant"
+    group = int(conv.attr("group", 1))
+    if conv.op_type == "ConvTranspose" and w.shape[0] % group:
+        return "ConvTranspose weight does not split into its groups"
+    if m is not None and m != _out_channels(conv):
+        return "channel count does not match the conv's output channels"
+    return None
+
+
+def _out_channels(conv: Node) -> int:
+    w = _const(conv.input(1))
+    if conv.op_type == "Conv":
+        return int(w.shape[0])
+    return int(w.shape[1]) * int(conv.attr("group", 1))
+
+
+def _scale_out_channels(w: np.ndarray, s: np.ndarray, op: str, group: int) -> np.ndarray:
+    """w (float64) with output channel o multiplied by s[o]."""
+    if op == "Conv":
+        return w * s.reshape((-1,) + (1,) * (w.ndim - 1))
+    c, mg = w.shape[:2]
+    grouped = w.reshape((group, c // group, mg) + w.shape[2:])
+    scaled = grouped * s.reshape((group, 1, mg) + (1,) * (w.ndim - 2))
+    return scaled.reshape(w.shape)
+
+
+def _rewrite_conv(
+    graph: Graph, conv: Node, scale: np.ndarray | None, shift: np.ndarray | None
+) -> None:
+    """conv' = conv·scale + shift per output channel (new weight/bias constants)."""
+    w_val = conv.input(1)
+    w = _const(w_val)
+    b = _const(conv.input(2))
+    bias = np.zeros(_out_channels(conv)) if b is None else b.astype(np.float64)
+    if scale is not None:
+        group = int(conv.attr("group", 1))
+        w_new = _scale_out_channels(w.astype(np.float64), scale, conv.op_type, group)
+        conv.set_input(1, _new_const(graph, w_new.astype(w.dtype), w_val, "W"))
+        bias = bias * scale
+    if shift is not None:
+        bias = bias + shift
+    new_b = _new_const(graph, bias.astype(w.dtype), conv.input(2), f"{w_val.name}_bias")
+    _set_input(conv, 2, new_b)
+
+
+def _bn_into_conv(
+    graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+) -> str | None:
+    reason = _conv_reason(conv, len(scale))
+    if reason is not None:
+        return reason
+    _rewrite_conv(graph, conv, scale, shift)
+    _replace_node(graph, bn, conv.output)
+    return None
+
+
+def _bn_into_gemm(
+    graph: Graph, gemm: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+) -> str | None:
+    b, c_val = _const(gemm.input(1)), gemm.input(2)
+    c = _const(c_val)
+    trans_b = int(gemm.attr("transB", 0))
+    if b is None or not _is_float(b) or b.ndim != 2:
+        return "Gemm weight is not a constant float matrix"
+    if c_val is not None and (c is None or c.ndim > 2):
+        return "Gemm bias is not constant"
+    if b.shape[0 if trans_b else 1] != len(scale):
+        return "channel count does not match the Gemm's output columns"
+    cols = scale[:, None] if trans_b else scale[None, :]
+    gemm.set_input(
+        1, _new_const(graph, (b.astype(np.float64) * cols).astype(b.dtype), gemm.input(1), "B")
+    )
+    beta = float(gemm.attr("beta", 1.0))
+    c64 = np.zeros(()) if c is None else beta * c.astype(np.float64)
+    _set_input(gemm, 2, _new_const(graph, (c64 * scale + shift).astype(b.dtype), c_val, "C"))
+    gemm.set_attr("beta", 1.0)
+    _replace_node(graph, bn, gemm.output)
+    return None
+
+
+def _matmul_add(add: Node) -> tuple[Node, int] | None:
+    """(MatMul, index of the constant bias input) when `add` is MatMul(...) + constant."""
+    for i in (0, 1):
+        x, c = add.input(i), add.input(1 - i)
+        p = x.producer if x is not None else None
+        if p is None or p.graph is not add.graph or not p.is_standard:
+            continue
+        if p.op_type == "MatMul" and _const(c) is not None:
+            return p, 1 - i
+    return None
+
+
+def _bn_into_matmul(
+    graph: Graph, node: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+) -> str | None:
+    """node is the MatMul, or the Add of a constant bias after it."""
+    add, bias_i = (node, _matmul_add(node)[1]) if node.op_type == "Add" else (None, -1)
+    mm = _matmul_add(node)[0] if add is not None else node
+    reason = _matmul_reason(mm, add, bn, len(scale))
+    if reason is not None:
+        return reason
+    w_val = mm.input(1)
+    w = _const(w_val)
+    mm.set_input(1, _new_const(graph, (w.astype(np.float64) * scale).astype(w.dtype), w_val, "W"))
+    if add is not None:
+        bias = _const(add.input(bias_i)).astype(np.float64) * scale + shift
+        add.set_input(bias_i, _new_const(graph, bias.astype(w.dtype), add.input(bias_i), "b"))
+        _replace_node(graph, bn, add.output)
+        return None
+    b = _new_const(graph, shift.astype(w.dtype), None, f"{w_val.name}_bias")
+    new_add = graph.make_node("Add", [mm.output, b], before=bn)
+    new_add.output.dtype, new_add.output.shape = bn.output.dtype, bn.output.shape
+    _replace_node(graph, bn, new_add.output)
+    return None
+
+
+def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
+    w = _const(mm.input(1))
+    if w is None or not _is_float(w) or w.ndim != 2:
+        return "MatMul weight is not a constant float matrix"
+    if w.shape[1] != m:
+        return "channel count does not match the MatMul's output columns"
+    if bn.input(0).rank != 2:
+        return "BatchNormalization input is not 2-D, so its channels are not the MatMul columns"
+    if add is None:
+        return None
+    if not _sole_reader(mm.output, add):
+        return "output has other readers"
+    bias = _const(add.input(_matmul_add(add)[1]))
+    if bias.ndim > 2 or bias.size not in (1, m) or (bias.ndim and bias.shape[-1] not in (1, m)):
+        return "MatMul bias is not per column"
+    return None
+
+
+def _data_and_const(node: Node) -> tuple[Value, int, np.ndarray] | None:
+    """(data input, index of the constant input, constant) of a binary op with one constant."""
+    a, b = node.input(0), node.input(1)
+    ca, cb = _const(a), _const(b)
+    if a is None or b is None or (ca is None) == (cb is None):
+        return None
+    return (b, 0, ca) if ca is not None else (a, 1, cb)
+
+
+def _fold_mul_add(graph: Graph, node: Node, ctx: PassContext, stats: Stats) -> None:
+    found = _data_and_const(node)
+    if found is None or found[0].producer is None or found[0].producer.graph is not graph:
+        return  # no producer here (a graph input, or an outer-scope value)
+    x, _, c = found
+    p = x.producer
+    if not p.is_standard or p.op_type not in (*_CONVS, "BatchNormalization"):
+        return
+    if p.op_type in _CONVS:
+        reason = _mul_add_into_conv(graph, p, node, c)
+        key = "mul_into_conv" if node.op_type == "Mul" else "add_into_conv"
+    else:
+        reason = _mul_add_into_bn(graph, p, node, c)
+        key = "affine_into_bn"
+    if reason is not None:
+        ctx.refuse(node, reason)
+        return
+    stats[key] += 1
+
+
+def _mul_add_into_conv(graph: Graph, conv: Node, node: Node, c: np.ndarray) -> str | None:
+    reason = _reader_reason(conv, node) or _conv_reason(conv)
+    if reason is not None:
+        return reason
+    w = _const(conv.input(1))
+    if c.dtype != w.dtype:
+        return "constant dtype differs from the conv weight"
+    vec = _per_channel(c, w.ndim, _out_channels(conv))
+    if vec is None:
+        return f"{node.op_type} constant does not broadcast per output channel"
+    scale, shift = (vec, None) if node.op_type == "Mul" else (None, vec)
+    _rewrite_conv(graph, conv, scale, shift)
+    _replace_node(graph, node, conv.output)
+    return None
+
+
+def _mul_add_into_bn(graph: Graph, bn: Node, node: Node, c: np.ndarray) -> str | None:
+    reason = _bn_reason(bn)
+    if reason is None and not _sole_reader(bn.output, node):
+        reason = "BatchNormalization output has other readers"
+    if reason is not None:
+        return reason
+    gamma_v, beta_v = bn.input(1), bn.input(2)
+    gamma, beta = _const(gamma_v), _const(beta_v)
+    rank = bn.output.rank if bn.output.rank is not None else bn.input(0).rank
+    vec = _per_channel(c, rank, len(gamma))
+    if vec is None or c.dtype not in _FLOATS:
+        return f"{node.op_type} constant does not broadcast per channel"
+    g64, b64 = gamma.astype(np.float64), beta.astype(np.float64)
+    if node.op_type == "Mul":
+        g64, b64 = g64 * vec, b64 * vec
+        bn.set_input(1, _new_const(graph, g64.astype(gamma.dtype), gamma_v, "scale"))
+    else:
+        b64 = b64 + vec
+    bn.set_input(2, _new_const(graph, b64.astype(beta.dtype), beta_v, "bias"))
+    _replace_node(graph, node, bn.output)
+    return None
+
+
+# -- activation fusion (onnxruntime FusedConv) --------------------------------------------------
+
+
+def _fuse_activations(graph: Graph, ctx: PassContext, stats: Stats) -> None:
+    for act in graph.nodes:
+        if act.graph is not graph or not act.is_standard or act.op_type not in _ACTIVATIONS:
+            continue
+        x = act.input(0)
+        conv = x.producer if x is not None else None
+        if conv is None or conv.op_type != "Conv" or not conv.is_standard:
+            continue
+        if conv.graph is not graph:
+            continue
+        reason = _fused_conv_reason(conv, act)
+        params = _activation_params(act) if reason is None else None
+        if isinstance(params, str):
+            reason = params
+        if reason is not None:
+            ctx.refuse(act, reason)
+            continue
+        _make_fused_conv(graph, conv, act, params)
+        stats["activation_fused"] += 1
+
+
+def _fused_conv_reason(conv: Node, act: Node) -> str | None:
+    if not _sole_reader(conv.output, act):
+        return "conv output has other readers"
+    w = conv.input(1)
+    if w is None or w.rank != 4:
+        return "FusedConv is used for 2-D Conv only"
+    if conv.output.dtype != TensorProto.FLOAT or act.output.dtype != TensorProto.FLOAT:
+        return "FusedConv runs float32 only"
+    return None
+
+
+def _activation_params(act: Node) -> list[float] | str:
+    """FusedConv's activation_params for `act`, or why it cannot be expressed."""
+    op = act.op_type
+    if op == "LeakyRelu":
+        return [float(act.attr("alpha", 0.01))]
+    if op == "HardSigmoid":
+        return [float(act.attr("alpha", 0.2)), float(act.attr("beta", 0.5))]
+    if op != "Clip":
+        return []
+    if len([v for v in act.inputs if v is not None]) == 1:
+        return [float(act.attr("min", -_F32_MAX)), float(act.attr("max", _F32_MAX))]
+    bounds = []
+    for i, default in ((1, -_F32_MAX), (2, _F32_MAX)):
+        v = act.input(i)
+        c = _const(v) if v is not None else np.float32(default)
+        if c is None or c.size != 1:
+            return "Clip bounds are not constant scalars"
+        bounds.append(float(np.asarray(c).reshape(())))
+    return bounds
+
+
+def _make_fused_conv(graph: Graph, conv: Node, act: Node, params: list[float]) -> None:
+    attrs = dict(conv.attributes)
+    attrs["activation"] = act.op_type
+    if params:
+        attrs["activation_params"] = params
+    inputs = list(conv.inputs)
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    fused = graph.make_node(
+        "FusedConv",
+        inputs,
+        before=conv,
+        domain=MS_DOMAIN,
+        name=conv.name or "FusedConv",
+        attributes=attrs,
+    )
+    fused.output.dtype, fused.output.shape = act.output.dtype, act.output.shape
+    _replace_node(graph, act, fused.output)
+    graph.remove(conv)
+    graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
