@@ -352,6 +352,8 @@ class Graph:
             if out.is_graph_output:
                 raise IRError(f"cannot remove {node!r}: {out.name!r} is a graph output")
         node.clear_inputs()
+        for sub in node.subgraphs():
+            _release_subgraph(sub, self.model)
         node._prev._next = node._next  # type: ignore[union-attr]
         node._next._prev = node._prev  # type: ignore[union-attr]
         node._prev = node._next = None
@@ -507,6 +509,20 @@ class Graph:
             n._prev, n._next = self._root._prev, self._root
             self._root._prev._next = n  # type: ignore[union-attr]
             self._root._prev = n
+
+
+def _release_subgraph(graph: Graph, model: Model | None) -> None:
+    """Drop a removed node's subgraph: its uses of outer values and its names."""
+    for node in graph.all_nodes():
+        node.clear_inputs()
+        if model is not None:
+            model.release_node(node)
+            for v in node.outputs:
+                if v is not None:
+                    model.release_value(v)
+    if model is not None:
+        for v in [*graph.inputs, *graph.initializers.values()]:
+            model.release_value(v)
 
 
 def _lint_graph(graph: Graph, visible: set[int], names: set[str]) -> None:
