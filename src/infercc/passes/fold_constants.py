@@ -461,6 +461,10 @@ def _inline_if(graph: Graph, node: Node) -> list[Node]:
     for old, new in zip(node.outputs, outs, strict=True):
         if old is not None:
             graph.replace_all_uses_with(old, new)
+    # Both branches are dealt with (moved or retired): detach them so that removing the If
+    # does not release the nested subgraphs that moved with their nodes.
+    node.attributes.pop("then_branch", None)
+    node.attributes.pop("else_branch", None)
     graph.remove(node)
     _restore_names(model, names, outs, set(map(id, mapping.values())))
     return moved
