@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -162,6 +163,7 @@ def optimize(
     with tempfile.TemporaryDirectory(prefix=".infercc-", dir=out.parent) as tmp:
         staged = save_model(ir, Path(tmp) / out.name, external_data=external_data)
         del ir
+        gc.collect()  # the IR is a web of cycles: free its arrays before onnxruntime loads
         report_validation = None
         if run_validation:
             step("validating")
