@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from infercc.passes import (  # noqa: F401  (importing registers the passes)
+    cse,
     dce,
     fold_constants,
     fuse_conv_bn_relu,

@@ -99,6 +99,7 @@ def register_pass(name: str) -> Callable[[PassFn], PassFn]:
 DEFAULT_PIPELINE = (
     "fold-constants",
     "eliminate-no-ops",
+    "eliminate-common-subexpressions",
     "eliminate-dead-code",
     "fuse-conv-bn-relu",
     "fuse-qkv",

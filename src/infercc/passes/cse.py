@@ -1,0 +1,88 @@
+"""eliminate-common-subexpressions: compute each distinct value once.
+
+Two nodes with the same op (domain, type, overload), the same attributes and the same input
+values compute the same outputs, because ONNX operators are pure functions of their inputs
+and attributes; the later node's outputs are replaced by the earlier node's. Exporters write
+many such duplicates (TorchScript builds the same head-shape Concat for each of Q, K and V).
+Small constants with equal dtype, shape and bytes are merged first, so that nodes reading
+equal copies of a constant become duplicates too. Excluded: random ops (each call draws anew),
+nodes with subgraphs, nodes of non-standard domains (their semantics are unknown), and nodes
+whose outputs are graph outputs (each output keeps its own name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from infercc.ir.graph import Graph, Node, Value
+from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+
+MAX_CONSTANT_BYTES = 4096  # larger constants are not hashed (that would read every weight)
+_RANDOM = {
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+    "Bernoulli", "Dropout",
+}  # fmt: skip
+
+
+@register_pass("eliminate-common-subexpressions")
+def eliminate_common_subexpressions(graph: Graph, ctx: PassContext) -> PassResult:
+    """Merge equal small constants, then nodes computing the same thing from the same inputs."""
+    constants = nodes = 0
+    for g in graphs_of(graph):
+        constants += _merge_constants(g)
+        nodes += _merge_nodes(g)
+    return PassResult(constants + nodes > 0, {"constants": constants, "nodes": nodes})
+
+
+def _constant_key(v: Value) -> tuple | None:
+    t = v.const
+    if t is None or t.nbytes > MAX_CONSTANT_BYTES or t.is_external:
+        return None
+    arr = t.numpy()
+    if arr.dtype.kind not in "biufc":
+        return None
+    return (t.dtype, t.shape, hashlib.sha256(arr.tobytes()).hexdigest())
+
+
+def _merge_constants(graph: Graph) -> int:
+    outputs = {id(v) for v in graph.outputs}
+    seen: dict[tuple, Value] = {}
+    merged = 0
+    for v in list(graph.initializers.values()):
+        if id(v) in outputs or not v._uses:
+            continue
+        key = _constant_key(v)
+        if key is None:
+            continue
+        first = seen.setdefault(key, v)
+        if first is not v:
+            graph.replace_all_uses_with(v, first)
+            merged += 1
+    return merged
+
+
+def _node_key(node: Node) -> tuple | None:
+    if not node.is_standard or node.op_type in _RANDOM or node.subgraphs():
+        return None
+    if any(v is None or v.is_graph_output for v in node.outputs):
+        return None
+    attrs = tuple(sorted((k, a.SerializeToString()) for k, a in node.attributes.items()))
+    inputs = tuple(id(v) if v is not None else None for v in node.inputs)
+    return (node.domain, node.op_type, node.overload, len(node.outputs), inputs, attrs)
+
+
+def _merge_nodes(graph: Graph) -> int:
+    seen: dict[tuple, Node] = {}
+    merged = 0
+    for node in graph.nodes:
+        key = _node_key(node)
+        if key is None:
+            continue
+        first = seen.setdefault(key, node)
+        if first is node:
+            continue
+        for old, new in zip(node.outputs, first.outputs, strict=True):
+            graph.replace_all_uses_with(old, new)  # type: ignore[arg-type]
+        graph.remove(node)
+        merged += 1
+    return merged
