@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_MIN_COSINE = 0.9999
+# Targets --target accepts. Passes use the name to choose target-specific rewrites (FusedConv
+# only on the CPU); the per-target hardware figures come with the target database.
+TARGETS = ("cpu", "t4", "a10", "l4", "a100", "a100-80gb", "h100", "h200")
 
 
 @dataclass
@@ -103,6 +106,11 @@ def default_output(path: Path) -> Path:
     return path.with_name(f"{path.stem}.opt.onnx")
 
 
+def check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise InferccError(f"unknown target {target!r}", "known targets: " + ", ".join(TARGETS))
+
+
 def _check_output(src: Path, out: Path) -> None:
     if out.resolve() == src.resolve():
         raise InferccError(f"refusing to overwrite the input model {src}", "choose another -o path")
@@ -147,6 +155,7 @@ def optimize(
     out = Path(output) if output is not None else default_output(src)
     disabled = list(disable_passes)
     check_pass_names(disabled)
+    check_target(target)
     _check_output(src, out)
     step = on_step or (lambda _s: None)
     step("loading")

@@ -1,0 +1,53 @@
+"""The same input gives byte-identical output; optimizing an optimized model changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infercc import api
+from tests.zoo import light_path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MODELS = {
+    "small_cnn": EXAMPLES / "small_cnn.onnx",
+    "tiny_encoder": EXAMPLES / "tiny_encoder.onnx",
+    "resnet50": light_path("resnet50"),
+    "inception_v2": light_path("inception_v2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_deterministic_and_idempotent(name, tmp_path):
+    src = MODELS[name]
+    first = api.optimize(src, tmp_path / "a.onnx", verify=True)
+    api.optimize(src, tmp_path / "b.onnx", verify=True)
+    a = (tmp_path / "a.onnx").read_bytes()
+    assert a == (tmp_path / "b.onnx").read_bytes()
+    again = api.optimize(tmp_path / "a.onnx", tmp_path / "c.onnx", verify=True)
+    assert first.nodes_after < first.nodes_before
+    assert again.nodes_before == again.nodes_after == first.nodes_after
+    assert again.ops_before == again.ops_after
+    assert (tmp_path / "c.onnx").read_bytes() == a
+    assert first.passed and again.passed
+
+
+def test_examples_are_optimized_as_documented(tmp_path):
+    cnn = api.optimize(MODELS["small_cnn"], tmp_path / "cnn.onnx")
+    assert cnn.ops_before["BatchNormalization"] == 3 and "BatchNormalization" not in cnn.ops_after
+    assert cnn.ops_after.get("com.microsoft.FusedConv") == 2  # the third Conv feeds the Add
+    assert "Identity" not in cnn.ops_after and "Dropout" not in cnn.ops_after
+    enc = api.optimize(MODELS["tiny_encoder"], tmp_path / "enc.onnx")
+    assert enc.passes["fuse-qkv"]["groups"] == 1
+    assert enc.ops_after["MatMul"] == enc.ops_before["MatMul"] - 2
+    assert enc.ops_after["Split"] == 1
+
+
+def test_unknown_target_lists_known_ones(tmp_path):
+    from infercc.errors import InferccError
+
+    with pytest.raises(InferccError) as e:
+        api.optimize(MODELS["small_cnn"], tmp_path / "o.onnx", target="tpu9000")
+    assert "unknown target 'tpu9000'" in e.value.message and "a100" in e.value.hint
+    assert list(tmp_path.iterdir()) == []
