@@ -444,7 +444,9 @@ def _fused_conv_reason(conv: Node, act: Node) -> str | None:
     w = conv.input(1)
     if w is None or w.rank != 4:
         return "FusedConv is used for 2-D Conv only"
-    if conv.output.dtype != TensorProto.FLOAT or act.output.dtype != TensorProto.FLOAT:
+    # Conv's type constraint binds X, W and Y to one type, and the activations keep it: the
+    # weight's dtype is known even where inference stopped (after a custom-domain op).
+    if w.dtype != TensorProto.FLOAT:
         return "FusedConv runs float32 only"
     return None
 
