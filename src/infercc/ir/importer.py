@@ -7,7 +7,9 @@ dimensions, value_info, opset imports of any domain, model-local functions, meta
 
 from __future__ import annotations
 
+import gc
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -79,12 +81,26 @@ def import_model(
     model.training_info = list(proto.training_info)
     model.base_dir = base_dir
     try:
-        _Importer(model, base_dir, raw_slices).graph(proto.graph, model.graph, None)
+        with _gc_paused():
+            _Importer(model, base_dir, raw_slices).graph(proto.graph, model.graph, None)
     except IRError as e:
         raise InferccError(
             f"invalid model: {e}", "the model breaks ONNX's rules; re-export it"
         ) from None
     return model
+
+
+@contextmanager
+def _gc_paused():
+    """Building the IR creates many linked objects and no garbage; the cyclic collector's
+    repeated scans of the growing heap would cost more than the import itself."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _check_versions(proto: onnx.ModelProto) -> None:
@@ -262,34 +278,46 @@ class _Importer:
         scope: dict[str, Value],
         outer: dict[str, Value] | None,
     ) -> None:
-        who = f"node {_label(np_)}"
-        inputs = [self._resolve(x, scope, outer, who) if x else None for x in np_.input]
+        inputs = [self._input(x, scope, outer, np_) if x else None for x in np_.input]
         node = Node(np_.op_type, inputs, domain=np_.domain, name=np_.name)
         node.doc_string = np_.doc_string
         node.overload = getattr(np_, "overload", "")
         node.metadata_props = [(p.key, p.value) for p in getattr(np_, "metadata_props", [])]
-        inner_outer = {**(outer or {}), **scope}
         for a in np_.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                node.set_attr(a.name, self._subgraph(a.g, inner_outer, node))
+                node.set_attr(a.name, self._subgraph(a.g, _chain(outer, scope), node))
             elif a.type == onnx.AttributeProto.GRAPHS:
-                node.set_attr(a.name, [self._subgraph(g, inner_outer, node) for g in a.graphs])
+                inner = _chain(outer, scope)
+                node.set_attr(a.name, [self._subgraph(g, inner, node) for g in a.graphs])
             else:
                 node.attributes[a.name] = a
         for o in np_.output:
             if not o:
                 node._append_output(None)
                 continue
-            self._define(scope, o, f"output of {who}")
+            self._define(scope, o, f"output of node {_label(np_)}")
             v = Value(o)
             node._append_output(v)
             scope[o] = v
         graph.append(node)
 
+    def _input(
+        self, name: str, scope: dict[str, Value], outer: dict[str, Value] | None, np_
+    ) -> Value:
+        v = scope.get(name)
+        if v is None:
+            v = self._resolve(name, scope, outer, f"node {_label(np_)}")
+        return v
+
     def _subgraph(self, gp: onnx.GraphProto, outer: dict[str, Value], owner: Node) -> Graph:
         sub = Graph(gp.name, self.model)
         sub.owner = owner
         return self.graph(gp, sub, outer)
+
+
+def _chain(outer: dict[str, Value] | None, scope: dict[str, Value]) -> dict[str, Value]:
+    """The names visible inside a subgraph: the enclosing scopes, innermost last."""
+    return {**(outer or {}), **scope}
 
 
 class _NodeKey:
