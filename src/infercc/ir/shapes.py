@@ -8,6 +8,7 @@ can resolve Reshape targets and Shape arithmetic.
 from __future__ import annotations
 
 import logging
+import math
 
 import onnx
 
@@ -20,8 +21,8 @@ log = logging.getLogger(__name__)
 _KEEP_DATA_ELEMENTS = 64
 
 
-def infer_shapes(model: Model) -> None:
-    """Fill in dtype and shape of every value that onnx's inference can type."""
+def _typed_skeleton(model: Model) -> onnx.ModelProto:
+    """The model without weight bytes: large initializers become typed graph inputs."""
     skeleton = export_model(model, with_weights=False)
     for v in model.graph.initializers.values():
         const = v.const
@@ -31,12 +32,23 @@ def infer_shapes(model: Model) -> None:
         else:
             vi = skeleton.graph.input.add(name=v.name)
             vi.type.CopyFrom(type_proto_of(v))
+    return skeleton
+
+
+def _infer(skeleton: onnx.ModelProto) -> onnx.ModelProto | None:
     try:
-        inferred = onnx.shape_inference.infer_shapes(
+        return onnx.shape_inference.infer_shapes(
             skeleton, check_type=False, strict_mode=False, data_prop=True
         )
     except Exception as e:  # inference is best effort: a custom op can stop it
         log.info("shape inference failed: %s", str(e).splitlines()[0] if str(e) else e)
+        return None
+
+
+def infer_shapes(model: Model) -> None:
+    """Fill in dtype and shape of every value that onnx's inference can type."""
+    inferred = _infer(_typed_skeleton(model))
+    if inferred is None:
         return
     for vi in _all_value_infos(inferred.graph):
         value = model.value(vi.name)
@@ -75,3 +87,175 @@ def _better(old, new):
     if isinstance(new, int):
         return new
     return old if old is not None else new
+
+
+def concrete_types(
+    model: Model, input_shapes: dict[str, tuple[int, ...]]
+) -> dict[str, tuple[int | None, tuple[int | str | None, ...] | None]]:
+    """Value name -> (dtype, shape) with the graph inputs pinned to `input_shapes`.
+
+    The IR is not modified (its inputs keep their symbolic dimensions). Inference runs on a
+    weightless skeleton whose inputs carry the concrete shapes; where onnx's data propagation
+    stops (Shape -> Slice -> Range chains, say), the small integer tensors that compute shapes
+    are evaluated with `onnx.reference` and put back as constants of the same name, and
+    inference runs again, until nothing more resolves.
+    """
+    skeleton = _typed_skeleton(model)
+    for vi in skeleton.graph.input:
+        dims = input_shapes.get(vi.name)
+        if dims is not None and vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.shape.Clear()
+            for d in dims:
+                vi.type.tensor_type.shape.dim.add().dim_value = int(d)
+    types: dict[str, tuple[int | None, tuple[int | str | None, ...] | None]] = {}
+    for node in model.graph.all_nodes():
+        for v in node.outputs:
+            if v is not None:
+                types[v.name] = (v.dtype, v.shape)
+    for v in [*model.graph.inputs, *model.graph.initializers.values()]:
+        types[v.name] = (v.dtype, v.shape)
+    for _ in range(16):
+        inferred = _infer(skeleton)
+        if inferred is None:
+            break
+        _collect(inferred, types)
+        if not _evaluate_shape_tensors(skeleton, types):
+            break
+    symbols = _bindings(model, input_shapes)
+    for name, (dtype, shape) in types.items():
+        if shape is not None and not _static(shape):
+            types[name] = (
+                dtype,
+                tuple(symbols.get(d, d) if isinstance(d, str) else d for d in shape),
+            )
+    return types
+
+
+def _bindings(model: Model, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Symbolic dimension name -> the value the pinned input shapes give it."""
+    out: dict[str, int] = {}
+    for v in model.graph.inputs:
+        for d, n in zip(v.shape or (), input_shapes.get(v.name, ()), strict=False):
+            if isinstance(d, str):
+                out.setdefault(d, int(n))
+    return out
+
+
+def _collect(inferred: onnx.ModelProto, types: dict) -> None:
+    infos = [*_all_value_infos(inferred.graph), *inferred.graph.input]
+    for vi in infos:
+        if vi.name in types and vi.type.HasField("tensor_type"):
+            probe = Value(vi.name, *types[vi.name])
+            probe.shape = None
+            apply_type(probe, vi.type)
+            if probe.shape is not None:
+                types[vi.name] = (probe.dtype or types[vi.name][0], probe.shape)
+    for t in inferred.graph.initializer:
+        types[t.name] = (t.data_type, tuple(t.dims))
+
+
+_SHAPE_TENSOR_LIMIT = 1024  # elements: shape arithmetic, never activations
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def _evaluate_shape_tensors(skeleton: onnx.ModelProto, types: dict) -> bool:
+    """Replace Shape/Size of static values, and small int nodes of known inputs, by constants."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    g = skeleton.graph
+    data = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    keep, changed = [], False
+    for node in g.node:
+        arrays = _shape_node_value(node, types, data)
+        if arrays is None and _evaluable(node, types, data):
+            try:
+                one = onnx.helper.make_model(
+                    onnx.helper.make_graph([node], "eval", [], []),
+                    opset_imports=skeleton.opset_import,
+                )
+                arrays = ReferenceEvaluator(one).run(
+                    list(node.output), {x: data[x] for x in node.input if x}
+                )
+            except Exception:
+                arrays = None
+        if arrays is None:
+            keep.append(node)
+            continue
+        changed = True
+        for name, arr in zip(node.output, arrays, strict=False):
+            if name:
+                data[name] = arr
+                g.initializer.append(numpy_helper.from_array(arr, name))
+    if changed:
+        del g.node[:]
+        g.node.extend(keep)
+    return changed
+
+
+def _shape_node_value(node: onnx.NodeProto, types: dict, data: dict):
+    import numpy as np
+
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("Shape", "Size"):
+        return None
+    shape = types.get(node.input[0], (None, None))[1]
+    if not _static(shape):
+        return None
+    if node.op_type == "Size":
+        return [np.array(int(np.prod(shape)), np.int64)]
+    attrs = {a.name: a.i for a in node.attribute}
+    rank = len(shape)
+    start, end = attrs.get("start", 0), attrs.get("end", rank)
+    return [np.array(shape[slice(start, end)], np.int64)]
+
+
+def _evaluable(node: onnx.NodeProto, types: dict, data: dict) -> bool:
+    if (
+        node.domain not in ("", "ai.onnx")
+        or node.attribute
+        and any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute
+        )
+    ):
+        return False
+    if not all(x in data for x in node.input if x):
+        return False
+    if any(data[x].size > _SHAPE_TENSOR_LIMIT for x in node.input if x):
+        return False
+    for out in node.output:
+        dtype, shape = types.get(out, (None, None))
+        if _static(shape) and int(math.prod(shape)) > _SHAPE_TENSOR_LIMIT:
+            return False
+    if node.op_type in _NO_EVAL:
+        return False
+    size = _generated_size(node, data)
+    return size is None or size <= _SHAPE_TENSOR_LIMIT
+
+
+def _generated_size(node: onnx.NodeProto, data: dict) -> int | None:
+    """Output elements of the ops whose output can dwarf their inputs (else None)."""
+    import numpy as np
+
+    ins = [data[x] if x else None for x in node.input]
+    try:
+        if node.op_type == "ConstantOfShape":
+            return int(np.prod(ins[0]))
+        if node.op_type == "Expand":
+            return int(np.prod(np.broadcast_shapes(ins[0].shape, tuple(int(d) for d in ins[1]))))
+        if node.op_type == "Tile":
+            return int(np.prod(np.array(ins[0].shape) * ins[1]))
+        if node.op_type == "Range":
+            return int(np.ceil((ins[1] - ins[0]) / ins[2]))
+    except (ValueError, TypeError, ZeroDivisionError):
+        return _SHAPE_TENSOR_LIMIT + 1
+    return None
+
+
+_NO_EVAL = {
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+    "Bernoulli", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+}  # fmt: skip
