@@ -19,6 +19,7 @@ from infercc.errors import InferccError
 from infercc.ir import Model, load_model, save_model
 from infercc.ir.tensor import external_info
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
+from infercc.targets import get_target
 from infercc.validate import ValidationReport, validate
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_MIN_COSINE = 0.9999
-# Targets --target accepts. Passes use the name to choose target-specific rewrites (FusedConv
-# only on the CPU); the per-target hardware figures come with the target database.
-TARGETS = ("cpu", "t4", "a10", "l4", "a100", "a100-80gb", "h100", "h200")
 
 
 @dataclass
@@ -106,9 +104,9 @@ def default_output(path: Path) -> Path:
     return path.with_name(f"{path.stem}.opt.onnx")
 
 
-def check_target(target: str) -> None:
-    if target not in TARGETS:
-        raise InferccError(f"unknown target {target!r}", "known targets: " + ", ".join(TARGETS))
+def check_target(target: str) -> str:
+    """The canonical name of a known target (unknown names raise with the list)."""
+    return get_target(target).name if target.lower() != "cpu" else "cpu"
 
 
 def _check_output(src: Path, out: Path) -> None:
@@ -155,7 +153,7 @@ def optimize(
     out = Path(output) if output is not None else default_output(src)
     disabled = list(disable_passes)
     check_pass_names(disabled)
-    check_target(target)
+    target = check_target(target)
     _check_output(src, out)
     step = on_step or (lambda _s: None)
     step("loading")
