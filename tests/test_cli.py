@@ -257,3 +257,14 @@ def test_help_teaches():
     for word in ("--shape", "--disable-pass", "--portable", "--no-validate", "--explain"):
         assert word in r.stdout
     assert "passes" in run("passes").stdout or run("passes").returncode == 0
+
+
+def test_targets_command():
+    r = run("targets", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {t["name"]: t for t in json.loads(r.stdout)}
+    assert list(rows)[0] == "cpu" and {"t4", "a100", "h100", "h200"} <= set(rows)
+    assert rows["a100"]["peak_flops"]["fp16"] == 312e12
+    assert "a100" in run("targets").stdout
+    r = run("optimize", "model.onnx", "--target", "tpu")
+    assert r.returncode == 2 and "unknown target 'tpu'" in r.stderr and "h100" in r.stderr

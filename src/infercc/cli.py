@@ -186,6 +186,24 @@ def passes(
         out.print(f"[bold]{r['name']}[/]  {r['doc']}")
 
 
+@app.command()
+def targets(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the targets --target accepts, with their peak FLOP/s, memory and bandwidth.
+
+    The cpu target is this host, detected (cores, vector features, memory; bandwidth measured
+    once, or set with INFERCC_CPU_BANDWIDTH_GBS)."""
+    from infercc.report import render_targets
+    from infercc.targets import list_targets
+
+    items = list_targets()
+    if as_json:
+        out.print_json(json.dumps([t.to_dict() for t in items]))
+    else:
+        render_targets(items, out)
+
+
 class _progress:
     """A spinner on stderr naming the current step (silent under --json or without a TTY)."""
 

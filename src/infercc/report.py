@@ -138,3 +138,24 @@ def render_inspect(r: InspectReport, console: Console) -> None:
             f"{len(r.flops_unknown_nodes)} compute node(s) have unknown shapes; "
             "pin symbolic inputs with --shape NAME=1x3x224x224"
         )
+
+
+def render_targets(targets, console: Console) -> None:
+    t = Table(title="targets: dense peak TFLOP/s (TOP/s for int8)", title_justify="left")
+    for col in ("name", "GB", "GB/s", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "cc"):
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
+    for tg in targets:
+        peaks = [
+            f"{tg.peak_flops[p] / 1e12:.1f}" if p in tg.peak_flops else "-"
+            for p in ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+        ]
+        t.add_row(
+            tg.name,
+            f"{tg.memory_bytes / 1e9:.0f}",
+            f"{tg.memory_bandwidth / 1e9:.0f}",
+            *peaks,
+            tg.compute_capability or "-",
+        )
+    console.print(t)
+    for tg in targets:
+        console.print(f"[bold]{tg.name}[/]: {tg.description}", highlight=False)
