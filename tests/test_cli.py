@@ -247,8 +247,40 @@ g (float[B, 64] x) => (float[B, 32] y) { y = MatMul(x, w) }
     onnx.save(proto, p)
     rep = json.loads(run("inspect", str(p), "--shape", "x=8x64", "--json").stdout)
     assert rep["flops"] == 2 * 8 * 64 * 32 and rep["parameters"] == 64 * 32
-    rep = json.loads(run("inspect", str(p), "--json").stdout)
-    assert rep["flops_unknown_nodes"] and rep["flops"] == 0
+    assert rep["shape_profile"] == {"x": [8, 64]}
+    rep = json.loads(run("inspect", str(p), "--json").stdout)  # the default profile: B = 1
+    assert rep["shape_profile"] == {"x": [1, 64]} and rep["flops"] == 2 * 64 * 32
+    assert rep["flops_unknown_nodes"] == [] and rep["roofline"] is None
+
+
+def test_inspect_with_target(tmp_path):
+    text = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 1024] x) => (float[B, 1024] y) { h = MatMul(x, w)
+  y = Relu(h) }
+"""
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.append(numpy_helper.from_array(np.ones((1024, 1024), np.float32), "w"))
+    p = tmp_path / "mm.onnx"
+    onnx.save(proto, p)
+    png = tmp_path / "roof.png"
+    r = run(
+        "inspect", str(p), "--target", "a100", "--shape", "x=4x1024", "--json", "--plot", str(png)
+    )
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    roof, mem = rep["roofline"], rep["memory"]
+    mm = next(n for n in roof["nodes"] if n["op_type"] == "MatMul")
+    assert mm["flops"] == 2 * 4 * 1024 * 1024
+    assert mm["bytes_read"] == 4 * 1024 * 4 + 1024 * 1024 * 4
+    assert mm["bound"] == "memory"  # 8.4 MFLOP over 4.2 MB: far under A100's fp32 ridge
+    assert abs(roof["total_time_s"] - sum(n["time_s"] for n in roof["nodes"])) < 1e-12
+    assert mem["weights_bytes"] == 1024 * 1024 * 4 and mem["fits"] is True
+    assert mem["arena_bytes"] == 2 * 4 * 1024 * 4  # h and y, both live at the last step
+    assert mem["batch_inputs"] == ["x"] and mem["largest_batch"] > 1000
+    assert png.stat().st_size > 1000
+    r = run("inspect", str(p), "--plot", str(tmp_path / "x.png"))
+    assert r.returncode == 2 and "--plot needs a target" in r.stderr
 
 
 def test_help_teaches():

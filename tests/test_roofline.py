@@ -80,6 +80,17 @@ def test_matmul_batched():
     assert c.precision == "fp32"
 
 
+def test_gather_reads_the_rows_it_selects_not_the_table():
+    m = model_of(
+        HEAD + "g (int64[3] ids) => (float[3, 64] y) { y = Gather(table, ids) }",
+        table=np.ones((1000, 64), np.float32),
+    )
+    c = costs(m)["Gather"]
+    assert c.bytes_written == 3 * 64 * F
+    assert c.bytes_read == 3 * 64 * F + 3 * 8  # three rows and the int64 indices
+    assert c.flops == 0
+
+
 @pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("with_c", [False, True])
 def test_gemm_transposes(trans_a, trans_b, with_c):

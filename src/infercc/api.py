@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import shutil
@@ -16,8 +17,9 @@ from typing import Any
 
 from infercc import passes as _passes
 from infercc.errors import InferccError
-from infercc.ir import Model, load_model, save_model
+from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.tensor import external_info
+from infercc.memory import MemoryPlan, plan_memory
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
 from infercc.targets import get_target
 from infercc.validate import ValidationReport, validate
@@ -49,6 +51,7 @@ class OptimizeReport:
     validation: ValidationReport | None
     seconds: float
     files: list[str] = field(default_factory=list)
+    memory: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -71,6 +74,7 @@ class OptimizeReport:
             "reached_fixpoint": self.reached_fixpoint,
             "refusals": self.refusals,
             "validation": self.validation.to_dict() if self.validation else None,
+            "memory": self.memory,
             "seconds": round(self.seconds, 4),
         }
 
@@ -141,12 +145,16 @@ def optimize(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     min_cosine: float = DEFAULT_MIN_COSINE,
+    alignment: int = 64,
     on_step: Callable[[str], None] | None = None,
 ) -> OptimizeReport:
     """Optimize an ONNX model file and write the result; returns the report.
 
     The input is never modified. The output is written atomically and only after validation
-    passes (a failed validation leaves nothing behind; the report says why).
+    passes (a failed validation leaves nothing behind; the report says why). The memory plan
+    (`<output stem>.memory_plan.json`) is written beside it, for the shape profile that
+    validation uses: `shapes` pins inputs, other symbolic dims take the defaults of
+    `infercc.inputs.resolve_shapes`.
     """
     t0 = time.perf_counter()
     src = Path(model)
@@ -158,17 +166,24 @@ def optimize(
     step = on_step or (lambda _s: None)
     step("loading")
     ir = load_model(src)
-    _check_shape_names(ir, shapes)
+    check_shape_names(ir, shapes)
     size_before = model_files_size(src, ir)
     nodes_before, ops_before = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
+    profile = _shape_profile(ir, shapes)
     ctx = PassContext(target=target, portable=portable, fold_limit=fold_limit, verify=verify)
+    if profile is not None:
+        ctx.options["shapes"] = profile
     pipe = run_passes(
         ir, ctx, _passes.DEFAULT_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}")
     )
     nodes_after, ops_after = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
+    step("planning memory")
+    plan = _plan(ir, profile, alignment, ctx.options.get("schedule", {}))
     step("writing")
     with tempfile.TemporaryDirectory(prefix=".infercc-", dir=out.parent) as tmp:
         staged = save_model(ir, Path(tmp) / out.name, external_data=external_data)
+        if plan is not None:
+            staged.append(_write_json(Path(tmp) / memory_plan_name(out), plan.to_dict()))
         del ir
         gc.collect()  # the IR is a web of cycles: free its arrays before onnxruntime loads
         report_validation = None
@@ -183,7 +198,7 @@ def optimize(
                 rtol=rtol,
                 min_cosine=min_cosine,
             )
-        size_after = sum(p.stat().st_size for p in staged)
+        size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
         files: list[str] = []
         if report_validation is None or report_validation.passed:
             for p in staged:
@@ -207,10 +222,11 @@ def optimize(
         validation=report_validation,
         seconds=time.perf_counter() - t0,
         files=files,
+        memory=_memory_summary(plan, profile, out),
     )
 
 
-def _check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
+def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
     names = [v.name for v in model.graph.inputs]
     for name, dims in (shapes or {}).items():
         if name not in names:
@@ -224,3 +240,57 @@ def _check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | Non
                 f"--shape {name} has rank {len(dims)} but the input has rank {len(v.shape)}",
                 "give one size per dimension, e.g. NAME=1x3x224x224",
             )
+
+
+def memory_plan_name(out: Path) -> str:
+    return f"{out.stem}.memory_plan.json"
+
+
+def _shape_profile(
+    model: Model, shapes: Mapping[str, tuple[int, ...]] | None
+) -> dict[str, tuple[int, ...]] | None:
+    """Concrete input shapes for planning (the ones validation uses), or None if unresolvable."""
+    from infercc.inputs import resolve_shapes
+
+    try:
+        return resolve_shapes(export_model(model, with_weights=False), dict(shapes or {}))
+    except InferccError as e:
+        log.info("no shape profile for memory planning: %s", e)
+        return None
+
+
+def _plan(
+    model: Model, profile: dict[str, tuple[int, ...]] | None, alignment: int, schedule: dict
+) -> MemoryPlan | None:
+    if profile is None:
+        return None
+    plan = plan_memory(model, profile, alignment=alignment)
+    plan.peak_before_schedule = schedule.get("peak_before")
+    plan.peak_after_schedule = schedule.get("peak_after")
+    return plan
+
+
+def _memory_summary(
+    plan: MemoryPlan | None, profile: dict[str, tuple[int, ...]] | None, out: Path
+) -> dict[str, Any] | None:
+    if plan is None:
+        return None
+    return {
+        "naive_bytes": plan.naive_bytes,
+        "arena_bytes": plan.arena_bytes,
+        "lower_bound_bytes": plan.lower_bound_bytes,
+        "weights_bytes": plan.weights_bytes,
+        "arena_over_bound": round(plan.ratio, 4),
+        "heuristic": plan.heuristic,
+        "alignment": plan.alignment,
+        "peak_before_schedule": plan.peak_before_schedule,
+        "peak_after_schedule": plan.peak_after_schedule,
+        "unplanned": len(plan.unknown),
+        "shape_profile": {k: list(v) for k, v in (profile or {}).items()},
+        "plan": str(out.parent / memory_plan_name(out)),
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    return path

@@ -156,15 +156,35 @@ def optimize(
 def inspect(
     model: Annotated[Path, typer.Argument(help="The ONNX model to describe.")],
     shape: ShapeOpt = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="Add the roofline analysis and memory budget on this target "
+            "(`infercc targets` lists them)."
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --target: draw every node on the target's roofline into this "
+            "PNG (needs matplotlib: pip install 'infercc[plot]')."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Describe MODEL: inputs and outputs, opsets, op histogram, parameters, and FLOPs of
-    Conv/MatMul/Gemm at the given shapes."""
+    Conv/MatMul/Gemm at a shape profile (--shape pins inputs; other symbolic dims are 1 for the
+    first axis and 8 for others).
+
+    With --target: per node FLOPs, bytes, arithmetic intensity, memory- or compute-bound and
+    roofline time; the ten slowest nodes; the total roofline latency (a lower bound for one
+    inference); and the memory budget (weights + activation arena + workspace), with the
+    largest batch that fits when the batch dimension is symbolic."""
     from infercc.inspect import inspect_model
     from infercc.report import render_inspect
     from infercc.shapes import parse_shapes
 
-    report = inspect_model(model, parse_shapes(shape))
+    report = inspect_model(model, parse_shapes(shape), target=target, plot=plot)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
     else:

@@ -1,4 +1,14 @@
-"""`infercc inspect`: what a model holds — inputs, outputs, opsets, ops, parameters, FLOPs."""
+"""`infercc inspect`: what a model holds, what it costs, and — for a target — what bounds it.
+
+Without a target: inputs, outputs, opsets, op histogram, parameters, and the FLOPs of the
+matrix ops (Conv, ConvTranspose, MatMul, Gemm and their fused forms) at a shape profile.
+With `target`: the roofline analysis of every node (`infercc.roofline`), the total roofline
+latency, and the memory budget on the target: weights + activation arena (planned by
+`infercc.memory`) + workspace, and the largest batch that fits when the batch is symbolic.
+
+The shape profile: `shapes` pins inputs; other symbolic dimensions take the defaults of
+`infercc.inputs.resolve_shapes` (1 for the first axis, 8 for others), the same as validation.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
-from infercc.api import _check_shape_names, model_files_size, op_histogram
-from infercc.ir import Model, Node, Value, infer_shapes, load_model
+from infercc.api import _shape_profile, check_shape_names, model_files_size, op_histogram
+from infercc.errors import InferccError
+from infercc.ir import Model, Value, load_model
+from infercc.ir.shapes import concrete_types
+from infercc.memory import plan_memory
+from infercc.roofline import analyze, largest_batch, memory_budget, node_cost
+from infercc.targets import Target, get_target
+
+MATRIX_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul")
 
 
 @dataclass
@@ -38,9 +54,13 @@ class InspectReport:
     ops: dict[str, int]
     parameters: int
     parameter_bytes: int
+    shape_profile: dict[str, list[int]] | None
     flops: int
     flops_by_op: dict[str, int]
     flops_unknown_nodes: list[str]
+    target: dict[str, Any] | None = None
+    roofline: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,9 +75,13 @@ class InspectReport:
             "ops": self.ops,
             "parameters": self.parameters,
             "parameter_bytes": self.parameter_bytes,
+            "shape_profile": self.shape_profile,
             "flops": self.flops,
             "flops_by_op": self.flops_by_op,
             "flops_unknown_nodes": self.flops_unknown_nodes,
+            "target": self.target,
+            "roofline": self.roofline,
+            "memory": self.memory,
         }
 
 
@@ -72,79 +96,96 @@ def _info(v: Value) -> TensorInfo:
 
 
 def inspect_model(
-    path: str | os.PathLike[str], shapes: Mapping[str, tuple[int, ...]] | None = None
+    path: str | os.PathLike[str],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    target: str | None = None,
+    plot: str | os.PathLike[str] | None = None,
 ) -> InspectReport:
-    """Describe a model; FLOPs of Conv/ConvTranspose/MatMul/Gemm at the pinned input shapes."""
+    """Describe a model; with a target, add the roofline analysis and the memory budget."""
     model = load_model(Path(path))
-    _check_shape_names(model, shapes)
-    inputs = [_info(v) for v in model.graph.inputs]
-    outputs = [_info(v) for v in model.graph.outputs]
-    _pin_shapes(model, shapes or {})
-    infer_shapes(model)
-    flops_by_op: dict[str, int] = {}
-    unknown: list[str] = []
-    for node in model.graph.all_nodes():
-        f = node_flops(node)
-        if f is None:
-            unknown.append(node.name or node.op_type)
-        elif f:
-            flops_by_op[node.op_type] = flops_by_op.get(node.op_type, 0) + f
+    check_shape_names(model, shapes)
+    tgt = get_target(target) if target is not None else None
+    if plot is not None and tgt is None:
+        raise InferccError("--plot needs a target", "add --target a100 (see infercc targets)")
+    profile = _shape_profile(model, shapes)
+    types = concrete_types(model, profile) if profile is not None else {}
+    flops_by_op, unknown = _matrix_flops(model, types)
     params = [v.const for v in model.graph.initializers.values() if v.const is not None]
-    return InspectReport(
+    report = InspectReport(
         path=str(path),
         size=model_files_size(Path(path), model),
         ir_version=model.ir_version,
         producer=f"{model.producer_name} {model.producer_version}".strip(),
         opsets=dict(model.opset_imports),
-        inputs=inputs,
-        outputs=outputs,
+        inputs=[_info(v) for v in model.graph.inputs],
+        outputs=[_info(v) for v in model.graph.outputs],
         nodes=sum(1 for _ in model.graph.all_nodes()),
         ops=op_histogram(model),
         parameters=sum(t.size for t in params),
         parameter_bytes=sum(t.nbytes for t in params),
+        shape_profile={k: list(v) for k, v in profile.items()} if profile is not None else None,
         flops=sum(flops_by_op.values()),
         flops_by_op=flops_by_op,
         flops_unknown_nodes=unknown,
     )
+    if tgt is not None and profile is not None:
+        _add_target_analysis(report, model, tgt, profile, plot)
+    return report
 
 
-def _pin_shapes(model: Model, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    by_name = {v.name: v for v in model.graph.inputs}
-    symbols: dict[str, int] = {}
-    for name, dims in shapes.items():
-        v = by_name[name]
-        for d, n in zip(v.shape or (), dims, strict=False):
-            if isinstance(d, str):
-                symbols[d] = n
-    for v in model.graph.inputs:
-        if v.name in shapes:
-            v.shape = tuple(shapes[v.name])
-        elif v.shape is not None:
-            v.shape = tuple(symbols.get(d, d) if isinstance(d, str) else d for d in v.shape)
-        v.type_proto = None  # export the pinned shape to inference, not the declared one
+def _matrix_flops(model: Model, types: dict) -> tuple[dict[str, int], list[str]]:
+    flops: dict[str, int] = {}
+    unknown: list[str] = []
+    for i, node in enumerate(model.graph):
+        if node.op_type not in MATRIX_OPS:
+            continue
+        cost = node_cost(node, types, i)
+        if cost is None:
+            unknown.append(node.name or f"{node.op_type}#{i}")
+        else:
+            flops[node.op_type] = flops.get(node.op_type, 0) + cost.flops
+    return flops, unknown
 
 
-_FLOP_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul")
+def _add_target_analysis(
+    report: InspectReport,
+    model: Model,
+    target: Target,
+    profile: dict[str, tuple[int, ...]],
+    plot: str | os.PathLike[str] | None,
+) -> None:
+    from infercc.roofline import plot_roofline
+
+    roof = analyze(model, target, profile)
+    plan = plan_memory(model, profile)
+    report.target = target.to_dict()
+    report.roofline = roof.to_dict()
+    report.roofline["top"] = [n.to_dict() for n in roof.top(10)]
+    budget = memory_budget(plan.weights_bytes, plan.arena_bytes, target)
+    batch_inputs = _symbolic_batch_inputs(model)
+    budget["largest_batch"] = (
+        largest_batch(
+            lambda b: plan_memory(model, _with_batch(profile, batch_inputs, b)).arena_bytes,
+            plan.weights_bytes,
+            target,
+        )
+        if batch_inputs
+        else None
+    )
+    budget["batch_inputs"] = batch_inputs
+    budget["lower_bound_bytes"] = plan.lower_bound_bytes
+    budget["unplanned_tensors"] = len(plan.unknown)
+    report.memory = budget
+    if plot is not None:
+        plot_roofline(roof, target, Path(plot))
 
 
-def node_flops(node: Node) -> int | None:
-    """Multiply-adds x 2 for the compute-heavy ops; 0 for others; None when shapes are unknown."""
-    if node.op_type not in _FLOP_OPS:
-        return 0
-    x, w = node.input(0), node.input(1)
-    if x is None or w is None or node.outputs[0] is None:
-        return None
-    xs, ws, ys = x.static_shape, w.static_shape, node.output.static_shape
-    if xs is None or ws is None or ys is None:
-        return None
-    if node.op_type in ("Conv", "FusedConv"):
-        # each output element: C/g * prod(kernel) multiply-adds
-        return 2 * int(np.prod(ys)) * int(np.prod(ws[1:]))
-    if node.op_type == "ConvTranspose":
-        # each input element scatters into M/g * prod(kernel) outputs
-        return 2 * int(np.prod(xs)) * int(np.prod(ws[1:]))
-    if node.op_type == "Gemm":
-        k = xs[0] if node.attr("transA", 0) else xs[-1]
-        return 2 * int(np.prod(ys)) * int(k)
-    k = xs[-1] if len(xs) >= 1 else 1
-    return 2 * int(np.prod(ys)) * int(k)
+def _symbolic_batch_inputs(model: Model) -> list[str]:
+    """Inputs whose first dimension is symbolic (the batch, by convention)."""
+    return [v.name for v in model.graph.inputs if v.shape and not isinstance(v.shape[0], int)]
+
+
+def _with_batch(
+    profile: dict[str, tuple[int, ...]], names: list[str], batch: int
+) -> dict[str, tuple[int, ...]]:
+    return {k: ((batch, *v[1:]) if k in names and v else v) for k, v in profile.items()}

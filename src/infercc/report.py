@@ -105,6 +105,11 @@ def render_validation(v: ValidationReport, console: Console) -> None:
     console.print(t)
 
 
+def _tail(text: str, width: int) -> str:
+    """The end of a long name (hierarchical names say most at their end)."""
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
 def _num(x: float | None, fmt: str = ".3g") -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -133,11 +138,54 @@ def render_inspect(r: InspectReport, console: Console) -> None:
         f"FLOPs {human_count(r.flops)}"
         + "".join(f"   {op} {human_count(f)}" for op, f in r.flops_by_op.items())
     )
+    if r.shape_profile:
+        console.print(
+            "shape profile: "
+            + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in r.shape_profile.items())
+        )
     if r.flops_unknown_nodes:
         console.print(
             f"{len(r.flops_unknown_nodes)} compute node(s) have unknown shapes; "
             "pin symbolic inputs with --shape NAME=1x3x224x224"
         )
+    if r.roofline is not None and r.target is not None:
+        _render_roofline(r, console)
+
+
+def _render_roofline(r: InspectReport, console: Console) -> None:
+    roof, tgt, mem = r.roofline, r.target, r.memory
+    assert roof is not None and tgt is not None and mem is not None
+    t = Table(title=f"ten slowest nodes on {tgt['name']} (roofline)", title_justify="left")
+    for col in ("node", "op", "FLOPs", "bytes", "FLOP/B", "ridge", "bound", "time"):
+        t.add_column(
+            col, justify="left" if col in ("node", "op", "bound") else "right", no_wrap=True
+        )
+    for n in roof["top"]:
+        t.add_row(
+            _tail(n["name"], 28),
+            n["op_type"],
+            human_count(n["flops"]),
+            human_bytes(n["bytes_read"] + n["bytes_written"]),
+            _num(n["intensity"], ".1f"),
+            _num(n["ridge_point"], ".1f"),
+            n["bound"],
+            f"{n['time_s'] * 1e6:.2f} us",
+        )
+    console.print(t)
+    console.print(
+        f"roofline latency {roof['total_time_s'] * 1e3:.3f} ms (a lower bound for one inference; "
+        f"{roof['main_precision']}, {len(roof['nodes'])} nodes)"
+    )
+    batch = mem.get("largest_batch")
+    if batch is not None and batch >= 65536:
+        batch = ">= 65536 (the search limit)"
+    console.print(
+        f"memory on {tgt['name']}: weights {human_bytes(mem['weights_bytes'])} + arena "
+        f"{human_bytes(mem['arena_bytes'])} + workspace {human_bytes(mem['workspace_bytes'])} = "
+        f"{human_bytes(mem['total_bytes'])} of {human_bytes(mem['memory_bytes'])} "
+        f"({'fits' if mem['fits'] else '[red]does not fit[/]'})"
+        + (f"; largest batch that fits: {batch}" if batch is not None else "")
+    )
 
 
 def render_targets(targets, console: Console) -> None:

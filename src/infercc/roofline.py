@@ -329,9 +329,24 @@ def node_cost(node: Node, types: Types, index: int | None = None) -> NodeCost | 
     if ins is None or outs is None or not outs[0] or outs[0][0] is None:
         return None
     flops = node_flops(node, ins[0], outs[0])
+    read = ins[1]
+    if node.op_type in _GATHERS and node.is_standard:
+        # A gather reads the selected rows (as many bytes as it writes) and its indices, not
+        # the whole table: an embedding lookup touches a few rows of a large weight.
+        read = min(read, outs[1] + (_bytes_of(node.input(1), types) or 0))
     return NodeCost(
-        node_label(node, index), node.op_type, flops, ins[1], outs[1], node_precision(node, types)
+        node_label(node, index), node.op_type, flops, read, outs[1], node_precision(node, types)
     )
+
+
+_GATHERS = ("Gather", "GatherElements", "GatherND")
+
+
+def _bytes_of(v, types: Types) -> int | None:
+    if v is None or v.name not in types:
+        return None
+    dtype, shape = types[v.name]
+    return tensor_bytes(dtype, shape)
 
 
 def _dtype(types: Types, v) -> int | None:

@@ -32,7 +32,21 @@ def _typed_skeleton(model: Model) -> onnx.ModelProto:
         else:
             vi = skeleton.graph.input.add(name=v.name)
             vi.type.CopyFrom(type_proto_of(v))
+    _standard_stand_ins(skeleton.graph)
     return skeleton
+
+
+def _standard_stand_ins(graph: onnx.GraphProto) -> None:
+    """onnx cannot type onnxruntime's contrib ops; for inference only, use the standard op of
+    the same output type and shape (FusedConv is a Conv followed by an elementwise activation).
+    """
+    for n in graph.node:
+        if n.domain == "com.microsoft" and n.op_type == "FusedConv":
+            keep = [a for a in n.attribute if a.name not in ("activation", "activation_params")]
+            n.domain, n.op_type = "", "Conv"
+            del n.attribute[:]
+            n.attribute.extend(keep)
+            del n.input[3:]  # FusedConv's optional Z (sum) input has no Conv counterpart
 
 
 def _infer(skeleton: onnx.ModelProto) -> onnx.ModelProto | None:

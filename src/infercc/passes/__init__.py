@@ -9,6 +9,7 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
     fuse_conv_bn_relu,
     fuse_qkv,
     no_ops,
+    schedule,
 )
 from infercc.passes.manager import (
     DEFAULT_PIPELINE,

@@ -103,6 +103,7 @@ DEFAULT_PIPELINE = (
     "eliminate-dead-code",
     "fuse-conv-bn-relu",
     "fuse-qkv",
+    "schedule-memory",
 )
 
 
