@@ -290,8 +290,7 @@ def optimized_zoo(tmp_path_factory):
     for name in SMALL:
         src = light_path(name)
         shapes = resolve_shapes(onnx.load(src))
-        # portable: onnx's shape inference cannot type com.microsoft FusedConv outputs
-        optimize(src, tmp / f"{name}.onnx", run_validation=False, portable=True)
+        optimize(src, tmp / f"{name}.onnx", run_validation=False)
         out[name] = (tmp / f"{name}.onnx", shapes)
     return out
 
@@ -303,6 +302,6 @@ def test_zoo_models_plan_within_five_percent_of_the_bound(optimized_zoo, name):
     plan = plan_memory(model, shapes)
     check_plan(plan)
     assert plan.unknown == []
-    assert len(plan.tensors) > 50
+    assert len(plan.tensors) >= 30  # squeezenet, the smallest: 39 after fusion
     assert plan.ratio <= 1.05, (name, plan.arena_bytes, plan.lower_bound_bytes, plan.heuristic)
     assert plan.arena_bytes * 3 < plan.naive_bytes
