@@ -134,9 +134,16 @@ class Tensor:
     def raw_bytes(self) -> bytes:
         """The raw_data bytes read from the source file (only for tensors with a source)."""
         assert self.source is not None
-        with open(self.source.path, "rb") as f:
-            f.seek(self.source.offset)
-            data = f.read(self.source.length)
+        try:
+            with open(self.source.path, "rb") as f:
+                f.seek(self.source.offset)
+                data = f.read(self.source.length)
+        except OSError as e:
+            raise InferccError(
+                f"cannot read weights of tensor '{self.proto.name}' from {self.source.path}: "
+                f"{e.strerror or e}",
+                "the input model must stay in place while infercc reads it",
+            ) from None
         if len(data) != self.source.length:
             raise InferccError(
                 f"model file {self.source.path} changed or was truncated while being read",
