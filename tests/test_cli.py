@@ -69,6 +69,14 @@ def test_optimize_json_report(tmp_path):
     assert all("time_s" in st for st in rep["passes"].values())
     out = tmp_path / "m.opt.onnx"
     assert rep["output"] == str(out) and out.exists()
+    mem = rep["memory"]
+    # b (Relu) and y (Add): 1x4 floats = 16 B each, aligned to 64, both live at the last step
+    assert mem["weights_bytes"] == 16 and mem["naive_bytes"] == 128
+    assert mem["arena_bytes"] == mem["lower_bound_bytes"] == 128
+    assert mem["shape_profile"] == {"x": [1, 4]}
+    plan = json.loads((tmp_path / "m.opt.memory_plan.json").read_text())
+    assert plan["schema"] == "infercc.memory_plan/1" and set(plan["tensors"]) == {"b", "y"}
+    assert rep["files"] == [str(out), str(tmp_path / "m.opt.memory_plan.json")]
     onnx.checker.check_model(onnx.load(out), full_check=True)
 
 

@@ -107,6 +107,9 @@ def optimize(
             help="Write weights to <output>.data even when under 2 GB (always done above 2 GB).",
         ),
     ] = False,
+    align: Annotated[
+        int, typer.Option(help="Byte alignment of tensors in the memory plan.", min=1)
+    ] = 64,
     atol: Annotated[float, typer.Option(help="Validation absolute tolerance.")] = 1e-4,
     rtol: Annotated[float, typer.Option(help="Validation relative tolerance.")] = 1e-3,
     min_cosine: Annotated[float, typer.Option(help="Validation minimum cosine.")] = 0.9999,
@@ -118,7 +121,8 @@ def optimize(
     ] = False,
 ) -> None:
     """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation and
-    Q/K/V projections; validate against the original; write the result atomically.
+    Q/K/V projections, schedule for memory; validate against the original; write the result
+    atomically, with its memory plan (<stem>.memory_plan.json) beside it.
 
     Exit codes: 0 success, 1 validation failed (nothing written), 2 bad input.
     """
@@ -142,6 +146,7 @@ def optimize(
             atol=atol,
             rtol=rtol,
             min_cosine=min_cosine,
+            alignment=align,
             on_step=step,
         )
     if as_json:

@@ -106,7 +106,9 @@ def test_roundtrip_keeps_everything():
     assert out.doc_string == "model doc"
     assert [(p.key, p.value) for p in out.metadata_props] == [("key", "value")]
     assert {o.domain: o.version for o in out.opset_import} == {
-        "": 17, "custom.domain": 1, "local": 1
+        "": 17,
+        "custom.domain": 1,
+        "local": 1,
     }
     assert [f.name for f in out.functions] == ["Twice"]
     opaque = next(n for n in out.graph.node if n.op_type == "Opaque")

@@ -30,9 +30,7 @@ g (int64[batch, seq] ids) => (float[batch, seq, 4] y) {
 
 def model():
     proto = onnx.parser.parse_model(TEXT)
-    proto.graph.initializer.append(
-        numpy_helper.from_array(np.ones((16, 4), np.float32), "table")
-    )
+    proto.graph.initializer.append(numpy_helper.from_array(np.ones((16, 4), np.float32), "table"))
     m = import_model(proto)
     infer_shapes(m)
     return m
