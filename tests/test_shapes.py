@@ -50,3 +50,32 @@ _names = st.text(alphabet="abcXYZ019_/:.-", min_size=1, max_size=12)
 @given(_names, st.lists(st.integers(0, 10_000), max_size=6))
 def test_parse_shape_round_trip(name: str, dims: list[int]) -> None:
     assert parse_shape(f"{name}={'x'.join(map(str, dims))}") == (name, tuple(dims))
+
+
+def test_range_profile():
+    from infercc.shapes import parse_profile, parse_profiles
+
+    p = parse_profile("input_ids=1x128:8x128:32x512")
+    assert (p.name, p.min, p.opt, p.max) == ("input_ids", (1, 128), (8, 128), (32, 512))
+    assert p.shapes == [(1, 128), (8, 128), (32, 512)] and not p.is_fixed
+    fixed = parse_profile("x=1x3")
+    assert fixed.is_fixed and fixed.shapes == [(1, 3)]
+    assert parse_shapes(["ids=1x128:8x128:32x512"]) == {"ids": (8, 128)}
+    assert [q.name for q in parse_profiles(["a=1:2:3", "b=4"])] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("ids=8x128:1x128:32x512", "min <= opt <= max does not hold for dimension 0 (8, 1, 32)"),
+        ("ids=1x128:8x128", "a range has three shapes"),
+        ("ids=1x128:8:32x512", "different ranks"),
+        ("ids=1x128:8x12a:32x512", "'12a' is not a non-negative integer"),
+    ],
+)
+def test_bad_range_profiles(spec, message):
+    from infercc.shapes import parse_profile
+
+    with pytest.raises(InferccError) as e:
+        parse_profile(spec)
+    assert message in e.value.message

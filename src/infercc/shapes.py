@@ -1,31 +1,96 @@
-"""Parse `--shape NAME=1x3x224x224` options into concrete input shapes.
+"""Parse `--shape` options: fixed shapes (`NAME=1x3x224x224`) and ranges (`NAME=min:opt:max`).
 
 A spec is split on its *last* `=`, so input names holding `/` or `:` (common in exported
 models) work; the part after it is `x`-separated non-negative integers, or nothing for a
-scalar (`NAME=` means shape `()`).
+scalar (`NAME=` means shape `()`). A range `NAME=1x128:8x128:32x512` gives the smallest, the
+typical (optimized-for) and the largest shape; min <= opt <= max must hold per dimension.
+Where one concrete shape is needed (validation, the memory plan), a range stands for its opt.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 from infercc.errors import InferccError
 
 logger = logging.getLogger(__name__)
 
-_EXPECTED_FORM = "expected NAME=D0xD1x..., e.g. input=1x3x224x224, or NAME= for a scalar"
+_EXPECTED_FORM = (
+    "expected NAME=D0xD1x..., e.g. input=1x3x224x224, a range NAME=MIN:OPT:MAX, e.g. "
+    "ids=1x128:8x128:32x512, or NAME= for a scalar"
+)
 
 
-def parse_shape(spec: str) -> tuple[str, tuple[int, ...]]:
-    """Parse one `NAME=1x3x224x224` spec into `(name, dims)`."""
+@dataclass(frozen=True)
+class ShapeProfile:
+    """One input's shapes: min <= opt <= max per dimension (all equal for a fixed shape)."""
+
+    name: str
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The distinct declared shapes, in min, opt, max order (each is tuned)."""
+        return list(dict.fromkeys([self.min, self.opt, self.max]))
+
+    @property
+    def is_fixed(self) -> bool:
+        return self.min == self.opt == self.max
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "min": list(self.min),
+            "opt": list(self.opt),
+            "max": list(self.max),
+        }
+
+
+def parse_profile(spec: str) -> ShapeProfile:
+    """Parse one `NAME=1x3x224x224` or `NAME=MIN:OPT:MAX` spec."""
     name, sep, dims_text = spec.rpartition("=")
     name = name.strip()
     if not sep or not name:
         raise InferccError(f"bad --shape {spec!r}: no input name before '='", _EXPECTED_FORM)
+    parts = [_parse_dims(part, spec) for part in dims_text.split(":")]
+    if len(parts) == 1:
+        return ShapeProfile(name, parts[0], parts[0], parts[0])
+    if len(parts) != 3:
+        raise InferccError(
+            f"bad --shape {spec!r}: a range has three shapes (min:opt:max), not {len(parts)}",
+            _EXPECTED_FORM,
+        )
+    lo, opt, hi = parts
+    if not len(lo) == len(opt) == len(hi):
+        raise InferccError(
+            f"bad --shape {spec!r}: min, opt and max have different ranks", _EXPECTED_FORM
+        )
+    bad = [i for i in range(len(lo)) if not lo[i] <= opt[i] <= hi[i]]
+    if bad:
+        i = bad[0]
+        raise InferccError(
+            f"bad --shape {spec!r}: min <= opt <= max does not hold for dimension {i} "
+            f"({lo[i]}, {opt[i]}, {hi[i]})",
+            "give the smallest shape first and the largest last",
+        )
+    return ShapeProfile(name, lo, opt, hi)
+
+
+def parse_shape(spec: str) -> tuple[str, tuple[int, ...]]:
+    """Parse one spec into `(name, dims)`; a range gives its opt shape."""
+    profile = parse_profile(spec)
+    return profile.name, profile.opt
+
+
+def _parse_dims(dims_text: str, spec: str) -> tuple[int, ...]:
     dims_text = dims_text.strip()
     if not dims_text:
-        return name, ()
-    return name, tuple(_parse_dim(part, spec) for part in dims_text.lower().split("x"))
+        return ()
+    return tuple(_parse_dim(part, spec) for part in dims_text.lower().split("x"))
 
 
 def _parse_dim(text: str, spec: str) -> int:
@@ -38,17 +103,22 @@ def _parse_dim(text: str, spec: str) -> int:
     return int(text)
 
 
-def parse_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
+def parse_profiles(specs: list[str] | None) -> list[ShapeProfile]:
     """Parse repeated `--shape` options; an input named twice is an error."""
-    shapes: dict[str, tuple[int, ...]] = {}
+    profiles: dict[str, ShapeProfile] = {}
     for spec in specs or []:
-        name, dims = parse_shape(spec)
-        if name in shapes:
+        profile = parse_profile(spec)
+        if profile.name in profiles:
             raise InferccError(
-                f"--shape given twice for input {name!r}",
+                f"--shape given twice for input {profile.name!r}",
                 "pass one --shape per input",
             )
-        shapes[name] = dims
-    if shapes:
-        logger.debug("pinned input shapes: %s", shapes)
-    return shapes
+        profiles[profile.name] = profile
+    if profiles:
+        logger.debug("input shape profiles: %s", profiles)
+    return list(profiles.values())
+
+
+def parse_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """Parse repeated `--shape` options into one concrete shape per input (a range: its opt)."""
+    return {p.name: p.opt for p in parse_profiles(specs)}

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from infercc.errors import InferccError
+from infercc.shapes import ShapeProfile
 from infercc.targets import Target
 
 log = logging.getLogger(__name__)
@@ -32,33 +33,6 @@ MODEL_FILE = "model.onnx"
 
 Feeds = Mapping[str, np.ndarray]
 Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ShapeProfile:
-    """One input's shapes: min <= opt <= max per dimension (all equal for a fixed shape)."""
-
-    name: str
-    min: Shape
-    opt: Shape
-    max: Shape
-
-    @property
-    def shapes(self) -> list[Shape]:
-        """The distinct declared shapes, in min, opt, max order (each is tuned)."""
-        return list(dict.fromkeys([self.min, self.opt, self.max]))
-
-    @property
-    def is_fixed(self) -> bool:
-        return self.min == self.opt == self.max
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "min": list(self.min),
-            "opt": list(self.opt),
-            "max": list(self.max),
-        }
 
 
 @dataclass
