@@ -308,3 +308,23 @@ def test_targets_command():
     assert "a100" in run("targets").stdout
     r = run("optimize", "model.onnx", "--target", "tpu")
     assert r.returncode == 2 and "unknown target 'tpu'" in r.stderr and "h100" in r.stderr
+
+
+def test_tensorrt_backend_unavailable_exit_2_nothing_written(tmp_path):
+    src = write_model(tmp_path / "m.onnx")
+    r = run("optimize", str(src), "-o", str(tmp_path / "art"), "--backend", "tensorrt")
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "backend 'tensorrt' cannot run here" in lines[0]
+    assert 'pip install "infercc[tensorrt]"' in lines[0] or "NVIDIA" in lines[0]
+    assert listing(tmp_path) == ["m.onnx"]
+    # a GPU target defaults to the TensorRT backend for artifacts
+    r = run("optimize", str(src), "-o", str(tmp_path / "art"), "--target", "a100")
+    assert r.returncode == 2 and "tensorrt" in r.stderr
+    r = run("optimize", str(src), "-o", str(tmp_path / "x.onnx"), "--backend", "ort")
+    assert r.returncode == 2 and "builds an artifact directory" in r.stderr
+
+
+def test_rich_markup_in_messages_is_printed_verbatim(tmp_path):
+    r = run("optimize", str(tmp_path / "[bold]missing.onnx"))
+    assert r.returncode == 2 and "[bold]missing.onnx" in r.stderr

@@ -10,17 +10,21 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infercc import passes as _passes
+from infercc.artifact import check_destination, publish, staging_dir, write_manifest
+from infercc.artifact import manifest as artifact_manifest
+from infercc.backends.base import MODEL_FILE, CompileOptions, get_backend, require_available
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.tensor import external_info
 from infercc.memory import MemoryPlan, plan_memory
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
+from infercc.shapes import ShapeProfile
 from infercc.targets import get_target
 from infercc.validate import ValidationReport, validate
 
@@ -52,6 +56,7 @@ class OptimizeReport:
     seconds: float
     files: list[str] = field(default_factory=list)
     memory: dict[str, Any] | None = None
+    artifact: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -75,6 +80,7 @@ class OptimizeReport:
             "refusals": self.refusals,
             "validation": self.validation.to_dict() if self.validation else None,
             "memory": self.memory,
+            "artifact": self.artifact,
             "seconds": round(self.seconds, 4),
         }
 
@@ -135,6 +141,10 @@ def optimize(
     *,
     target: str = "cpu",
     shapes: Mapping[str, tuple[int, ...]] | None = None,
+    profiles: Sequence[ShapeProfile] | None = None,
+    backend: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    tune: bool = True,
     data: str | os.PathLike[str] | None = None,
     disable_passes: Iterable[str] = (),
     portable: bool = False,
@@ -150,27 +160,37 @@ def optimize(
 ) -> OptimizeReport:
     """Optimize an ONNX model file and write the result; returns the report.
 
-    The input is never modified. The output is written atomically and only after validation
-    passes (a failed validation leaves nothing behind; the report says why). The memory plan
-    (`<output stem>.memory_plan.json`) is written beside it, for the shape profile that
-    validation uses: `shapes` pins inputs, other symbolic dims take the defaults of
-    `infercc.inputs.resolve_shapes`.
+    `output` ending in `.onnx` gets the optimized model alone, with its memory plan
+    (`<stem>.memory_plan.json`) beside it. Any other `output` is an artifact directory built
+    with `backend` (default: `ort` for the cpu target, `tensorrt` for GPU targets): the
+    optimized `model.onnx`, `memory_plan.json`, the backend's files (tuned per shape profile,
+    choices cached in the tuning cache at `cache_dir`) and `manifest.json`.
+
+    The input is never modified. Everything is written under a temporary name and moved into
+    place only after validation passes (a failed validation leaves nothing behind; the report
+    says why). `profiles` (from `--shape NAME=MIN:OPT:MAX`) are what the backend tunes for;
+    validation and the memory plan use one concrete shape per input: `shapes`, else a
+    profile's opt, else the defaults of `infercc.inputs.resolve_shapes`.
     """
     t0 = time.perf_counter()
     src = Path(model)
     out = Path(output) if output is not None else default_output(src)
+    profiles = list(profiles or [])
+    shapes = {**{p.name: p.opt for p in profiles}, **dict(shapes or {})}
     disabled = list(disable_passes)
     check_pass_names(disabled)
     target = check_target(target)
-    _check_output(src, out)
+    build = _Build(src, out, target, backend)
     step = on_step or (lambda _s: None)
     step("loading")
     ir = load_model(src)
     check_shape_names(ir, shapes)
+    check_shape_names(ir, {p.name: p.opt for p in profiles})
     size_before = model_files_size(src, ir)
     nodes_before, ops_before = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
     profile = _shape_profile(ir, shapes)
     ctx = PassContext(target=target, portable=portable, fold_limit=fold_limit, verify=verify)
+    ctx.backend = build.backend_name if build.backend_name in ("ort", "tensorrt") else "ort"
     if profile is not None:
         ctx.options["shapes"] = profile
     pipe = run_passes(
@@ -179,11 +199,14 @@ def optimize(
     nodes_after, ops_after = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
     step("planning memory")
     plan = _plan(ir, profile, alignment, ctx.options.get("schedule", {}))
+    passes = {name: st.to_dict() for name, st in pipe.passes.items()}
+    memory = _memory_summary(plan, profile, build.plan_path)
     step("writing")
-    with tempfile.TemporaryDirectory(prefix=".infercc-", dir=out.parent) as tmp:
-        staged = save_model(ir, Path(tmp) / out.name, external_data=external_data)
+    stage = build.stage()
+    try:
+        staged = save_model(ir, stage / build.model_name, external_data=external_data)
         if plan is not None:
-            staged.append(_write_json(Path(tmp) / memory_plan_name(out), plan.to_dict()))
+            staged.append(_write_json(stage / build.plan_path.name, plan.to_dict()))
         del ir
         gc.collect()  # the IR is a web of cycles: free its arrays before onnxruntime loads
         report_validation = None
@@ -200,11 +223,17 @@ def optimize(
             )
         size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
         files: list[str] = []
+        artifact = None
         if report_validation is None or report_validation.passed:
-            for p in staged:
-                os.replace(p, out.parent / p.name)
-                files.append(str(out.parent / p.name))
-        shutil.rmtree(tmp, ignore_errors=True)
+            if build.artifact_mode:
+                artifact = build.finish_artifact(
+                    stage, profiles, cache_dir, tune, passes, memory, report_validation, step
+                )
+                files = [str(p) for p in sorted(out.iterdir())]
+            else:
+                files = build.finish_file(staged)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return OptimizeReport(
         input=str(src),
         output=str(out),
@@ -215,15 +244,93 @@ def optimize(
         ops_after=ops_after,
         size_before=size_before,
         size_after=size_after,
-        passes={name: st.to_dict() for name, st in pipe.passes.items()},
+        passes=passes,
         iterations=pipe.iterations,
         reached_fixpoint=pipe.reached_fixpoint,
         refusals=[r.to_dict() for r in pipe.refusals],
         validation=report_validation,
         seconds=time.perf_counter() - t0,
         files=files,
-        memory=_memory_summary(plan, profile, out),
+        memory=memory,
+        artifact=artifact,
     )
+
+
+class _Build:
+    """Where the result goes: an .onnx file, or an artifact directory built by a backend."""
+
+    def __init__(self, src: Path, out: Path, target: str, backend: str | None):
+        self.src, self.out, self.target = src, out, target
+        self.artifact_mode = out.suffix != ".onnx"
+        if not self.artifact_mode:
+            if backend not in (None, "none"):
+                raise InferccError(
+                    f"--backend {backend} builds an artifact directory, but -o names an .onnx file",
+                    "give a directory with -o (e.g. -o build/model) to build with a backend",
+                )
+            _check_output(src, out)
+            self.backend_name = "none"
+            self.model_name = out.name
+            self.plan_path = out.parent / memory_plan_name(out)
+            return
+        if src.resolve() == out.resolve():
+            raise InferccError(f"refusing to overwrite the input model {src}", "pick another -o")
+        self.backend_name = backend or ("ort" if target == "cpu" else "tensorrt")
+        self.backend = get_backend(self.backend_name)
+        require_available(self.backend)
+        check_destination(out)
+        self.model_name = MODEL_FILE
+        self.plan_path = out / "memory_plan.json"
+
+    def stage(self) -> Path:
+        if self.artifact_mode:
+            return staging_dir(self.out)
+        return Path(tempfile.mkdtemp(prefix=".infercc-", dir=self.out.parent))
+
+    def finish_file(self, staged: list[Path]) -> list[str]:
+        files = []
+        for p in staged:
+            os.replace(p, self.out.parent / p.name)
+            files.append(str(self.out.parent / p.name))
+        return files
+
+    def finish_artifact(
+        self,
+        stage: Path,
+        profiles: list[ShapeProfile],
+        cache_dir: str | os.PathLike[str] | None,
+        tune: bool,
+        passes: dict[str, Any],
+        memory: dict[str, Any] | None,
+        validation: ValidationReport | None,
+        step: Callable[[str], None],
+    ) -> dict[str, Any]:
+        from infercc.tuning import TuningCache, file_sha256, host_fingerprint
+
+        step(f"compiling with {self.backend_name}")
+        target = get_target(self.target)
+        options = CompileOptions(tune=tune, on_step=step)
+        with TuningCache(cache_dir) as cache:
+            section = self.backend.compile(
+                stage / MODEL_FILE, target, profiles, options, cache if tune else None, stage
+            )
+        write_manifest(
+            stage,
+            artifact_manifest(
+                source=self.src,
+                source_sha256=file_sha256(self.src),
+                passes=passes,
+                target=target.to_dict(),
+                host=host_fingerprint(),
+                backend=section,
+                profiles=profiles,
+                precision=options.precision,
+                memory=memory,
+                validation=validation.to_dict() if validation is not None else None,
+            ),
+        )
+        publish(stage, self.out)
+        return {"path": str(self.out), "backend": section}
 
 
 def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
@@ -271,7 +378,7 @@ def _plan(
 
 
 def _memory_summary(
-    plan: MemoryPlan | None, profile: dict[str, tuple[int, ...]] | None, out: Path
+    plan: MemoryPlan | None, profile: dict[str, tuple[int, ...]] | None, plan_path: Path
 ) -> dict[str, Any] | None:
     if plan is None:
         return None
@@ -287,7 +394,7 @@ def _memory_summary(
         "peak_after_schedule": plan.peak_after_schedule,
         "unplanned": len(plan.unknown),
         "shape_profile": {k: list(v) for k, v in (profile or {}).items()},
-        "plan": str(out.parent / memory_plan_name(out)),
+        "plan": str(plan_path),
     }
 
 

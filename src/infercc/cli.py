@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from infercc import __version__
 from infercc.errors import EXIT_BAD_INPUT, EXIT_VALIDATION_FAILED, InferccError
@@ -33,8 +34,9 @@ ShapeOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--shape",
-        help="Pin an input's shape, e.g. --shape input_ids=1x128 (repeatable). Symbolic dims "
-        "not pinned default to 1 (first axis) and 8 (others).",
+        help="Pin an input's shape, e.g. --shape input_ids=1x128 (repeatable), or give a range "
+        "MIN:OPT:MAX, e.g. input_ids=1x128:8x128:32x512 (artifacts are tuned at each). "
+        "Symbolic dims not pinned default to 1 (first axis) and 8 (others).",
     ),
 ]
 
@@ -73,8 +75,27 @@ def optimize(
             help="Where to write the optimized model [default: <stem>.opt.onnx beside the input].",
         ),
     ] = None,
-    target: Annotated[str, typer.Option(help="Target to optimize for.")] = "cpu",
+    target: Annotated[
+        str, typer.Option(help="Target to optimize for (`infercc targets` lists them).")
+    ] = "cpu",
     shape: ShapeOpt = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="With -o DIR: the backend that builds the artifact (ort, tensorrt, "
+            "none) [default: ort for cpu, tensorrt for GPU targets]."
+        ),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Tuning cache directory [default: $INFERCC_CACHE_DIR or ~/.cache/infercc].",
+            envvar="INFERCC_CACHE_DIR",
+        ),
+    ] = None,
+    no_tune: Annotated[
+        bool, typer.Option("--no-tune", help="Build the artifact without autotuning.")
+    ] = False,
     data: Annotated[
         Path | None,
         typer.Option(
@@ -124,18 +145,24 @@ def optimize(
     Q/K/V projections, schedule for memory; validate against the original; write the result
     atomically, with its memory plan (<stem>.memory_plan.json) beside it.
 
+    -o model.opt.onnx writes the optimized model; -o DIR builds an artifact directory there
+    with --backend (model.onnx, manifest.json, memory_plan.json and the backend's tuned files).
+
     Exit codes: 0 success, 1 validation failed (nothing written), 2 bad input.
     """
     from infercc.api import optimize as run
     from infercc.report import render_optimize
-    from infercc.shapes import parse_shapes
+    from infercc.shapes import parse_profiles
 
     with _progress(as_json) as step:
         report = run(
             model,
             output,
             target=target,
-            shapes=parse_shapes(shape),
+            profiles=parse_profiles(shape),
+            backend=backend,
+            cache_dir=cache_dir,
+            tune=not no_tune,
             data=data,
             disable_passes=disable_pass or [],
             portable=portable,
@@ -257,7 +284,7 @@ def main() -> None:
         if debug:
             raise
         err.print(
-            f"[red]error:[/] {e.message}" + (f" — {e.hint}" if e.hint else ""),
+            f"[red]error:[/] {escape(e.message)}" + (f" — {escape(e.hint)}" if e.hint else ""),
             soft_wrap=True,
             highlight=False,
         )
@@ -275,15 +302,23 @@ def main() -> None:
             raise
         msg = str(e).splitlines()[0] if str(e) else ""
         err.print(
-            f"[red]internal error:[/] {type(e).__name__}: {msg} — rerun with --debug for the "
-            "traceback and report it",
+            f"[red]internal error:[/] {type(e).__name__}: {escape(msg)} — rerun with --debug "
+            "for the traceback and report it",
             soft_wrap=True,
             highlight=False,
         )
         sys.exit(EXIT_BAD_INPUT)
 
 
-def _click_exceptions():
+def _click_exceptions() -> tuple[type[Exception], ...]:
+    """Usage errors (unknown option, missing argument): click's, or typer's vendored copy."""
     import click
 
-    return (click.exceptions.ClickException,)
+    found: list[type[Exception]] = [click.exceptions.ClickException]
+    try:
+        from typer._click.exceptions import ClickException as TyperClickException
+
+        found.append(TyperClickException)
+    except ImportError:
+        pass
+    return tuple(found)

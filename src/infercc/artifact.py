@@ -1,0 +1,131 @@
+"""Artifact directories: the optimized model, the backend's files, and a manifest.
+
+An artifact is built in a temporary directory beside its destination and moved into place when
+complete, so a crash never leaves half an artifact. An existing destination is replaced only
+when it is itself an infercc artifact (it has a manifest.json); anything else is refused.
+
+`manifest.json` (schema `infercc.manifest/1`) records what was built, from what and for what:
+infercc's version, the source model's path and sha256, the passes applied, the target and the
+host's fingerprint, the backend with its version and files, the shape profiles, the precision,
+the tuning choices, the memory plan summary and the validation result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from infercc import __version__
+from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact, get_backend
+from infercc.errors import InferccError
+from infercc.shapes import ShapeProfile
+
+SCHEMA = "infercc.manifest/1"
+
+
+def check_destination(out_dir: Path) -> None:
+    """Refuse a destination that is a file, or a non-empty directory that is no artifact."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InferccError(f"{out_dir} exists and is not a directory", "pick another -o path")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+        raise InferccError(
+            f"{out_dir} is a non-empty directory that is not an infercc artifact",
+            "give a new or empty directory (or an existing artifact to replace) with -o",
+        )
+    if not out_dir.parent.is_dir():
+        raise InferccError(f"parent directory {out_dir.parent} does not exist", "create it first")
+
+
+def staging_dir(out_dir: Path) -> Path:
+    """A fresh directory beside `out_dir` (same file system, so the final move is a rename)."""
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.infercc-", dir=out_dir.parent))
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
+    path = directory / MANIFEST
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InferccError(
+            f"{directory} has no {MANIFEST}: it is not an infercc artifact",
+            "build one with infercc optimize MODEL -o DIR",
+        ) from None
+    except (OSError, ValueError) as e:
+        raise InferccError(f"cannot read {path}: {e}", "rebuild the artifact") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise InferccError(
+            f"{path} is not an infercc manifest of schema {SCHEMA}",
+            "rebuild the artifact with this version of infercc",
+        )
+    return data
+
+
+def open_artifact(directory: Path) -> Artifact:
+    directory = Path(directory)
+    return Artifact(directory, read_manifest(directory))
+
+
+def load_artifact(directory: Path):
+    """The runner of an artifact, through the backend that built it."""
+    artifact = open_artifact(directory)
+    backend = get_backend(artifact.backend or "none")
+    return backend.load(artifact)
+
+
+def manifest(
+    *,
+    source: Path,
+    source_sha256: str,
+    passes: dict[str, Any],
+    target: dict[str, Any],
+    host: dict[str, Any],
+    backend: dict[str, Any],
+    profiles: Sequence[ShapeProfile],
+    precision: str,
+    memory: dict[str, Any] | None,
+    validation: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "infercc_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": {"path": str(source), "sha256": source_sha256},
+        "model": MODEL_FILE,
+        "passes": passes,
+        "target": target,
+        "host": host,
+        "backend": backend,
+        "shape_profiles": [p.to_dict() for p in profiles],
+        "precision": precision,
+        "tuning": backend.get("points", []),
+        "memory": memory,
+        "validation": validation,
+    }
+
+
+def publish(staged: Path, out_dir: Path) -> None:
+    """Move a complete artifact into place, replacing an older artifact at `out_dir`."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.replace(out_dir, old)
+    try:
+        os.replace(staged, out_dir)
+    except OSError:
+        if old is not None:
+            os.replace(old, out_dir)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
