@@ -446,3 +446,9 @@ def get_target(name: str) -> Target:
 def list_targets() -> list[Target]:
     """Every target in `TARGET_NAMES` order (detects the host CPU on first call)."""
     return [get_target(name) for name in TARGET_NAMES]
+
+
+def host_cpu_info() -> tuple[CpuInfo, int]:
+    """The host's CPU info and cores, without measuring bandwidth (cached)."""
+    info, cores, _memory, _notes = _host_facts()
+    return info, cores
