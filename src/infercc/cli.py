@@ -256,6 +256,86 @@ def targets(
         render_targets(items, out)
 
 
+cache_app = typer.Typer(
+    help="The tuning cache: what was tuned, for which model, shapes and host.",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+CacheDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Tuning cache directory [default: $INFERCC_CACHE_DIR or ~/.cache/infercc].",
+        envvar="INFERCC_CACHE_DIR",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+@cache_app.command("ls")
+def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
+    """List the cache's entries (digest, backend, provider, shapes, hits)."""
+    from infercc.report import render_cache_entries
+    from infercc.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        entries = cache.entries()
+        if as_json:
+            out.print_json(json.dumps({"path": str(cache.path), "entries": entries}))
+        else:
+            render_cache_entries(cache.path, entries, out)
+
+
+@cache_app.command("show")
+def cache_show(
+    digest: Annotated[str, typer.Argument(help="An entry's digest, or its first characters.")],
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Print the entries whose digest starts with DIGEST, with their tuning choices (JSON)."""
+    from infercc.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        found = cache.show(digest)
+    if not found:
+        raise InferccError(f"no cache entry starts with {digest!r}", "infercc cache ls lists them")
+    out.print_json(json.dumps(found))
+
+
+@cache_app.command("clear")
+def cache_clear(cache_dir: CacheDirOpt = None) -> None:
+    """Remove every entry."""
+    from infercc.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        n = cache.clear()
+    out.print(f"removed {n} entr{'y' if n == 1 else 'ies'}")
+
+
+@cache_app.command("export")
+def cache_export(
+    path: Annotated[Path, typer.Argument(help="JSON file to write.")],
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Write every entry to a JSON file (to share tuning results across machines of one kind)."""
+    from infercc.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        n = cache.export(path)
+    out.print(f"exported {n} entr{'y' if n == 1 else 'ies'} to {path}")
+
+
+@cache_app.command("import")
+def cache_import(
+    path: Annotated[Path, typer.Argument(help="JSON file written by `infercc cache export`.")],
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Merge entries from an exported file (the newer entry wins on conflicts)."""
+    from infercc.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        n = cache.import_(path)
+    out.print(f"imported {n} entr{'y' if n == 1 else 'ies'} from {path}")
+
+
 class _progress:
     """A spinner on stderr naming the current step (silent under --json or without a TTY)."""
 

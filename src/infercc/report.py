@@ -207,3 +207,22 @@ def render_targets(targets, console: Console) -> None:
     console.print(t)
     for tg in targets:
         console.print(f"[bold]{tg.name}[/]: {tg.description}", highlight=False)
+
+
+def render_cache_entries(path, entries: list[dict], console: Console) -> None:
+    console.print(f"tuning cache {path}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+    if not entries:
+        return
+    t = Table()
+    for col in ("digest", "backend", "provider", "shapes", "hits", "tuning s"):
+        t.add_column(col, no_wrap=col != "shapes")
+    for e in entries:
+        t.add_row(
+            e["digest"][:12],
+            f"{e['backend']} {e['backend_version']}",
+            e["provider"],
+            e["shapes"],
+            str(e["hits"]),
+            f"{e['tuning_seconds']:.2f}",
+        )
+    console.print(t)
