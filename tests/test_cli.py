@@ -328,3 +328,33 @@ def test_tensorrt_backend_unavailable_exit_2_nothing_written(tmp_path):
 def test_rich_markup_in_messages_is_printed_verbatim(tmp_path):
     r = run("optimize", str(tmp_path / "[bold]missing.onnx"))
     assert r.returncode == 2 and "[bold]missing.onnx" in r.stderr
+
+
+EXAMPLE_CNN = Path(__file__).resolve().parent.parent / "examples" / "small_cnn.onnx"
+
+
+def test_bench_json_fields():
+    r = run("bench", str(EXAMPLE_CNN), "--batch", "1,4", "--warmup", "1", "--iters", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["backend"] == "onnxruntime" and [x["batch"] for x in rep["results"]] == [1, 4]
+    for x in rep["results"]:
+        for key in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "iters", "shapes"):
+            assert key in x
+        assert x["p50_ms"] <= x["p90_ms"] <= x["p99_ms"] <= x["max_ms"]
+        assert x["iters"] == 5 and x["shapes"]["image"][0] == x["batch"]
+    r = run(
+        "bench",
+        str(EXAMPLE_CNN),
+        "--compare",
+        str(EXAMPLE_CNN),
+        "--iters",
+        "4",
+        "--warmup",
+        "1",
+        "--json",
+    )
+    rep = json.loads(r.stdout)
+    assert rep["max_abs_diff"] == 0.0 and rep["results"][0]["ratio_median"] > 0
+    r = run("bench", str(EXAMPLE_CNN), "--batch", "0")
+    assert r.returncode == 2 and "bad --batch" in r.stderr

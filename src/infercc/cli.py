@@ -256,6 +256,98 @@ def targets(
         render_targets(items, out)
 
 
+@app.command()
+def bench(
+    model: Annotated[Path, typer.Argument(help="An .onnx model or an artifact directory.")],
+    shape: ShapeOpt = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            help="Batch sizes to run, comma-separated, e.g. 1,8,32 [default: the "
+            "model's own batch]. Sets the first axis of every input whose first axis "
+            "is symbolic."
+        ),
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="Untimed runs first, per batch size.", min=0)] = 10,
+    iters: Annotated[int, typer.Option(help="Timed runs per batch size.", min=1)] = 100,
+    compare: Annotated[
+        Path | None,
+        typer.Option(
+            help="A second model or artifact, run interleaved with MODEL (A B A B "
+            "...) on the same inputs: prints the per-pair time ratio B/A."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Measure latency (p50/p90/p99/mean) and throughput per batch size, or compare two
+    models/artifacts run interleaved so the comparison holds on a noisy machine."""
+    from infercc import bench as engine
+    from infercc.report import render_bench, render_compare
+    from infercc.shapes import parse_shapes
+
+    batches = _parse_batches(batch)
+    shapes = parse_shapes(shape)
+    with _bar(as_json, "compare" if compare else "bench") as tick:
+        if compare is not None:
+            report = engine.compare(model, compare, shapes, batches, warmup, iters, seed, tick)
+        else:
+            report = engine.bench(model, shapes, batches, warmup, iters, seed, tick)
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+    elif compare is not None:
+        render_compare(report, out)
+    else:
+        render_bench(report, out)
+
+
+def _parse_batches(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise InferccError(f"bad --batch {text!r}", "give positive integers, e.g. --batch 1,8,32")
+    return values
+
+
+class _bar:
+    """A progress bar on stderr for timed runs (silent under --json or without a TTY)."""
+
+    def __init__(self, quiet: bool, label: str):
+        self.quiet = quiet or not err.is_terminal
+        self.label = label
+        self.progress = None
+        self.task = None
+
+    def __enter__(self):
+        if self.quiet:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self.progress = Progress(
+            "{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        )
+        self.progress.__enter__()
+        self.task = self.progress.add_task(self.label, total=None)
+
+        def tick(done: int, total: int) -> None:
+            self.progress.update(self.task, completed=done, total=total)
+
+        return tick
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
 cache_app = typer.Typer(
     help="The tuning cache: what was tuned, for which model, shapes and host.",
     no_args_is_help=True,

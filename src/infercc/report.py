@@ -226,3 +226,47 @@ def render_cache_entries(path, entries: list[dict], console: Console) -> None:
             f"{e['tuning_seconds']:.2f}",
         )
     console.print(t)
+
+
+def render_bench(report, console: Console) -> None:
+    console.print(f"[bold]{report.path}[/] ({report.backend})", highlight=False)
+    t = Table()
+    for col in ("batch", "input shapes", "p50 ms", "p90 ms", "p99 ms", "mean ms", "samples/s"):
+        t.add_column(col, justify="left" if col == "input shapes" else "right")
+    for r in report.results:
+        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in r.shapes.items())
+        t.add_row(
+            str(r.batch),
+            shapes,
+            f"{r.p50_ms:.3f}",
+            f"{r.p90_ms:.3f}",
+            f"{r.p99_ms:.3f}",
+            f"{r.mean_ms:.3f}",
+            f"{r.throughput:,.1f}",
+        )
+    console.print(t)
+    for r in report.results:
+        for note in r.notes:
+            console.print(f"note: {note}", highlight=False)
+
+
+def render_compare(report, console: Console) -> None:
+    console.print(
+        f"A = {report.path_a} ({report.backend_a})\nB = {report.path_b} ({report.backend_b})",
+        highlight=False,
+    )
+    t = Table(title="interleaved runs: ratio = time B / time A per pair", title_justify="left")
+    for col in ("batch", "A p50 ms", "B p50 ms", "ratio p50", "ratio p10..p90", "faster"):
+        t.add_column(col, justify="right")
+    for r in report.results:
+        t.add_row(
+            str(r.batch),
+            f"{r.a.p50_ms:.3f}",
+            f"{r.b.p50_ms:.3f}",
+            f"{r.ratio_median:.3f}",
+            f"{r.ratio_p10:.3f}..{r.ratio_p90:.3f}",
+            r.faster,
+        )
+    console.print(t)
+    if report.max_abs_diff is not None:
+        console.print(f"outputs: max abs difference {report.max_abs_diff:.3g}")
