@@ -286,3 +286,12 @@ def test_output_diff_edge_cases() -> None:
 def test_faster_side_from_the_ratio_interval(ratios: list[float], faster: str) -> None:
     stats = bench_module._stats(np.ones(3), 1, {}, 0)
     assert bench_module._pair_stats(stats, stats, np.array(ratios)).faster == faster
+
+
+def test_pinned_batch_is_kept_without_batch_option():
+    from infercc.bench import bench
+
+    report = bench(ENCODER, shapes={"hidden_states": (4, 16, 64)}, batches=None, warmup=1, iters=2)
+    assert [r.batch for r in report.results] == [4]
+    assert report.results[0].shapes["hidden_states"] == (4, 16, 64)
+    assert report.results[0].notes == []

@@ -313,7 +313,8 @@ def _plan_batch(model: onnx.ModelProto, pins: Shapes | None, batch: int | None) 
     symbols = _batch_symbols(dims)
     if not symbols:
         return _BatchPlan(_static_batch(dims, batch), model, pins, [])
-    batch = 1 if batch is None else batch
+    if batch is None:  # no --batch: a pinned shape's batch axis, else 1
+        batch = _pinned_batch(pins, dims, symbols) or 1
     notes: list[str] = []
     for name, pinned in pins.items():
         pins[name] = _override_pin(name, pinned, dims.get(name), symbols, batch, notes)
@@ -338,6 +339,22 @@ def _is_batch_axis(dim: int | str | None, axis: int, symbols: set[str]) -> bool:
     if isinstance(dim, int):
         return False
     return (dim is not None and dim in symbols) or (dim is None and axis == 0)
+
+
+def _pinned_batch(
+    pins: Mapping[str, tuple[int, ...]],
+    dims: Mapping[str, list[int | str | None] | None],
+    symbols: set[str],
+) -> int | None:
+    """The batch the user's --shape pins give (the first pinned batch axis), if any."""
+    for name, pinned in pins.items():
+        declared = dims.get(name)
+        if not declared or len(declared) != len(pinned):
+            continue
+        for axis, dim in enumerate(declared):
+            if _is_batch_axis(dim, axis, symbols):
+                return pinned[axis]
+    return None
 
 
 def _static_batch(dims: Mapping[str, list[int | str | None] | None], batch: int | None) -> int:

@@ -295,23 +295,34 @@ def compare_models(
     """Run both models on the same feeds (one after the other) and compare their outputs."""
     if not feeds_list:
         raise InferccError("no samples to validate with", "pass --data or let infercc make one")
-    tol = _Tolerance(atol, rtol, min_cosine)
     expected = run_model(reference, feeds_list)
     actual = run_model(candidate, feeds_list)
+    report = compare_outputs(expected, actual, atol, rtol, min_cosine)
+    _log_report(report)
+    return report
+
+
+def compare_outputs(
+    expected: Sequence[Mapping[str, np.ndarray]],
+    actual: Sequence[Mapping[str, np.ndarray]],
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+    min_cosine: float = 0.9999,
+) -> ValidationReport:
+    """Compare outputs already computed (one name -> array dict per sample), by the rules above."""
+    tol = _Tolerance(atol, rtol, min_cosine)
     accumulators: dict[str, _Accumulator] = {}
     for ref_out, cand_out in zip(expected, actual, strict=True):
-        _compare_sample(ref_out, cand_out, tol, accumulators)
+        _compare_sample(dict(ref_out), dict(cand_out), tol, accumulators)
     outputs = {name: _finish(acc, tol) for name, acc in accumulators.items()}
-    report = ValidationReport(
+    return ValidationReport(
         passed=all(m.passed for m in outputs.values()),
         outputs=outputs,
-        samples=len(feeds_list),
+        samples=len(expected),
         atol=atol,
         rtol=rtol,
         min_cosine=min_cosine,
     )
-    _log_report(report)
-    return report
 
 
 def _compare_sample(

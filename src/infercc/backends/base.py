@@ -157,4 +157,4 @@ def require_available(backend: Backend) -> None:
 
 def _builtin() -> None:
     # Imported here so that the registry module stays free of import cycles.
-    from infercc.backends import ort, tensorrt  # noqa: F401
+    from infercc.backends import none, ort, tensorrt  # noqa: F401

@@ -1,0 +1,579 @@
+"""The ONNX Runtime backend: per-shape tuning, the cache, ort_config.json, loading and running."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+from infercc.backends import ort as ob
+from infercc.backends.base import Artifact, CompileOptions, ShapeProfile, get_backend
+from infercc.errors import InferccError
+from infercc.inputs import make_inputs
+from infercc.targets import get_target
+from infercc.tuning import TuningCache
+from tests.helpers import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_CNN = ROOT / "examples" / "small_cnn.onnx"
+
+# Two inputs sharing the symbol `n`: a profile on `x` decides `y`'s shape too.
+TWO_INPUTS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[n, 4] x, float[n, 4] y) => (float[n, 3] z) <float[4, 3] w = {
+    0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2}> {
+    s = Add(x, y)
+    z = MatMul(s, w)
+}
+"""
+
+FIXED = ShapeProfile("image", (2, 3, 32, 32), (2, 3, 32, 32), (2, 3, 32, 32))
+RANGE = ShapeProfile("image", (1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))
+
+
+def options(**extra: Any) -> CompileOptions:
+    return CompileOptions(iters=3, warmup=1, extra=dict(extra))
+
+
+@pytest.fixture
+def cnn_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "artifact"
+    out.mkdir()
+    shutil.copy(SMALL_CNN, out / "model.onnx")
+    return out
+
+
+@pytest.fixture
+def cache(tmp_path: Path):
+    with TuningCache(tmp_path / "cache") as c:
+        yield c
+
+
+@pytest.fixture
+def counts(monkeypatch) -> dict[str, list]:
+    """Records every session created (its config) and every timing call."""
+    seen: dict[str, list] = {"sessions": [], "timed": []}
+    create, time_runs = ob._create_session, ob._time_runs
+
+    def counting_create(model, config, save_to=None):
+        seen["sessions"].append(json.loads(ob.config_key(config)))
+        return create(model, config, save_to)
+
+    def counting_time(session, feeds, warmup, iters):
+        seen["timed"].append(iters)
+        return time_runs(session, feeds, warmup, iters)
+
+    monkeypatch.setattr(ob, "_create_session", counting_create)
+    monkeypatch.setattr(ob, "_time_runs", counting_time)
+    return seen
+
+
+def compile_cnn(out: Path, cache, profiles=(FIXED,), **extra: Any) -> dict[str, Any]:
+    return ob.OrtBackend().compile(
+        out / "model.onnx", get_target("cpu"), list(profiles), options(**extra), cache, out
+    )
+
+
+def ort_config(out: Path) -> dict[str, Any]:
+    return json.loads((out / ob.CONFIG_FILE).read_text())
+
+
+def default_session_outputs(model: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    so = onnxruntime.SessionOptions()
+    so.log_severity_level = 3
+    sess = onnxruntime.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+# --------------------------------------------------------------------------- registry, precisions
+
+
+def test_registered_and_available() -> None:
+    backend = get_backend("ort")
+    assert isinstance(backend, ob.OrtBackend)
+    assert backend.available() == (True, "")
+    assert backend.version() == onnxruntime.__version__
+
+
+def test_precisions_on_the_cpu() -> None:
+    cpu = get_target("cpu")
+    got = ob.OrtBackend().precisions(cpu)
+    assert got[0] == "fp32" and "fp16" in got and "int8" in got
+    assert ("bf16" in got) == ("bf16" in cpu.precisions)
+
+
+def test_precisions_on_a100_without_onnxruntime_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert ob.OrtBackend().precisions(get_target("a100")) == ()
+    assert ob.gpu_reason() == 'onnxruntime-gpu is not installed (pip install "infercc[gpu]")'
+
+
+def test_precisions_on_a100_with_the_cuda_provider(monkeypatch) -> None:
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: providers)
+    assert ob.gpu_reason() == ""
+    assert ob.OrtBackend().precisions(get_target("a100")) == ("fp32", "fp16", "bf16", "int8")
+
+
+def test_compile_for_a_gpu_without_onnxruntime_gpu_says_why(cnn_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(InferccError, match="onnxruntime-gpu is not installed"):
+        ob.OrtBackend().compile(
+            cnn_dir / "model.onnx", get_target("a100"), [FIXED], options(), None, cnn_dir
+        )
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+def test_candidates_dedupe_and_cover_every_knob() -> None:
+    configs = ob.candidate_configs([ob.CPU], cores=2)
+    keys = [ob.config_key(c) for c in configs]
+    assert len(keys) == len(set(keys))
+    assert configs[0] == ob.default_config(ob.CPU)
+    sessions = [c["session_options"] for c in configs]
+    assert {s["graph_optimization_level"] for s in sessions} == set(ob.LEVELS)
+    # 1, half of 2 cores (= 1), 2 cores, 0: deduplicated to three values
+    assert sorted({s["intra_op_num_threads"] for s in sessions}) == [0, 1, 2]
+    assert {(s["execution_mode"], s["inter_op_num_threads"]) for s in sessions} == {
+        ("ORT_SEQUENTIAL", 0),
+        ("ORT_PARALLEL", 2),
+    }
+    assert len(configs) == ob.candidate_count([ob.CPU], cores=2) == 6
+
+
+def test_thread_counts_and_single_core() -> None:
+    assert ob.thread_counts(8) == [1, 4, 8, 0]
+    assert ob.thread_counts(1) == [1, 0]
+    single = ob.candidate_configs([ob.CPU], cores=1)
+    assert all(c["session_options"]["execution_mode"] == "ORT_SEQUENTIAL" for c in single)
+    assert ob.candidate_count([ob.CPU], cores=8) == 7
+
+
+def test_providers_by_target_kind() -> None:
+    present = [ob.TENSORRT, ob.CUDA, ob.CPU]
+    assert ob.candidate_providers("cpu", present) == [ob.CPU]
+    assert ob.candidate_providers("gpu", present) == [ob.TENSORRT, ob.CUDA]
+    assert ob.candidate_providers("gpu", [ob.CPU]) == []
+
+
+def test_gpu_candidates_from_a_fake_provider_list() -> None:
+    configs = ob.candidate_configs([ob.CUDA, ob.TENSORRT], cores=4)
+    cuda = [c for c in configs if c["provider"] == ob.CUDA]
+    searches = {c["provider_options"]["cudnn_conv_algo_search"] for c in cuda}
+    assert searches == {"EXHAUSTIVE", "HEURISTIC", "DEFAULT"}
+    tunable = [c for c in cuda if c["provider_options"]["tunable_op_enable"] == "1"]
+    assert tunable and tunable[0]["provider_options"]["tunable_op_tuning_enable"] == "1"
+    assert any(c["provider"] == ob.TENSORRT for c in configs)
+    # CUDA options never leak onto TensorRT configurations
+    assert all(not c["provider_options"] for c in configs if c["provider"] == ob.TENSORRT)
+    assert ob.candidate_count([ob.CUDA], cores=8) == 10
+
+
+def test_session_options_from_a_config() -> None:
+    config = ob.apply_patch(
+        ob.default_config(ob.CUDA),
+        {
+            "provider_options.cudnn_conv_algo_search": "HEURISTIC",
+            "session_options.graph_optimization_level": "ORT_ENABLE_BASIC",
+            "session_options.intra_op_num_threads": 3,
+        },
+    )
+    so, providers = ob.session_options(config)
+    assert so.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert so.intra_op_num_threads == 3
+    assert so.execution_mode == onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    name, provider_options = providers[0]
+    assert name == ob.CUDA and provider_options["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert providers[1:] == [ob.CPU]
+    assert ob.session_options(ob.default_config())[1] == [ob.CPU]
+
+
+def test_coordinate_descent_sweeps_one_knob_at_a_time() -> None:
+    """A made-up latency: BASIC and 1 thread are best; descent finds both in one pass."""
+    evaluated = []
+
+    def evaluate(config: dict, knob: str) -> dict:
+        evaluated.append(config)
+        so = config["session_options"]
+        ms = 10.0 - 3 * (so["graph_optimization_level"] == "ORT_ENABLE_BASIC")
+        ms -= 2 * (so["intra_op_num_threads"] == 1) - 5 * (so["execution_mode"] == "ORT_PARALLEL")
+        return {"config": config, "knob": knob, "median_ms": ms}
+
+    start = ob.default_config(ob.CPU)
+    best, records = ob.coordinate_descent(start, ob.knobs([ob.CPU], 8), evaluate)
+    assert best is not None and best["median_ms"] == 5.0
+    assert best["config"]["session_options"]["graph_optimization_level"] == "ORT_ENABLE_BASIC"
+    assert best["config"]["session_options"]["intra_op_num_threads"] == 1
+    assert len(evaluated) == len(records) == ob.candidate_count([ob.CPU], 8) == 7  # not 3x4x2
+
+
+def test_coordinate_descent_skips_failures_and_reports_none_when_all_fail() -> None:
+    def fail(config: dict, knob: str) -> dict:
+        return {"config": config, "knob": knob, "skipped": "session failed: no"}
+
+    best, records = ob.coordinate_descent(ob.default_config(), ob.knobs([ob.CPU], 2), fail)
+    assert best is None and len(records) == 6
+    assert all(r["skipped"] == "session failed: no" for r in records)
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def test_compile_writes_ort_config(cnn_dir: Path, cache) -> None:
+    steps: list[str] = []
+    opts = options()
+    opts.on_step = steps.append
+    section = ob.OrtBackend().compile(
+        cnn_dir / "model.onnx", get_target("cpu"), [FIXED], opts, cache, cnn_dir
+    )
+    config = ort_config(cnn_dir)
+    assert config["schema"] == "infercc.ort_config/1"
+    assert config["onnxruntime"] == onnxruntime.__version__
+    assert config["default"] == 0 and len(config["points"]) == 1
+    point = config["points"][0]
+    assert point["name"] == "opt" and point["shapes"] == {"image": [2, 3, 32, 32]}
+    assert point["provider"] == ob.CPU and point["cache"] == "miss"
+    assert set(point["session_options"]) == {
+        "graph_optimization_level",
+        "intra_op_num_threads",
+        "inter_op_num_threads",
+        "execution_mode",
+    }
+    assert point["median_ms"] > 0
+    total = ob.candidate_count([ob.CPU], ob._host_cores())
+    assert len(point["candidates"]) == total
+    assert all(("median_ms" in c) != ("skipped" in c) for c in point["candidates"])
+    assert {c["knob"] for c in point["candidates"]} >= {"default", "graph_optimization_level"}
+    best = min(c["median_ms"] for c in point["candidates"] if "median_ms" in c)
+    assert point["median_ms"] == best
+    assert f"tuning opt shape: 3/{total} candidates" in steps
+    assert (cnn_dir / ob.OPTIMIZED_FILE).is_file()
+    assert (
+        config["optimized_model"]["graph_optimization_level"]
+        == (point["session_options"]["graph_optimization_level"])
+    )
+    assert section["name"] == "ort" and section["version"] == onnxruntime.__version__
+    assert section["files"] == [ob.CONFIG_FILE, ob.OPTIMIZED_FILE]
+    assert section["providers"] == [ob.CPU]
+    assert section["points"][0] == {
+        k: point[k] for k in ("name", "shapes", "provider", "session_options", "median_ms", "cache")
+    }
+
+
+def test_second_compile_hits_the_cache_and_times_nothing(cnn_dir: Path, cache, counts) -> None:
+    compile_cnn(cnn_dir, cache, (RANGE,), save_optimized=False)
+    first = ort_config(cnn_dir)
+    assert [p["cache"] for p in first["points"]] == ["miss"] * 3
+    assert counts["timed"] and counts["sessions"]
+    counts["timed"].clear()
+    counts["sessions"].clear()
+    compile_cnn(cnn_dir, cache, (RANGE,), save_optimized=False)
+    second = ort_config(cnn_dir)
+    assert [p["cache"] for p in second["points"]] == ["hit"] * 3
+    assert counts["timed"] == [] and counts["sessions"] == []
+    for a, b in zip(first["points"], second["points"], strict=True):
+        assert (a["provider"], a["session_options"]) == (b["provider"], b["session_options"])
+        assert a["candidates"] == b["candidates"]
+
+
+def test_a_different_shape_is_a_miss(cnn_dir: Path, cache, counts) -> None:
+    compile_cnn(cnn_dir, cache, (FIXED,), save_optimized=False)
+    other = ShapeProfile("image", (3, 3, 32, 32), (3, 3, 32, 32), (3, 3, 32, 32))
+    counts["timed"].clear()
+    compile_cnn(cnn_dir, cache, (other,), save_optimized=False)
+    assert ort_config(cnn_dir)["points"][0]["cache"] == "miss"
+    assert counts["timed"]
+
+
+def test_without_a_cache_every_point_is_tuned(cnn_dir: Path, counts) -> None:
+    compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
+    compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
+    assert ort_config(cnn_dir)["points"][0]["cache"] == "miss"
+    total = ob.candidate_count([ob.CPU], ob._host_cores())
+    assert len(counts["timed"]) == 2 * total
+
+
+def test_tune_false_takes_the_defaults_untimed(cnn_dir: Path, counts) -> None:
+    opts = options(save_optimized=False)
+    opts.tune = False
+    ob.OrtBackend().compile(cnn_dir / "model.onnx", get_target("cpu"), [FIXED], opts, None, cnn_dir)
+    point = ort_config(cnn_dir)["points"][0]
+    assert point["cache"] == "untuned" and point["median_ms"] is None
+    assert point["session_options"] == ob.DEFAULT_SESSION_OPTIONS
+    assert counts["timed"] == [] and counts["sessions"] == []
+
+
+def test_range_profile_gives_three_points(cnn_dir: Path, cache) -> None:
+    section = compile_cnn(cnn_dir, cache, (RANGE,))
+    config = ort_config(cnn_dir)
+    assert [p["name"] for p in config["points"]] == ["min", "opt", "max"]
+    assert [p["shapes"]["image"][0] for p in config["points"]] == [1, 4, 8]
+    assert config["default"] == 1 and section["default"] == 1
+    assert [p["name"] for p in section["points"]] == ["min", "opt", "max"]
+
+
+def test_points_with_equal_shapes_are_tuned_once(cnn_dir: Path) -> None:
+    profile = ShapeProfile("image", (4, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))
+    compile_cnn(cnn_dir, None, (profile,), save_optimized=False)
+    assert [p["name"] for p in ort_config(cnn_dir)["points"]] == ["opt", "max"]
+
+
+def test_unprofiled_inputs_follow_shared_symbols(tmp_path: Path) -> None:
+    onnx.save(parse(TWO_INPUTS), tmp_path / "model.onnx")
+    profile = ShapeProfile("x", (2, 4), (5, 4), (9, 4))
+    ob.OrtBackend().compile(
+        tmp_path / "model.onnx", get_target("cpu"), [profile], options(), None, tmp_path
+    )
+    points = ort_config(tmp_path)["points"]
+    assert [p["shapes"] for p in points] == [
+        {"x": [2, 4], "y": [2, 4]},
+        {"x": [5, 4], "y": [5, 4]},
+        {"x": [9, 4], "y": [9, 4]},
+    ]
+
+
+def test_no_profile_uses_default_shapes(tmp_path: Path) -> None:
+    onnx.save(parse(TWO_INPUTS), tmp_path / "model.onnx")
+    ob.OrtBackend().compile(
+        tmp_path / "model.onnx", get_target("cpu"), [], options(), None, tmp_path
+    )
+    points = ort_config(tmp_path)["points"]
+    assert [p["shapes"] for p in points] == [{"x": [1, 4], "y": [1, 4]}]
+
+
+class Perturbed:
+    """A session whose outputs are off by 0.5: what a broken configuration would give."""
+
+    def __init__(self, session: Any):
+        self.session = session
+
+    def run(self, names, feeds):
+        return [o + np.float32(0.5) for o in self.session.run(names, feeds)]
+
+
+def test_a_candidate_with_wrong_outputs_is_rejected(cnn_dir: Path, monkeypatch) -> None:
+    create = ob._create_session
+
+    def perturb_one_thread(model, config, save_to=None):
+        session = create(model, config, save_to)
+        one = config["session_options"]["intra_op_num_threads"] == 1
+        return Perturbed(session) if one else session
+
+    monkeypatch.setattr(ob, "_create_session", perturb_one_thread)
+    compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
+    point = ort_config(cnn_dir)["points"][0]
+    rejected = [c for c in point["candidates"] if "skipped" in c]
+    assert len(rejected) == 1
+    assert rejected[0]["config"]["session_options"]["intra_op_num_threads"] == 1
+    assert rejected[0]["skipped"].startswith("outputs differ from the reference: output 'logits'")
+    assert "out of tolerance" in rejected[0]["skipped"]
+    assert point["session_options"]["intra_op_num_threads"] != 1
+
+
+def test_a_candidate_that_fails_to_load_is_skipped_with_the_reason(
+    cnn_dir: Path, monkeypatch
+) -> None:
+    create = ob._create_session
+
+    def refuse_basic(model, config, save_to=None):
+        if config["session_options"]["graph_optimization_level"] == "ORT_ENABLE_BASIC":
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : no\nsecond line")
+        return create(model, config, save_to)
+
+    monkeypatch.setattr(ob, "_create_session", refuse_basic)
+    compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
+    point = ort_config(cnn_dir)["points"][0]
+    skipped = [c["skipped"] for c in point["candidates"] if "skipped" in c]
+    assert skipped == ["session failed: [ONNXRuntimeError] : 1 : FAIL : no"]
+
+
+def test_tolerance_follows_the_graph_precision() -> None:
+    assert ob.tolerance(CompileOptions()) == (1e-4, 1e-3, 0.9999)
+    assert ob.tolerance(CompileOptions(precision="fp16"))[:2] == (1e-2, 1e-2)
+    assert ob.tolerance(CompileOptions(extra={"atol": 0.5}))[0] == 0.5
+
+
+# --------------------------------------------------------------------------- GPU branch, faked
+
+
+class FakeGpuSession:
+    """A CPU session standing in for a CUDA one: it remembers its config and TunableOp results."""
+
+    tuning = [{"ep": "CUDAExecutionProvider", "results": {"op": {"k": 1}}, "validators": {}}]
+
+    def __init__(self, session: Any, config: dict):
+        self.session, self.config = session, config
+        self.applied: list = []
+
+    def run(self, names, feeds):
+        return self.session.run(names, feeds)
+
+    def get_tuning_results(self):
+        return self.tuning
+
+    def set_tuning_results(self, results, error_on_invalid=False):
+        self.applied.append(results)
+
+
+def test_gpu_branch_with_a_fake_cuda_provider(cnn_dir: Path, monkeypatch) -> None:
+    """The CUDA knobs are swept, TunableOp's results are kept and handed back at load."""
+    providers = [ob.CUDA, ob.CPU]
+    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: providers)
+    create = ob._create_session
+    made: list[FakeGpuSession] = []
+
+    def fake_create(model, config, save_to=None):
+        cpu = {**config, "provider": ob.CPU, "provider_options": {}}
+        made.append(FakeGpuSession(create(model, cpu, save_to), config))
+        return made[-1]
+
+    def fake_time(session, feeds, warmup, iters):
+        options = session.config["provider_options"]
+        ms = 5.0 - (options["cudnn_conv_algo_search"] == "HEURISTIC")
+        ms -= 2 * (options["tunable_op_enable"] == "1")
+        return ms, session.run(None, feeds)
+
+    monkeypatch.setattr(ob, "_create_session", fake_create)
+    monkeypatch.setattr(ob, "_time_runs", fake_time)
+    ob.OrtBackend().compile(
+        cnn_dir / "model.onnx", get_target("a100"), [FIXED], options(), None, cnn_dir
+    )
+    point = ort_config(cnn_dir)["points"][0]
+    assert point["provider"] == ob.CUDA
+    assert point["provider_options"] == {
+        "cudnn_conv_algo_search": "HEURISTIC",
+        "tunable_op_enable": "1",
+        "tunable_op_tuning_enable": "1",
+    }
+    assert point["median_ms"] == 2.0
+    assert point["tuning_results"] == FakeGpuSession.tuning
+    searched = {
+        c["config"]["provider_options"]["cudnn_conv_algo_search"] for c in point["candidates"]
+    }
+    assert searched == {"EXHAUSTIVE", "HEURISTIC", "DEFAULT"}
+
+    made.clear()
+    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    runner.run(make_inputs(onnx.load(SMALL_CNN), {"image": FIXED.opt}))
+    assert len(made) == 1 and made[0].applied == [FakeGpuSession.tuning]
+
+
+# --------------------------------------------------------------------------- load and run
+
+
+def test_load_runs_like_onnxruntime_on_model_onnx(cnn_dir: Path, cache) -> None:
+    compile_cnn(cnn_dir, cache, (FIXED,))
+    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    assert list(runner.input_names) == ["image"] and list(runner.output_names) == ["logits"]
+    feeds = make_inputs(onnx.load(SMALL_CNN), {"image": FIXED.opt}, seed=3)
+    got = runner.run(feeds)
+    want = default_session_outputs(cnn_dir / "model.onnx", feeds)
+    assert len(got) == len(want) == 1
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    # it ran from onnxruntime's saved optimized model, made on this host
+    assert runner._source(runner.points[0])[0].name == ob.OPTIMIZED_FILE
+
+
+def test_optimized_model_from_another_host_is_not_used(cnn_dir: Path) -> None:
+    compile_cnn(cnn_dir, None, (FIXED,))
+    config = ort_config(cnn_dir)
+    config["optimized_model"]["fingerprint"] = "another-host"
+    (cnn_dir / ob.CONFIG_FILE).write_text(json.dumps(config))
+    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    model, session_config = runner._source(runner.points[0])
+    assert model.name == "model.onnx"
+    assert session_config["session_options"] == config["points"][0]["session_options"]
+    feeds = make_inputs(onnx.load(SMALL_CNN), {"image": FIXED.opt})
+    want = default_session_outputs(cnn_dir / "model.onnx", feeds)
+    np.testing.assert_allclose(runner.run(feeds)[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_no_optimized_model_when_asked_not_to(cnn_dir: Path) -> None:
+    section = compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
+    assert not (cnn_dir / ob.OPTIMIZED_FILE).exists()
+    assert section["files"] == [ob.CONFIG_FILE]
+    assert ort_config(cnn_dir)["optimized_model"] is None
+
+
+def test_no_optimized_model_when_external_data_is_too_large(tmp_path: Path, monkeypatch) -> None:
+    model = parse(TWO_INPUTS)
+    weight = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    model.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(weight, "w"))  # raw_data
+    onnx.save(
+        model,
+        tmp_path / "model.onnx",
+        save_as_external_data=True,
+        location="model.data",
+        size_threshold=0,
+    )
+    assert (tmp_path / "model.data").stat().st_size == 48
+    monkeypatch.setattr(ob, "EXTERNAL_DATA_LIMIT", 47)
+    ob.OrtBackend().compile(
+        tmp_path / "model.onnx", get_target("cpu"), [], options(), None, tmp_path
+    )
+    assert not (tmp_path / ob.OPTIMIZED_FILE).exists()
+    monkeypatch.setattr(ob, "EXTERNAL_DATA_LIMIT", 48)
+    ob.OrtBackend().compile(
+        tmp_path / "model.onnx", get_target("cpu"), [], options(), None, tmp_path
+    )
+    assert (tmp_path / ob.OPTIMIZED_FILE).is_file()
+
+
+def test_runner_picks_the_point_by_feed_shape(cnn_dir: Path, monkeypatch) -> None:
+    compile_cnn(cnn_dir, None, (RANGE,), save_optimized=False)
+    config = ort_config(cnn_dir)
+    # give each point its own thread count so that each has its own session
+    for point, threads in zip(config["points"], (1, 2, 3), strict=True):
+        point["session_options"]["intra_op_num_threads"] = threads
+    (cnn_dir / ob.CONFIG_FILE).write_text(json.dumps(config))
+    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    created: list[int] = []
+    create = ob._create_session
+
+    def recording(model, cfg, save_to=None):
+        created.append(cfg["session_options"]["intra_op_num_threads"])
+        return create(model, cfg, save_to)
+
+    monkeypatch.setattr(ob, "_create_session", recording)
+    proto = onnx.load(SMALL_CNN)
+    for batch, threads in ((8, 3), (1, 1), (4, 2), (8, 3), (5, 2)):
+        feeds = make_inputs(proto, {"image": (batch, 3, 32, 32)})
+        assert runner.select(feeds) == threads - 1
+        assert runner.run(feeds)[0].shape == (batch, 10)
+        assert threads in created
+    assert created == [3, 1, 2]  # one session per configuration, created on first use
+
+
+def test_default_runner_matches_onnxruntime(tmp_path: Path) -> None:
+    onnx.save(parse(TWO_INPUTS), tmp_path / "m.onnx")
+    runner = ob.default_runner(tmp_path / "m.onnx")
+    assert list(runner.input_names) == ["x", "y"] and list(runner.output_names) == ["z"]
+    feeds = make_inputs(parse(TWO_INPUTS), {"x": (3, 4)})
+    want = default_session_outputs(tmp_path / "m.onnx", feeds)
+    np.testing.assert_array_equal(runner.run(feeds)[0], want[0])
+    with pytest.raises(InferccError, match="no value for model input"):
+        runner.run({"x": feeds["x"]})
+
+
+def test_missing_ort_config_is_a_clear_error(tmp_path: Path) -> None:
+    shutil.copy(SMALL_CNN, tmp_path / "model.onnx")
+    with pytest.raises(InferccError) as info:
+        ob.OrtBackend().load(Artifact(tmp_path, {}))
+    assert str(info.value.message) == f"{tmp_path} has no ort_config.json: " + (
+        "it was not built by the ort backend"
+    )
+    assert "--backend ort" in info.value.hint
+
+
+def test_another_schema_is_a_clear_error(tmp_path: Path) -> None:
+    shutil.copy(SMALL_CNN, tmp_path / "model.onnx")
+    (tmp_path / ob.CONFIG_FILE).write_text(json.dumps({"schema": "infercc.ort_config/9"}))
+    with pytest.raises(InferccError, match="schema 'infercc.ort_config/9'"):
+        ob.OrtBackend().load(Artifact(tmp_path, {}))
