@@ -310,10 +310,12 @@ class _Build:
         step(f"compiling with {self.backend_name}")
         target = get_target(self.target)
         options = CompileOptions(tune=tune, on_step=step)
+        t0 = time.perf_counter()
         with TuningCache(cache_dir) as cache:
             section = self.backend.compile(
                 stage / MODEL_FILE, target, profiles, options, cache if tune else None, stage
             )
+        compile_seconds = time.perf_counter() - t0
         write_manifest(
             stage,
             artifact_manifest(
@@ -330,7 +332,11 @@ class _Build:
             ),
         )
         publish(stage, self.out)
-        return {"path": str(self.out), "backend": section}
+        return {
+            "path": str(self.out),
+            "backend": section,
+            "compile_seconds": round(compile_seconds, 4),
+        }
 
 
 def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:

@@ -244,15 +244,19 @@ def _first_line(exc: BaseException) -> str:
 def open_runner(path: Path, *, spinning: bool = True) -> tuple[Runner, onnx.ModelProto]:
     """A runner for an artifact directory or an .onnx file, and the model's skeleton.
 
-    `spinning=False` stops onnxruntime's idle intra-op threads from spinning after a run of a
-    plain .onnx file (an artifact's backend decides for itself); `compare` needs that.
+    `spinning=False` stops onnxruntime's idle intra-op threads from spinning after a run (of a
+    plain .onnx file, or an artifact whose runner has a `spinning` switch); `compare` needs
+    that, so that neither side's idle threads take the CPU from the other.
     """
     path = Path(path)
     if path.is_dir():
         artifact = _read_artifact(path)
         backend = get_backend(artifact.backend)
         require_available(backend)
-        return backend.load(artifact), _skeleton(artifact.model_path)
+        runner = backend.load(artifact)
+        if not spinning and hasattr(runner, "spinning"):
+            runner.spinning = False
+        return runner, _skeleton(artifact.model_path)
     if not path.is_file():
         raise InferccError(f"{str(path)!r} does not exist", "pass an .onnx file or an artifact")
     skeleton = _skeleton(path)

@@ -134,3 +134,17 @@ def test_entry_point_backend_from_a_package(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert "echo" in out["names"] and out["backend"]["version"] == "9.9"
     assert (tmp_path / "art" / "echo.txt").read_text() == "built by echo"
+
+
+def test_compare_turns_spinning_off_for_artifact_runners(tmp_path):
+    from infercc.backends.ort import session_options
+    from infercc.bench import open_runner
+
+    build(tmp_path / "art", tmp_path / "cache", tune=False)
+    assert open_runner(tmp_path / "art")[0].spinning is True
+    runner, _ = open_runner(tmp_path / "art", spinning=False)
+    assert runner.spinning is False
+    x = np.zeros((2, 16, 64), np.float32)
+    runner.run({"hidden_states": x})  # the session is created with the entries below
+    opts, _ = session_options({"session_config": {"session.intra_op.allow_spinning": "0"}})
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"

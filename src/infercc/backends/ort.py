@@ -172,6 +172,8 @@ def session_options(config: Mapping[str, Any]) -> tuple[Any, list[Any]]:
     opts.inter_op_num_threads = int(settings["inter_op_num_threads"])
     opts.execution_mode = getattr(ort.ExecutionMode, settings["execution_mode"])
     opts.log_severity_level = 3
+    for key, value in config.get("session_config", {}).items():
+        opts.add_session_config_entry(key, str(value))
     return opts, _providers(config)
 
 
@@ -833,6 +835,9 @@ class OrtRunner:
         self._model = Path(model)
         self._optimized = optimized
         self._sessions: dict[str, Any] = {}
+        # Idle intra-op threads spin after a run by default (good for back-to-back latency);
+        # a comparison that interleaves two runners turns it off so neither starves the other.
+        self.spinning = True
 
     def select(self, feeds: Feeds) -> int:
         """Index of the point whose shapes equal the feeds' shapes, else the default's."""
@@ -857,6 +862,11 @@ class OrtRunner:
 
     def _session(self, point: Mapping[str, Any]) -> Any:
         model, config = self._source(point)
+        if not self.spinning:
+            config["session_config"] = {
+                "session.intra_op.allow_spinning": "0",
+                "session.inter_op.allow_spinning": "0",
+            }
         key = config_key({"model": str(model), **config})
         if key not in self._sessions:
             session = _create_session(model, config)
