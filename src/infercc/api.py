@@ -145,6 +145,7 @@ def optimize(
     backend: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     tune: bool = True,
+    backend_options: Mapping[str, Any] | None = None,
     data: str | os.PathLike[str] | None = None,
     disable_passes: Iterable[str] = (),
     portable: bool = False,
@@ -159,6 +160,9 @@ def optimize(
     on_step: Callable[[str], None] | None = None,
 ) -> OptimizeReport:
     """Optimize an ONNX model file and write the result; returns the report.
+
+    `backend_options` go to the backend (`CompileOptions.extra`; for `ort`:
+    `save_optimized` writes onnxruntime's own optimized model for fast start).
 
     `output` ending in `.onnx` gets the optimized model alone, with its memory plan
     (`<stem>.memory_plan.json`) beside it. Any other `output` is an artifact directory built
@@ -226,8 +230,9 @@ def optimize(
         artifact = None
         if report_validation is None or report_validation.passed:
             if build.artifact_mode:
+                options = CompileOptions(tune=tune, on_step=step, extra=dict(backend_options or {}))
                 artifact = build.finish_artifact(
-                    stage, profiles, cache_dir, tune, passes, memory, report_validation, step
+                    stage, profiles, cache_dir, options, passes, memory, report_validation
                 )
                 files = [str(p) for p in sorted(out.iterdir())]
             else:
@@ -299,21 +304,25 @@ class _Build:
         stage: Path,
         profiles: list[ShapeProfile],
         cache_dir: str | os.PathLike[str] | None,
-        tune: bool,
+        options: CompileOptions,
         passes: dict[str, Any],
         memory: dict[str, Any] | None,
         validation: ValidationReport | None,
-        step: Callable[[str], None],
     ) -> dict[str, Any]:
         from infercc.tuning import TuningCache, file_sha256, host_fingerprint
 
-        step(f"compiling with {self.backend_name}")
+        if options.on_step is not None:
+            options.on_step(f"compiling with {self.backend_name}")
         target = get_target(self.target)
-        options = CompileOptions(tune=tune, on_step=step)
         t0 = time.perf_counter()
         with TuningCache(cache_dir) as cache:
             section = self.backend.compile(
-                stage / MODEL_FILE, target, profiles, options, cache if tune else None, stage
+                stage / MODEL_FILE,
+                target,
+                profiles,
+                options,
+                cache if options.tune else None,
+                stage,
             )
         compile_seconds = time.perf_counter() - t0
         write_manifest(

@@ -96,6 +96,15 @@ def optimize(
     no_tune: Annotated[
         bool, typer.Option("--no-tune", help="Build the artifact without autotuning.")
     ] = False,
+    ort_optimized_model: Annotated[
+        bool,
+        typer.Option(
+            "--ort-optimized-model",
+            help="With --backend ort: also save "
+            "onnxruntime's own optimized graph (ort_optimized.onnx) for a faster "
+            "start on this host.",
+        ),
+    ] = False,
     data: Annotated[
         Path | None,
         typer.Option(
@@ -163,6 +172,7 @@ def optimize(
             backend=backend,
             cache_dir=cache_dir,
             tune=not no_tune,
+            backend_options={"save_optimized": True} if ort_optimized_model else None,
             data=data,
             disable_passes=disable_pass or [],
             portable=portable,

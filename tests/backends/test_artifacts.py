@@ -36,7 +36,6 @@ def test_artifact_layout_and_manifest(tmp_path):
         "memory_plan.json",
         "model.onnx",
         "ort_config.json",
-        "ort_optimized.onnx",
     ]
     m = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert m["schema"] == "infercc.manifest/1" and m["backend"]["name"] == "ort"
@@ -68,7 +67,10 @@ def test_second_build_hits_the_cache(tmp_path):
 
 
 def test_loaded_artifact_matches_onnxruntime(tmp_path):
-    build(tmp_path / "art", tmp_path / "cache", tune=False)
+    build(
+        tmp_path / "art", tmp_path / "cache", tune=False, backend_options={"save_optimized": True}
+    )
+    assert (tmp_path / "art" / "ort_optimized.onnx").is_file()
     runner = load_artifact(tmp_path / "art")
     x = np.random.default_rng(0).standard_normal((2, 16, 64)).astype(np.float32)
     expected = ort.InferenceSession(str(ENCODER)).run(None, {"hidden_states": x})

@@ -38,7 +38,7 @@ RANGE = ShapeProfile("image", (1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))
 
 
 def options(**extra: Any) -> CompileOptions:
-    return CompileOptions(iters=3, warmup=1, extra=dict(extra))
+    return CompileOptions(iters=3, warmup=1, extra={"save_optimized": True, **extra})
 
 
 @pytest.fixture
@@ -493,6 +493,19 @@ def test_optimized_model_from_another_host_is_not_used(cnn_dir: Path) -> None:
     feeds = make_inputs(onnx.load(SMALL_CNN), {"image": FIXED.opt})
     want = default_session_outputs(cnn_dir / "model.onnx", feeds)
     np.testing.assert_allclose(runner.run(feeds)[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_no_optimized_model_by_default(cnn_dir: Path) -> None:
+    ob.OrtBackend().compile(
+        cnn_dir / "model.onnx",
+        get_target("cpu"),
+        [FIXED],
+        CompileOptions(iters=2, warmup=1),
+        None,
+        cnn_dir,
+    )
+    assert not (cnn_dir / ob.OPTIMIZED_FILE).exists()
+    assert ort_config(cnn_dir)["optimized_model"] is None
 
 
 def test_no_optimized_model_when_asked_not_to(cnn_dir: Path) -> None:

@@ -54,11 +54,11 @@ the CPU has bf16 instructions). On GPU targets the precisions are the target's, 
 onnxruntime-gpu's CUDA provider present.
 
 Files: `ort_config.json` (schema `infercc.ort_config/1`: per point its shapes, the chosen
-configuration, median_ms, cache hit/miss and every candidate measured) and, unless
-`options.extra["save_optimized"]` is False or the model's external data passes 2 GB,
-`ort_optimized.onnx`: onnxruntime's own optimized graph for the default point's provider and
-level (`SessionOptions.optimized_model_filepath`). Such a file is tied to the machine and
-provider, so `load` uses it, with optimization off, only when the host fingerprint and the
+configuration, median_ms, cache hit/miss and every candidate measured) and, when
+`options.extra["save_optimized"]` is True (`--ort-optimized-model`) and the model's external
+data is under 2 GB, `ort_optimized.onnx`: onnxruntime's own optimized graph for the default
+point's provider and level (`SessionOptions.optimized_model_filepath`). Such a file is tied
+to the machine and provider, so `load` uses it, with optimization off, only when the host fingerprint and the
 onnxruntime version match those it was written with; otherwise it loads `model.onnx`.
 """
 
@@ -722,7 +722,7 @@ class OrtBackend:
         points = [tune_point(ctx, n, s) for n, s in shape_points(ctx.proto, shapes)]
         default = next(i for i, p in enumerate(points) if p["name"] == "opt")
         optimized = None
-        if options.extra.get("save_optimized", True):
+        if options.extra.get("save_optimized", False):
             optimized = _save_optimized(ctx, points[default], Path(out_dir))
         config = _ort_config(ctx, points, default, optimized)
         (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
