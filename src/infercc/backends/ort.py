@@ -58,8 +58,9 @@ configuration, median_ms, cache hit/miss and every candidate measured) and, when
 `options.extra["save_optimized"]` is True (`--ort-optimized-model`) and the model's external
 data is under 2 GB, `ort_optimized.onnx`: onnxruntime's own optimized graph for the default
 point's provider and level (`SessionOptions.optimized_model_filepath`). Such a file is tied
-to the machine and provider, so `load` uses it, with optimization off, only when the host fingerprint and the
-onnxruntime version match those it was written with; otherwise it loads `model.onnx`.
+to the machine and provider, so `load` uses it, with optimization off, only when the host
+fingerprint and the onnxruntime version match those it was written with; otherwise it loads
+`model.onnx`.
 """
 
 from __future__ import annotations
