@@ -41,10 +41,31 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
             console.print("[red]validation failed: the optimized model was not written[/]")
     else:
         console.print("validation skipped (--no-validate)")
+    if report.artifact is not None:
+        _render_artifact(report.artifact, console)
     if explain:
         _render_refusals(report, console)
     elif report.refusals:
         console.print(f"{len(report.refusals)} rewrite(s) refused; --explain lists them")
+
+
+def _render_artifact(artifact: dict, console: Console) -> None:
+    backend = artifact["backend"]
+    console.print(
+        f"artifact [bold]{artifact['path']}[/] built with {backend['name']} "
+        f"{backend.get('version', '')} in {artifact.get('compile_seconds', 0):.2f} s",
+        highlight=False,
+    )
+    for p in backend.get("points", []):
+        so = p.get("session_options", {})
+        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in p.get("shapes", {}).items())
+        console.print(
+            f"  {p['name']}: {shapes or 'default shapes'} -> {p.get('provider', '')}, "
+            f"{so.get('graph_optimization_level', '')}, {so.get('intra_op_num_threads', '')} "
+            f"intra-op threads, {so.get('execution_mode', '')}: "
+            f"{p.get('median_ms') or 0:.3f} ms (cache {p.get('cache', '')})",
+            highlight=False,
+        )
 
 
 def _passes_table(report: OptimizeReport) -> Table:
