@@ -214,6 +214,23 @@ def test_coordinate_descent_sweeps_one_knob_at_a_time() -> None:
     assert len(evaluated) == len(records) == ob.candidate_count([ob.CPU], 8) == 7  # not 3x4x2
 
 
+def test_coordinate_descent_keeps_defaults_for_gains_within_noise() -> None:
+    """A candidate 2% faster than the defaults is noise; one 10% faster is adopted."""
+
+    def evaluate(config: dict, knob: str) -> dict:
+        so = config["session_options"]
+        ms = 10.0
+        ms -= 0.2 * (so["graph_optimization_level"] == "ORT_ENABLE_BASIC")
+        ms -= 1.0 * (so["intra_op_num_threads"] == 1)
+        return {"config": config, "knob": knob, "median_ms": ms}
+
+    start = ob.default_config(ob.CPU)
+    best, _ = ob.coordinate_descent(start, ob.knobs([ob.CPU], 8), evaluate)
+    so = best["config"]["session_options"]
+    assert so["graph_optimization_level"] == start["session_options"]["graph_optimization_level"]
+    assert so["intra_op_num_threads"] == 1 and best["median_ms"] == 9.0
+
+
 def test_coordinate_descent_skips_failures_and_reports_none_when_all_fail() -> None:
     def fail(config: dict, knob: str) -> dict:
         return {"config": config, "knob": knob, "skipped": "session failed: no"}
@@ -252,7 +269,8 @@ def test_compile_writes_ort_config(cnn_dir: Path, cache) -> None:
     assert all(("median_ms" in c) != ("skipped" in c) for c in point["candidates"])
     assert {c["knob"] for c in point["candidates"]} >= {"default", "graph_optimization_level"}
     best = min(c["median_ms"] for c in point["candidates"] if "median_ms" in c)
-    assert point["median_ms"] == best
+    # no candidate beats the choice by more than the gain needed to move off the defaults
+    assert best >= point["median_ms"] * (1 - ob.MIN_GAIN)
     assert f"tuning opt shape: 3/{total} candidates" in steps
     assert (cnn_dir / ob.OPTIMIZED_FILE).is_file()
     assert (
