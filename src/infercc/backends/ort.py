@@ -573,9 +573,51 @@ def _tune(ctx: _Context, name: str, shapes: dict[str, tuple[int, ...]]) -> dict[
             "run `infercc optimize` without -o to check the model on the CPU",
         )
     choice = {"config": best["config"], "median_ms": best["median_ms"], "candidates": records}
+    if config_key(best["config"]) != config_key(start):
+        confirmed = _confirm(trial, best["config"], start)
+        choice["confirmation"] = confirmed
+        if not confirmed["kept"]:
+            default = next(r for r in records if config_key(r["config"]) == config_key(start))
+            choice.update(config=start, median_ms=default.get("median_ms"))
+            return choice
     if best.get("tuning_results"):
         choice["tuning_results"] = best["tuning_results"]
     return choice
+
+
+CONFIRM_ROUNDS = 4
+
+
+def _interleaved_medians(
+    sessions: Sequence[Any], feeds: Feeds, warmup: int, block: int
+) -> tuple[float, ...]:
+    """Median ms of each session over CONFIRM_ROUNDS rounds of `block` runs each, in turn."""
+    for session in sessions:
+        for _ in range(max(1, warmup)):
+            session.run(None, dict(feeds))
+    times: list[list[float]] = [[] for _ in sessions]
+    for _ in range(CONFIRM_ROUNDS):
+        for i, session in enumerate(sessions):
+            for _ in range(block):
+                start = time.perf_counter()
+                session.run(None, dict(feeds))
+                times[i].append(time.perf_counter() - start)
+    return tuple(statistics.median(t) * 1e3 for t in times)
+
+
+def _confirm(trial: _Trial, best: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    """Time the winner against onnxruntime's defaults again, in alternating blocks of runs
+    (defaults, winner, defaults, winner...), and keep the winner only if it still beats the
+    defaults by MIN_GAIN: one lucky measurement during the sweep must not pick a slower
+    configuration. Blocks, not single alternating runs, so that one session's idle threads
+    spinning after its runs do not slow the other down."""
+    sessions = [_create_session(trial.model, default), _create_session(trial.model, best)]
+    default_ms, best_ms = _interleaved_medians(
+        sessions, trial.feeds, trial.warmup, max(3, trial.iters // 2)
+    )
+    kept = best_ms < default_ms * (1 - MIN_GAIN)
+    log.info("confirmation: defaults %.3f ms, winner %.3f ms, kept=%s", default_ms, best_ms, kept)
+    return {"default_ms": default_ms, "winner_ms": best_ms, "kept": kept}
 
 
 def _trial(ctx: _Context, shapes: dict[str, tuple[int, ...]]) -> _Trial:
@@ -614,6 +656,8 @@ def _point(
     }
     if choice.get("tuning_results"):
         point["tuning_results"] = choice["tuning_results"]
+    if choice.get("confirmation"):
+        point["confirmation"] = choice["confirmation"]
     return point
 
 
