@@ -358,3 +358,10 @@ def test_bench_json_fields():
     assert rep["max_abs_diff"] == 0.0 and rep["results"][0]["ratio_median"] > 0
     r = run("bench", str(EXAMPLE_CNN), "--batch", "0")
     assert r.returncode == 2 and "bad --batch" in r.stderr
+
+
+def test_usage_errors_exit_2():
+    r = run("optimize", "--no-such-option")
+    assert r.returncode == 2 and "No such option" in r.stderr and "Traceback" not in r.stderr
+    r = run("inspect")
+    assert r.returncode == 2 and "Missing argument" in r.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -493,14 +494,11 @@ def main() -> None:
 
 
 def _click_exceptions() -> tuple[type[Exception], ...]:
-    """Usage errors (unknown option, missing argument): click's, or typer's vendored copy."""
-    import click
-
-    found: list[type[Exception]] = [click.exceptions.ClickException]
-    try:
-        from typer._click.exceptions import ClickException as TyperClickException
-
-        found.append(TyperClickException)
-    except ImportError:
-        pass
+    """Usage errors (unknown option, missing argument): typer's vendored click, or click's."""
+    found: list[type[Exception]] = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(importlib.import_module(module).ClickException)
+        except (ImportError, AttributeError):
+            continue
     return tuple(found)
