@@ -192,7 +192,7 @@ def optimize(
     check_shape_names(ir, {p.name: p.opt for p in profiles})
     size_before = model_files_size(src, ir)
     nodes_before, ops_before = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
-    profile = _shape_profile(ir, shapes)
+    profile = shape_profile(ir, shapes)
     ctx = PassContext(target=target, portable=portable, fold_limit=fold_limit, verify=verify)
     ctx.backend = build.backend_name if build.backend_name in ("ort", "tensorrt") else "ort"
     if profile is not None:
@@ -368,7 +368,7 @@ def memory_plan_name(out: Path) -> str:
     return f"{out.stem}.memory_plan.json"
 
 
-def _shape_profile(
+def shape_profile(
     model: Model, shapes: Mapping[str, tuple[int, ...]] | None
 ) -> dict[str, tuple[int, ...]] | None:
     """Concrete input shapes for planning (the ones validation uses), or None if unresolvable."""

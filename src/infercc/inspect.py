@@ -20,7 +20,7 @@ from typing import Any
 
 import onnx
 
-from infercc.api import _shape_profile, check_shape_names, model_files_size, op_histogram
+from infercc.api import check_shape_names, model_files_size, op_histogram, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, Value, load_model
 from infercc.ir.shapes import concrete_types
@@ -107,7 +107,7 @@ def inspect_model(
     tgt = get_target(target) if target is not None else None
     if plot is not None and tgt is None:
         raise InferccError("--plot needs a target", "add --target a100 (see infercc targets)")
-    profile = _shape_profile(model, shapes)
+    profile = shape_profile(model, shapes)
     types = concrete_types(model, profile) if profile is not None else {}
     flops_by_op, unknown = _matrix_flops(model, types)
     params = [v.const for v in model.graph.initializers.values() if v.const is not None]
