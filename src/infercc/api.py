@@ -189,7 +189,6 @@ def optimize(
     step("loading")
     ir = load_model(src)
     check_shape_names(ir, shapes)
-    check_shape_names(ir, {p.name: p.opt for p in profiles})
     size_before = model_files_size(src, ir)
     nodes_before, ops_before = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
     profile = shape_profile(ir, shapes)
