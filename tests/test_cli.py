@@ -365,3 +365,38 @@ def test_usage_errors_exit_2():
     assert r.returncode == 2 and "No such option" in r.stderr and "Traceback" not in r.stderr
     r = run("inspect")
     assert r.returncode == 2 and "Missing argument" in r.stderr
+
+
+def test_optimize_fp16(tmp_path):
+    enc = Path(__file__).resolve().parent.parent / "examples" / "tiny_encoder.onnx"
+    out = tmp_path / "enc16.onnx"
+    r = run("optimize", str(enc), "-o", str(out), "--fp16", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["precision"] == "fp16" and rep["validation"]["passed"] is True
+    assert rep["validation"]["min_cosine"] == 0.999
+    assert rep["validation"]["outputs"]["output"]["cosine"] >= 0.999
+    kept = {k["op"] for k in rep["kept_fp32"]}
+    assert kept == {"Softmax", "LayerNormalization"}
+    assert rep["passes"]["convert-fp16"]["weights_converted"] >= 4
+    model = onnx.load(out)
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    weights = {t.data_type for t in model.graph.initializer if len(t.dims) == 2}
+    assert weights == {onnx.TensorProto.FLOAT16}
+    r = run(
+        "optimize",
+        str(enc),
+        "-o",
+        str(tmp_path / "io16.onnx"),
+        "--fp16",
+        "--fp16-io",
+        "--keep-fp32",
+        "MatMul",
+        "--json",
+    )
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr
+    assert "MatMul" in {k["op"] for k in rep["kept_fp32"]}
+    io16 = onnx.load(tmp_path / "io16.onnx")
+    assert io16.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16

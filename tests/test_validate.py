@@ -227,6 +227,16 @@ def test_shape_and_dtype_differences_fail() -> None:
     assert not report.outputs["y"].passed and not report.outputs["z"].passed
 
 
+def test_float_dtype_change_allowed_when_declared() -> None:
+    from infercc.validate import compare_outputs
+
+    ref = [{"z": np.linspace(-1, 1, 8).astype(np.float32), "i": np.arange(3)}]
+    cand = [{"z": ref[0]["z"].astype(np.float16), "i": np.arange(3).astype(np.int32)}]
+    report = compare_outputs(ref, cand, atol=1e-3, rtol=1e-3, float_dtypes_may_differ=True)
+    assert report.outputs["z"].passed and report.outputs["z"].max_abs < 1e-3
+    assert "dtype int32 differs" in report.outputs["i"].reason  # only float types may change
+
+
 # --------------------------------------------------------------------------- report
 
 

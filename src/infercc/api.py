@@ -33,6 +33,23 @@ log = logging.getLogger(__name__)
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 DEFAULT_MIN_COSINE = 0.9999
+# fp16 is judged by cosine against the fp32 original (elementwise tolerances would flag the
+# expected rounding of large logits); the user's --atol/--rtol still apply when given.
+FP16_MIN_COSINE = 0.999
+FP16_PIPELINE = ("convert-fp16", "eliminate-dead-code")
+
+
+def validation_tolerance(
+    precision: str, atol: float | None, rtol: float | None, min_cosine: float | None
+) -> dict[str, float]:
+    """Tolerances that follow the precision: tight for fp32, cosine-based for fp16."""
+    if precision == "fp32":
+        defaults = (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_MIN_COSINE)
+    else:
+        defaults = (float("inf"), float("inf"), FP16_MIN_COSINE)
+    given = (atol, rtol, min_cosine)
+    chosen = [d if v is None else v for v, d in zip(given, defaults, strict=True)]
+    return dict(zip(("atol", "rtol", "min_cosine"), chosen, strict=True))
 
 
 @dataclass
@@ -57,6 +74,8 @@ class OptimizeReport:
     files: list[str] = field(default_factory=list)
     memory: dict[str, Any] | None = None
     artifact: dict[str, Any] | None = None
+    precision: str = "fp32"
+    kept_fp32: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -81,6 +100,8 @@ class OptimizeReport:
             "validation": self.validation.to_dict() if self.validation else None,
             "memory": self.memory,
             "artifact": self.artifact,
+            "precision": self.precision,
+            "kept_fp32": self.kept_fp32,
             "seconds": round(self.seconds, 4),
         }
 
@@ -146,6 +167,9 @@ def optimize(
     cache_dir: str | os.PathLike[str] | None = None,
     tune: bool = True,
     backend_options: Mapping[str, Any] | None = None,
+    fp16: bool = False,
+    fp16_io: bool = False,
+    keep_fp32: Sequence[str] = (),
     data: str | os.PathLike[str] | None = None,
     disable_passes: Iterable[str] = (),
     portable: bool = False,
@@ -153,9 +177,9 @@ def optimize(
     fold_limit: int = DEFAULT_FOLD_LIMIT,
     verify: bool = False,
     external_data: bool | None = None,
-    atol: float = DEFAULT_ATOL,
-    rtol: float = DEFAULT_RTOL,
-    min_cosine: float = DEFAULT_MIN_COSINE,
+    atol: float | None = None,
+    rtol: float | None = None,
+    min_cosine: float | None = None,
     alignment: int = 64,
     on_step: Callable[[str], None] | None = None,
 ) -> OptimizeReport:
@@ -199,6 +223,13 @@ def optimize(
     pipe = run_passes(
         ir, ctx, _passes.DEFAULT_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}")
     )
+    precision = "fp32"
+    if fp16:
+        precision = "fp16"
+        ctx.options.update(fp16_io=fp16_io, keep_fp32=list(keep_fp32))
+        lowered = run_passes(ir, ctx, FP16_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}"))
+        pipe.passes.update(lowered.passes)
+    tol = validation_tolerance(precision, atol, rtol, min_cosine)
     nodes_after, ops_after = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
     step("planning memory")
     plan = _plan(ir, profile, alignment, ctx.options.get("schedule", {}))
@@ -216,20 +247,16 @@ def optimize(
         if run_validation:
             step("validating")
             report_validation = validate(
-                src,
-                staged[0],
-                shapes=shapes,
-                data=data,
-                atol=atol,
-                rtol=rtol,
-                min_cosine=min_cosine,
+                src, staged[0], shapes=shapes, data=data, float_dtypes_may_differ=fp16_io, **tol
             )
         size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
         files: list[str] = []
         artifact = None
         if report_validation is None or report_validation.passed:
             if build.artifact_mode:
-                options = CompileOptions(tune=tune, on_step=step, extra=dict(backend_options or {}))
+                options = CompileOptions(
+                    precision=precision, tune=tune, on_step=step, extra=dict(backend_options or {})
+                )
                 artifact = build.finish_artifact(
                     stage, profiles, cache_dir, options, passes, memory, report_validation
                 )
@@ -257,6 +284,8 @@ def optimize(
         files=files,
         memory=memory,
         artifact=artifact,
+        precision=precision,
+        kept_fp32=list(ctx.options.get("fp16", {}).get("kept_fp32", [])),
     )
 
 

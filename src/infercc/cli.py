@@ -141,9 +141,37 @@ def optimize(
     align: Annotated[
         int, typer.Option(help="Byte alignment of tensors in the memory plan.", min=1)
     ] = 64,
-    atol: Annotated[float, typer.Option(help="Validation absolute tolerance.")] = 1e-4,
-    rtol: Annotated[float, typer.Option(help="Validation relative tolerance.")] = 1e-3,
-    min_cosine: Annotated[float, typer.Option(help="Validation minimum cosine.")] = 0.9999,
+    fp16: Annotated[
+        bool,
+        typer.Option(
+            "--fp16",
+            help="Convert weights and compute to float16 (inputs and "
+            "outputs keep their types; risky ops stay float32, listed in the "
+            "report). Validated by cosine >= 0.999 against the original.",
+        ),
+    ] = False,
+    fp16_io: Annotated[
+        bool, typer.Option("--fp16-io", help="With --fp16: float16 inputs and outputs too.")
+    ] = False,
+    keep_fp32: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--keep-fp32",
+            help="With --fp16: an op type or node name to keep in float32 (repeatable).",
+        ),
+    ] = None,
+    atol: Annotated[
+        float | None,
+        typer.Option(help="Validation absolute tolerance [default: 1e-4; none for fp16]."),
+    ] = None,
+    rtol: Annotated[
+        float | None,
+        typer.Option(help="Validation relative tolerance [default: 1e-3; none for fp16]."),
+    ] = None,
+    min_cosine: Annotated[
+        float | None,
+        typer.Option(help="Validation minimum cosine [default: 0.9999; 0.999 for fp16]."),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")
     ] = False,
@@ -184,6 +212,9 @@ def optimize(
             atol=atol,
             rtol=rtol,
             min_cosine=min_cosine,
+            fp16=fp16,
+            fp16_io=fp16_io,
+            keep_fp32=keep_fp32 or [],
             alignment=align,
             on_step=step,
         )

@@ -41,6 +41,14 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
             console.print("[red]validation failed: the optimized model was not written[/]")
     else:
         console.print("validation skipped (--no-validate)")
+    if report.precision != "fp32":
+        console.print(
+            f"precision {report.precision}: {len(report.kept_fp32)} node(s) kept in float32"
+            + ("" if explain or not report.kept_fp32 else " (--explain lists them)")
+        )
+        if explain:
+            for k in report.kept_fp32:
+                console.print(f"  {k['node']} ({k['op']}): {k['reason']}", highlight=False)
     if report.artifact is not None:
         _render_artifact(report.artifact, console)
     if explain:

@@ -237,14 +237,32 @@ def _run_one(session: ort.InferenceSession, feeds: Feeds) -> dict[str, np.ndarra
             "the samples must hold every input the model declares",
         )
     names = [o.name for o in session.get_outputs()]
+    given = {i.name: _as_declared(feeds[i.name], i.type) for i in session.get_inputs()}
     try:
-        values = session.run(names, {name: feeds[name] for name in declared})
+        values = session.run(names, given)
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
         raise InferccError(
             f"onnxruntime failed to run the model: {_first_line(exc)}",
             "check the input shapes (--shape) and dtypes",
         ) from exc
     return dict(zip(names, values, strict=True))
+
+
+_FLOAT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+}
+
+
+def _as_declared(array: np.ndarray, ort_type: str) -> np.ndarray:
+    """A float feed in the float type the model declares (a --fp16-io candidate takes float16
+    where the original takes float32: both are fed the same values)."""
+    target = _FLOAT_TYPES.get(ort_type)
+    arr = np.asarray(array)
+    if target is not None and arr.dtype.kind == "f" and arr.dtype != target:
+        return arr.astype(target)
+    return arr
 
 
 def _first_line(exc: BaseException) -> str:
@@ -271,6 +289,9 @@ class _Tolerance:
     atol: float
     rtol: float
     min_cosine: float
+    # True when the candidate legitimately changed a float output's type (--fp16-io): the
+    # values are then compared in float64 instead of failing on the dtype.
+    float_dtypes_may_differ: bool = False
 
 
 @dataclass
@@ -291,13 +312,14 @@ def compare_models(
     atol: float = 1e-4,
     rtol: float = 1e-3,
     min_cosine: float = 0.9999,
+    float_dtypes_may_differ: bool = False,
 ) -> ValidationReport:
     """Run both models on the same feeds (one after the other) and compare their outputs."""
     if not feeds_list:
         raise InferccError("no samples to validate with", "pass --data or let infercc make one")
     expected = run_model(reference, feeds_list)
     actual = run_model(candidate, feeds_list)
-    report = compare_outputs(expected, actual, atol, rtol, min_cosine)
+    report = compare_outputs(expected, actual, atol, rtol, min_cosine, float_dtypes_may_differ)
     _log_report(report)
     return report
 
@@ -308,9 +330,10 @@ def compare_outputs(
     atol: float = 1e-4,
     rtol: float = 1e-3,
     min_cosine: float = 0.9999,
+    float_dtypes_may_differ: bool = False,
 ) -> ValidationReport:
     """Compare outputs already computed (one name -> array dict per sample), by the rules above."""
-    tol = _Tolerance(atol, rtol, min_cosine)
+    tol = _Tolerance(atol, rtol, min_cosine, float_dtypes_may_differ)
     accumulators: dict[str, _Accumulator] = {}
     for ref_out, cand_out in zip(expected, actual, strict=True):
         _compare_sample(dict(ref_out), dict(cand_out), tol, accumulators)
@@ -337,7 +360,7 @@ def _compare_sample(
         if acc is None:
             acc = accumulators[name] = _new_accumulator(name, ref, cand)
         if acc.reason is None:
-            acc.reason = _structural_mismatch(ref, cand)
+            acc.reason = _structural_mismatch(ref, cand, tol.float_dtypes_may_differ)
         if acc.reason is None:
             acc.stats.append(_compare_arrays(np.asarray(ref), np.asarray(cand), tol))
 
@@ -349,14 +372,15 @@ def _new_accumulator(name: str, ref: Any, cand: Any) -> _Accumulator:
     return _Accumulator(name, tuple(int(d) for d in shown.shape), str(shown.dtype))
 
 
-def _structural_mismatch(ref: Any, cand: Any) -> str | None:
+def _structural_mismatch(ref: Any, cand: Any, float_change_ok: bool = False) -> str | None:
     if cand is None:
         return "missing from the candidate"
     if ref is None:
         return "not an output of the reference"
     if not isinstance(ref, np.ndarray) or not isinstance(cand, np.ndarray):
         return "not a tensor (sequence or map outputs are not compared)"
-    if ref.dtype != cand.dtype:
+    both_float = ref.dtype.kind == "f" and cand.dtype.kind == "f"
+    if ref.dtype != cand.dtype and not (float_change_ok and both_float):
         return f"dtype {cand.dtype} differs from the reference's {ref.dtype}"
     if ref.shape != cand.shape:
         return f"shape {list(cand.shape)} differs from the reference's {list(ref.shape)}"
@@ -484,13 +508,18 @@ def validate(
     atol: float = 1e-4,
     rtol: float = 1e-3,
     min_cosine: float = 0.9999,
+    float_dtypes_may_differ: bool = False,
 ) -> ValidationReport:
     """Compare `candidate` with `reference` on samples from `data`, or on one random feed.
 
-    Feeds are built against the reference's inputs; each model is fed only what it declares.
+    Feeds are built against the reference's inputs; each model is fed only what it declares,
+    in the float type it declares. `float_dtypes_may_differ` accepts a float output whose type
+    the candidate changed on purpose (float16 I/O) and compares its values.
     """
     feeds_list = _build_feeds(_load_reference(reference), shapes, data, seed)
-    return compare_models(reference, candidate, feeds_list, atol, rtol, min_cosine)
+    return compare_models(
+        reference, candidate, feeds_list, atol, rtol, min_cosine, float_dtypes_may_differ
+    )
 
 
 def _load_reference(reference: ModelSource) -> onnx.ModelProto:

@@ -6,6 +6,7 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
     cse,
     dce,
     fold_constants,
+    fp16,
     fuse_conv_bn_relu,
     fuse_qkv,
     no_ops,

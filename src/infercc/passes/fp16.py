@@ -55,7 +55,7 @@ rounding, or keep float32 where float16 is unsafe:
 - ctx.options["keep_fp32"] lists op types or node names that keep float32.
 - Weights below float16's smallest subnormal (6e-8) flush to zero; no check is made for that.
 
-Every node kept in float32 (and every node on integer data) is recorded with its reason through
+Every node kept in float32 is recorded with its reason through
 ctx.refuse, and ctx.options["fp16"] = {"kept_fp32": [{node, op, reason}], "converted": n}.
 
 Idempotent: after a run no float32 tensor is left in a convertible position (kept nodes are kept
@@ -193,8 +193,7 @@ def _visit(st: _State, node: Node) -> None:
     if reason is not None:
         st.ctx.refuse(node, reason)
         st.kept.append({"node": node.name, "op": node.op_type, "reason": reason})
-        if reason != "integer data":
-            st.stats["nodes_fp32_kept"] += 1
+        st.stats["nodes_fp32_kept"] += 1
     if plan is not None:
         _convert_node(st, node, plan)
 
@@ -206,10 +205,7 @@ def _decide(st: _State, node: Node) -> tuple[_Plan | None, str | None]:
     tensors = [v for v in (*node.inputs, *node.outputs) if v is not None]
     dtypes = [st.orig_dtype(v) for v in tensors]
     if FLOAT not in dtypes:
-        known = bool(dtypes) and None not in dtypes and not node.subgraphs()
-        if known and not any(_is_float(d) for d in dtypes):
-            return None, "integer data"
-        return None, None
+        return None, None  # integer or already-converted data: nothing to convert
     reason = _exclusion(st, node)
     if reason is not None:
         return None, reason
