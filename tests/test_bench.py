@@ -167,7 +167,8 @@ def make_artifact(tmp_path: Path, backend: str) -> Path:
     directory = tmp_path / "artifact"
     directory.mkdir()
     shutil.copy(CNN, directory / base.MODEL_FILE)
-    (directory / base.MANIFEST).write_text(json.dumps({"backend": {"name": backend}}))
+    manifest = {"schema": "infercc.manifest/1", "backend": {"name": backend}}
+    (directory / base.MANIFEST).write_text(json.dumps(manifest))
     return directory
 
 

@@ -32,15 +32,12 @@ Everything a report holds is JSON-safe through `to_dict()`.
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
 import math
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +47,7 @@ import onnx
 import onnxruntime as ort
 
 from infercc import __version__
+from infercc.artifact import open_artifact
 from infercc.backends.base import (
     MANIFEST,
     Artifact,
@@ -62,6 +60,7 @@ from infercc.errors import InferccError
 from infercc.inputs import declared_dims, input_dtype, make_inputs, real_inputs
 from infercc.ir.wire import read_model
 from infercc.targets import parse_cpuinfo
+from infercc.util import gc_paused, json_float
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +158,7 @@ class OutputDiff:
     reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "max_abs": _json_float(self.max_abs), "reason": self.reason}
+        return {"name": self.name, "max_abs": json_float(self.max_abs), "reason": self.reason}
 
 
 @dataclass
@@ -187,20 +186,9 @@ class CompareReport:
             "b": {"path": self.path_b, "backend": self.backend_b},
             "results": [r.to_dict() for r in self.results],
             "outputs": [o.to_dict() for o in self.outputs],
-            "max_abs_diff": _json_float(self.max_abs_diff),
+            "max_abs_diff": json_float(self.max_abs_diff),
             "host": dict(self.host),
         }
-
-
-def _json_float(value: float | None) -> float | str | None:
-    if value is None:
-        return None
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
 
 
 # --------------------------------------------------------------------------- opening
@@ -270,19 +258,14 @@ def backend_name(path: Path) -> str:
 
 
 def _read_artifact(path: Path) -> Artifact:
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
+    if not (path / MANIFEST).is_file():
         raise InferccError(
             f"{str(path)!r} is a directory without {MANIFEST}",
             "pass an .onnx file or an artifact directory built by infercc",
         )
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InferccError(f"cannot read {str(manifest_path)!r}: {exc}", "rebuild it") from exc
-    artifact = Artifact(path, manifest if isinstance(manifest, dict) else {})
+    artifact = open_artifact(path)
     if not artifact.backend:
-        raise InferccError(f"{str(manifest_path)!r} names no backend", "rebuild the artifact")
+        raise InferccError(f"{str(path / MANIFEST)!r} names no backend", "rebuild the artifact")
     return artifact
 
 
@@ -438,18 +421,6 @@ class _Ticker:
             self.on_progress(self.done, self.total)
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No garbage collection while timing (as timeit does): it would land on random runs."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _timed(runner: Runner, feeds: Feeds) -> tuple[int, list[np.ndarray]]:
     t0 = time.perf_counter_ns()
     outputs = runner.run(feeds)
@@ -462,7 +433,7 @@ def _time_runs(runner: Runner, feeds: Feeds, warmup: int, iters: int, tick: _Tic
         runner.run(feeds)
         tick()
     times = np.empty(iters, dtype=np.int64)
-    with _gc_paused():
+    with gc_paused():
         for i in range(iters):
             times[i] = _timed(runner, feeds)[0]
             tick()
@@ -675,7 +646,7 @@ def _time_pairs(
         tick()
         first = first or (out_a, out_b)
     times = np.empty((iters, 2), dtype=np.int64)
-    with _gc_paused():
+    with gc_paused():
         for i in range(iters):
             times[i, 0], out_a = _timed(a, feeds[0])
             tick()

@@ -42,6 +42,7 @@ import onnxruntime as ort
 from infercc.errors import InferccError
 from infercc.inputs import load_samples, make_inputs
 from infercc.ir.wire import read_model
+from infercc.util import json_float
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +77,10 @@ class OutputMetrics:
             "name": self.name,
             "shape": None if self.shape is None else [int(d) for d in self.shape],
             "dtype": self.dtype,
-            "max_abs": _json_float(self.max_abs),
-            "max_rel": _json_float(self.max_rel),
-            "cosine": _json_float(self.cosine),
-            "frac_out_of_tol": _json_float(self.frac_out_of_tol),
+            "max_abs": json_float(self.max_abs),
+            "max_rel": json_float(self.max_rel),
+            "cosine": json_float(self.cosine),
+            "frac_out_of_tol": json_float(self.frac_out_of_tol),
             "passed": bool(self.passed),
             "reason": self.reason,
         }
@@ -104,22 +105,11 @@ class ValidationReport:
         return {
             "passed": bool(self.passed),
             "samples": int(self.samples),
-            "atol": _json_float(self.atol),
-            "rtol": _json_float(self.rtol),
-            "min_cosine": _json_float(self.min_cosine),
+            "atol": json_float(self.atol),
+            "rtol": json_float(self.rtol),
+            "min_cosine": json_float(self.min_cosine),
             "outputs": {name: m.to_dict() for name, m in self.outputs.items()},
         }
-
-
-def _json_float(value: float | None) -> float | str | None:
-    if value is None:
-        return None
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
 
 
 # --------------------------------------------------------------------------- running

@@ -7,9 +7,7 @@ dimensions, value_info, opset imports of any domain, model-local functions, meta
 
 from __future__ import annotations
 
-import gc
 import logging
-from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -19,6 +17,7 @@ from infercc.errors import InferccError
 from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn
 from infercc.ir.tensor import Tensor
 from infercc.ir.wire import RawSlice, read_model
+from infercc.util import gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -81,26 +80,13 @@ def import_model(
     model.training_info = list(proto.training_info)
     model.base_dir = base_dir
     try:
-        with _gc_paused():
+        with gc_paused():
             _Importer(model, base_dir, raw_slices).graph(proto.graph, model.graph, None)
     except IRError as e:
         raise InferccError(
             f"invalid model: {e}", "the model breaks ONNX's rules; re-export it"
         ) from None
     return model
-
-
-@contextmanager
-def _gc_paused():
-    """Building the IR creates many linked objects and no garbage; the cyclic collector's
-    repeated scans of the growing heap would cost more than the import itself."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _check_versions(proto: onnx.ModelProto) -> None:
