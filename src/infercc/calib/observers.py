@@ -124,13 +124,17 @@ class MinMaxObserver:
         self.nonfinite = 0
 
     def update(self, array: Any) -> None:
+        self._observe(array)
+
+    def _observe(self, array: Any) -> np.ndarray:
+        """Track min/max of the finite values of `array`; returns those values."""
         values, skipped = _finite_values(array)
         self.nonfinite += skipped
-        if values.size == 0:
-            return
-        self.min = min(self.min, float(values.min()))
-        self.max = max(self.max, float(values.max()))
-        self.count += int(values.size)
+        if values.size:
+            self.min = min(self.min, float(values.min()))
+            self.max = max(self.max, float(values.max()))
+            self.count += int(values.size)
+        return values
 
     def range(self) -> tuple[float, float]:
         if self.count == 0:
@@ -161,13 +165,9 @@ class HistogramObserver(MinMaxObserver):
         return max(abs(self.min), abs(self.max)) if self.count else 0.0
 
     def update(self, array: Any) -> None:
-        values, skipped = _finite_values(array)
-        self.nonfinite += skipped
+        values = self._observe(array)
         if values.size == 0:
             return
-        self.min = min(self.min, float(values.min()))
-        self.max = max(self.max, float(values.max()))
-        self.count += int(values.size)
         magnitudes = np.abs(values)
         amax = float(magnitudes.max())
         if not self._ensure_range(amax, int(magnitudes.size)):

@@ -152,7 +152,8 @@ class Tensor:
         return data
 
     def header(self, name: str) -> TensorProto:
-        """The proto without data (for a tensor whose raw bytes stay in the source file)."""
+        """The proto under `name` (a renamed copy when needed); for a tensor whose raw bytes
+        stay in the source file, it holds no data."""
         assert self.proto is not None
         if self.proto.name == name:
             return self.proto
@@ -195,12 +196,7 @@ class Tensor:
         if self.source is not None:
             return self._full_proto(name)
         if self.proto is not None and not self.is_external:
-            if self.proto.name == name:
-                return self.proto
-            copy = TensorProto()
-            copy.CopyFrom(self.proto)
-            copy.name = name
-            return copy
+            return self.header(name)  # the proto holds its data inline
         arr = self.numpy()
         if self.dtype in _CUSTOM_TYPES or arr.dtype.kind not in "biufc":
             return numpy_helper.from_array(np.asarray(arr), name=name)
