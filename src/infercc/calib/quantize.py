@@ -1,0 +1,430 @@
+"""Static INT8 quantization: rewrite the IR into a QDQ model from calibrated ranges.
+
+`quantize_qdq(model, ranges)` puts ONNX QuantizeLinear/DequantizeLinear (Q/DQ) pairs where
+onnxruntime's CPU provider and TensorRT turn them into int8 kernels, and nowhere else:
+
+- **Targets** are Conv, MatMul and Gemm of the main graph (standard domain). Their data inputs
+  (Conv X and W, MatMul A and B, Gemm A and B) are quantized; biases (Conv B, Gemm C) stay
+  float32: onnxruntime's QLinearConv / QGemm fusions take a float bias and quantize it to int32
+  themselves (scale = x_scale * w_scale), and TensorRT does the same.
+- A float32 **activation** input gets Q -> DQ, int8, per tensor, symmetric (zero point 0,
+  scale = `ranges[name].scale`). A value read by several targets gets one shared pair, placed
+  before its first target reader; other (non-target) readers keep reading the float value.
+- A float32 constant **weight** input (an initializer, or a Constant node's `value`) is quantized
+  offline (`quantize_weight`): int8, symmetric, per output channel when `per_channel` (Conv W
+  [M, C/g, k...]: axis 0; MatMul B [K, N]: axis 1; Gemm B: axis 0 if transB else 1), stored as
+  an int8 initializer read by a DequantizeLinear with per-axis scales and int8 zero points.
+  Every target node gets its own quantized copy, so the original initializer is never
+  rewritten; it is dropped only when nothing reads it any more. A constant A input (rare) and
+  batched (rank != 2) MatMul weights are quantized per tensor: the int8 kernels take a single
+  scale for them.
+- With `output_qdq` (default), the **outputs** of Conv and Gemm also get a Q -> DQ pair (scale
+  from `ranges[output name]`). onnxruntime 1.32's CPU provider fuses DQ -> Conv -> Q into
+  QLinearConv and DQ -> Gemm -> Q into com.microsoft QGemm only with that output Q; without it,
+  it dequantizes and runs the float Conv/Gemm. A MatMul needs no output pair: DQ -> MatMul
+  becomes com.microsoft MatMulIntegerToFloat (int8 compute, float result), so nothing is put
+  between a final MatMul and a Softmax. The exception is a MatMul whose only reader is an Add of
+  a constant (a bias): onnxruntime first fuses the two into a Gemm (MatMulAddFusion), which then
+  runs in float for want of an output Q; that MatMul gets an output pair, making it a
+  QLinearMatMul followed by a float Add. TensorRT needs only the input pairs
+  (`output_qdq=False`). A missing output range leaves the node input-quantized and is noted in
+  the report.
+
+The rewrite is exact in the sense of QDQ semantics: DequantizeLinear(QuantizeLinear(x)) is what
+the int8 kernel sees, so onnxruntime's un-fused graph computes what its fused kernels compute
+(up to int32 accumulation order). Nothing is put around LayerNormalization, Softmax, GELU/Erf or
+any other op.
+
+A target node stays float, with its reason in `QuantizeReport.kept_float`, when: it is named in
+`exclude`; an activation input has no calibrated range, or a degenerate one (scale <= 0 or not
+finite); an input is not float32 (or its type is unknown); a weight holds NaN or infinity. The
+node is then left entirely untouched (no partial quantization). Subgraphs (If/Loop bodies) are
+not quantized. Per-axis DequantizeLinear needs opset 13, so older models are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+
+from infercc.calib.observers import INT8_MAX, MIN_SCALE, TensorRange
+from infercc.errors import InferccError
+from infercc.ir import Graph, Model, Node, Value, infer_shapes
+
+logger = logging.getLogger(__name__)
+
+MIN_OPSET = 13
+# Target op -> the input indices quantized (the rest, biases, stay float).
+TARGET_INPUTS: dict[str, tuple[int, ...]] = {"Conv": (0, 1), "MatMul": (0, 1), "Gemm": (0, 1)}
+# Ops whose output gets a Q/DQ pair with output_qdq (onnxruntime fuses them only then).
+OUTPUT_QDQ_OPS = frozenset({"Conv", "Gemm"})
+_FLOAT32_TINY = np.finfo(np.float32).tiny
+
+
+@dataclass
+class QuantizeReport:
+    """What `quantize_qdq` did: node labels quantized, kept float (with reasons), counts."""
+
+    quantized: list[str] = field(default_factory=list)
+    kept_float: dict[str, str] = field(default_factory=dict)
+    qdq_pairs: int = 0
+    weights_quantized: int = 0
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quantized": list(self.quantized),
+            "kept_float": dict(self.kept_float),
+            "qdq_pairs": self.qdq_pairs,
+            "weights_quantized": self.weights_quantized,
+            "notes": dict(self.notes),
+        }
+
+
+@dataclass
+class _Operand:
+    """The plan for one input of a target node."""
+
+    index: int
+    value: Value
+    kind: str  # "activation" | "weight" | "quantized" (already read through a DQ)
+    scale: float = 0.0
+    array: np.ndarray | None = None
+    axis: int | None = None
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 quantization: (q, scales) with w ~= q * scale.
+
+    `axis` None gives one scale (a 0-d array); otherwise one scale per index along `axis`.
+    scale = max|w| / 127 (per channel); an all-zero channel gets float32's smallest normal
+    number, so every scale is positive with a finite reciprocal. q is in [-127, 127].
+    """
+    w = np.asarray(weight)
+    if w.dtype.kind != "f":
+        raise InferccError(f"cannot quantize a {w.dtype} weight", "weights must be float")
+    if not np.isfinite(w).all():
+        raise InferccError("the weight holds NaN or infinity", "keep that node in float")
+    reduce_axes = _reduce_axes(w.ndim, axis)
+    amax = np.abs(w).max(axis=reduce_axes) if w.size else np.zeros(())
+    scales = np.maximum(np.asarray(amax, np.float64) / INT8_MAX, MIN_SCALE).astype(np.float32)
+    scales = np.maximum(scales, _FLOAT32_TINY)  # amax / 127 may round below tiny in float32
+    q = np.rint(w.astype(np.float64) / _broadcast(scales, w.ndim, axis))
+    return np.clip(q, -INT8_MAX, INT8_MAX).astype(np.int8), scales
+
+
+def dequantize_weight(q: np.ndarray, scales: np.ndarray, axis: int | None) -> np.ndarray:
+    """q * scale in float32, as DequantizeLinear computes it."""
+    return q.astype(np.float32) * _broadcast(scales, q.ndim, axis).astype(np.float32)
+
+
+def weight_sqnr(weight: np.ndarray, axis: int | None) -> float:
+    """Signal-to-quantization-noise ratio (dB) of `quantize_weight`; inf when exact."""
+    w = np.asarray(weight)
+    q, scales = quantize_weight(w, axis)
+    noise = float(np.sum((w.astype(np.float64) - dequantize_weight(q, scales, axis)) ** 2))
+    signal = float(np.sum(w.astype(np.float64) ** 2))
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def _reduce_axes(ndim: int, axis: int | None) -> tuple[int, ...] | None:
+    if axis is None:
+        return None
+    if not -ndim <= axis < ndim:
+        raise InferccError(f"axis {axis} is out of range for a rank-{ndim} weight", "fix axis")
+    axis %= ndim
+    return tuple(i for i in range(ndim) if i != axis)
+
+
+def _broadcast(scales: np.ndarray, ndim: int, axis: int | None) -> np.ndarray:
+    if axis is None:
+        return scales
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return scales.reshape(shape)
+
+
+# --------------------------------------------------------------------------- the rewrite
+
+
+def quantize_qdq(
+    model: Model,
+    ranges: Mapping[str, TensorRange],
+    *,
+    exclude: Iterable[str] = (),
+    per_channel: bool = True,
+    output_qdq: bool = True,
+) -> QuantizeReport:
+    """Rewrite `model` in place into a QDQ int8 model (see the module docstring)."""
+    _check_opset(model)
+    graph = model.graph
+    excluded = _check_exclude(graph, exclude)
+    if any(_needs_types(node) for node in graph if _is_target(node)):
+        infer_shapes(model)
+    rewriter = _Rewriter(graph, ranges, per_channel)
+    for index, node in enumerate(graph.nodes):
+        if _is_target(node):
+            rewriter.visit(node, _label(node, index), node.name in excluded, output_qdq)
+    report = rewriter.report
+    logger.info(
+        "quantized %d node(s), kept %d float; %d Q/DQ pair(s), %d weight(s)",
+        len(report.quantized),
+        len(report.kept_float),
+        report.qdq_pairs,
+        report.weights_quantized,
+    )
+    return report
+
+
+def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
+    """Names of the activations `quantize_qdq` wants ranges for, in node order.
+
+    Pass them as `collect_ranges(..., tensors=...)`: its default observes node outputs only,
+    not graph inputs, which the first Conv or MatMul usually reads.
+    """
+    names: list[str] = []
+    for node in model.graph:
+        if not _is_target(node):
+            continue
+        for i in TARGET_INPUTS[node.op_type]:
+            v = node.input(i)
+            if v is not None and _const_array(v) is None and not _is_dq_output(v):
+                names.append(v.name)
+        if output_qdq and _wants_output_qdq(node):
+            names.append(node.output.name)
+    return list(dict.fromkeys(names))
+
+
+def _check_opset(model: Model) -> None:
+    version = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    if version is None or version < MIN_OPSET:
+        raise InferccError(
+            f"INT8 QDQ quantization needs opset >= {MIN_OPSET} (per-axis DequantizeLinear); "
+            f"the model has opset {version}",
+            "re-export the model with opset 13 or later (torch.onnx.export(..., "
+            "opset_version=17)) or convert it with onnx.version_converter.convert_version",
+        )
+
+
+def _check_exclude(graph: Graph, exclude: Iterable[str]) -> set[str]:
+    excluded = set(exclude)
+    unknown = sorted(excluded - {node.name for node in graph})
+    if unknown:
+        raise InferccError(
+            f"exclude names node(s) not in the main graph: {', '.join(map(repr, unknown))}",
+            "give node names (NodeProto.name), not tensor names",
+        )
+    return excluded
+
+
+def _is_target(node: Node) -> bool:
+    return node.is_standard and node.op_type in TARGET_INPUTS
+
+
+def _needs_types(node: Node) -> bool:
+    values = [node.input(i) for i in TARGET_INPUTS[node.op_type]] + [node.output]
+    return any(v is not None and v.dtype is None for v in values)
+
+
+def _wants_output_qdq(node: Node) -> bool:
+    """Conv and Gemm; a MatMul whose only reader is an Add of a constant (a bias)."""
+    if node.op_type in OUTPUT_QDQ_OPS:
+        return True
+    users = node.output.users()
+    if node.op_type != "MatMul" or len(node.output.uses()) != 1 or node.output.is_graph_output:
+        return False
+    add = users[0]
+    return (
+        add.op_type == "Add"
+        and add.is_standard
+        and any(v is not None and _const_array(v) is not None for v in add.inputs)
+    )
+
+
+def _label(node: Node, index: int) -> str:
+    return node.name or f"{node.op_type}#{index}"
+
+
+def _const_array(value: Value) -> np.ndarray | None:
+    """The data of an initializer or of a Constant node's `value`; None otherwise."""
+    if value.const is not None:
+        return value.numpy()
+    producer = value.producer
+    if producer is not None and producer.op_type == "Constant" and producer.is_standard:
+        data = producer.attr("value")
+        return data if isinstance(data, np.ndarray) else None
+    return None
+
+
+def _is_dq_output(value: Value) -> bool:
+    producer = value.producer
+    return producer is not None and producer.op_type == "DequantizeLinear"
+
+
+def _weight_axis(node: Node, index: int, ndim: int) -> int | None:
+    """The output-channel axis of a weight input, or None for per-tensor."""
+    if index != 1:
+        return None  # a constant A: the int8 kernels take one scale for A
+    if node.op_type == "Conv":
+        return 0 if ndim >= 3 else None
+    if node.op_type == "MatMul":
+        return 1 if ndim == 2 else None
+    if node.op_type == "Gemm":
+        return 0 if node.attr("transB", 0) else 1
+    return None
+
+
+def _scale_problem(name: str, tensor_range: TensorRange | None, what: str) -> str | None:
+    if tensor_range is None:
+        return f"no calibrated range for {what} {name!r}"
+    scale = float(tensor_range.scale)
+    if not (math.isfinite(scale) and scale > 0.0 and math.isfinite(np.float32(scale))):
+        return f"degenerate range for {what} {name!r} (scale {scale})"
+    return None
+
+
+def _dtype_problem(value: Value) -> str | None:
+    if value.dtype == TensorProto.FLOAT:
+        return None
+    if value.dtype is None:
+        return f"type of input {value.name!r} is unknown"
+    kind = TensorProto.DataType.Name(value.dtype).lower()
+    return f"input {value.name!r} is {kind}, not float32"
+
+
+class _Rewriter:
+    """Plans and applies the rewrite node by node, sharing activation Q/DQ pairs."""
+
+    def __init__(self, graph: Graph, ranges: Mapping[str, TensorRange], per_channel: bool):
+        self.graph = graph
+        self.ranges = ranges
+        self.per_channel = per_channel
+        self.report = QuantizeReport()
+        self.shared: dict[Value, Value] = {}  # activation -> its DQ output
+
+    def visit(self, node: Node, label: str, excluded: bool, output_qdq: bool) -> None:
+        plan = "excluded by name" if excluded else self._plan(node)
+        if isinstance(plan, str):
+            self.report.kept_float[label] = plan
+            logger.info("%s stays float: %s", label, plan)
+            return
+        if all(op.kind == "quantized" for op in plan):
+            self.report.kept_float[label] = "already quantized (its inputs come from DQ nodes)"
+            return
+        for operand in plan:
+            self._apply(node, operand)
+        if output_qdq and _wants_output_qdq(node):
+            self._quantize_output(node, label)
+        self.report.quantized.append(label)
+
+    def _plan(self, node: Node) -> list[_Operand] | str:
+        plan = []
+        for i in TARGET_INPUTS[node.op_type]:
+            operand = self._operand(node, i)
+            if isinstance(operand, str):
+                return operand
+            plan.append(operand)
+        return plan
+
+    def _operand(self, node: Node, i: int) -> _Operand | str:
+        v = node.input(i)
+        if v is None:
+            return f"input {i} is missing"
+        if _is_dq_output(v):
+            return _Operand(i, v, "quantized")
+        array = _const_array(v)
+        if array is not None:
+            return self._weight_operand(node, i, v, array)
+        problem = _dtype_problem(v) or _scale_problem(v.name, self.ranges.get(v.name), "input")
+        if problem:
+            return problem
+        return _Operand(i, v, "activation", scale=float(self.ranges[v.name].scale))
+
+    def _weight_operand(self, node: Node, i: int, v: Value, array: np.ndarray) -> _Operand | str:
+        if array.dtype != np.float32:
+            return f"weight {v.name!r} is {array.dtype}, not float32"
+        if not np.isfinite(array).all():
+            return f"weight {v.name!r} holds NaN or infinity"
+        axis = _weight_axis(node, i, array.ndim) if self.per_channel else None
+        return _Operand(i, v, "weight", array=array, axis=axis)
+
+    def _apply(self, node: Node, operand: _Operand) -> None:
+        if operand.kind == "activation":
+            node.set_input(operand.index, self._shared_qdq(operand, node))
+        elif operand.kind == "weight":
+            node.set_input(operand.index, self._weight_dq(operand, node))
+            self._drop_if_unread(operand.value)
+
+    def _shared_qdq(self, operand: _Operand, before: Node) -> Value:
+        value = operand.value
+        if value not in self.shared:
+            q, dq = self._qdq_nodes(value, operand.scale)
+            self.graph.insert_before(before, [q, dq])
+            self.shared[value] = dq.output
+        return self.shared[value]
+
+    def _qdq_nodes(self, value: Value, scale: float) -> tuple[Node, Node]:
+        """A Q -> DQ pair reading `value` (not yet inserted into the graph)."""
+        g = self.graph
+        scale_c = g.make_constant(np.array(scale, np.float32), f"{value.name}_scale")
+        zero = g.make_constant(np.array(0, np.int8), f"{value.name}_zero_point")
+        q_out = Value(g.fresh_name(f"{value.name}_quantized"), TensorProto.INT8, value.shape)
+        dq_out = Value(g.fresh_name(f"{value.name}_dequantized"), TensorProto.FLOAT, value.shape)
+        q = Node("QuantizeLinear", [value, scale_c, zero], [q_out], name=self._name("Q", value))
+        dq = Node(
+            "DequantizeLinear", [q_out, scale_c, zero], [dq_out], name=self._name("DQ", value)
+        )
+        self.report.qdq_pairs += 1
+        return q, dq
+
+    def _name(self, prefix: str, value: Value) -> str:
+        return self.graph.fresh_node_name(f"{prefix}_{value.name}")
+
+    def _weight_dq(self, operand: _Operand, before: Node) -> Value:
+        g, w, axis = self.graph, operand.value, operand.axis
+        assert operand.array is not None
+        q, scales = quantize_weight(operand.array, axis)
+        q_c = g.make_constant(q, f"{w.name}_quantized")
+        scale_c = g.make_constant(scales, f"{w.name}_scale")
+        zero = g.make_constant(np.zeros(scales.shape, np.int8), f"{w.name}_zero_point")
+        attributes = {"axis": axis} if axis is not None else None
+        dq = g.make_node(
+            "DequantizeLinear",
+            [q_c, scale_c, zero],
+            before=before,
+            name=f"DQ_{w.name}",
+            attributes=attributes,
+        )
+        dq.output.dtype, dq.output.shape = TensorProto.FLOAT, tuple(operand.array.shape)
+        self.report.weights_quantized += 1
+        return dq.output
+
+    def _drop_if_unread(self, value: Value) -> None:
+        """Remove a float initializer nothing reads any more (Constant nodes are left to DCE)."""
+        if value.const is not None and not value.uses() and not value.is_graph_output:
+            self.graph.remove_initializer(value)
+
+    def _quantize_output(self, node: Node, label: str) -> None:
+        out = node.output
+        problem = _scale_problem(out.name, self.ranges.get(out.name), "output")
+        if out.dtype != TensorProto.FLOAT:
+            problem = f"output {out.name!r} is not float32"
+        if problem:
+            self.report.notes[label] = f"{problem}: onnxruntime's CPU provider runs it in float"
+            return
+        q, dq = self._qdq_nodes(out, float(self.ranges[out.name].scale))
+        self.graph.insert_after(node, [q, dq])
+        # Readers and a graph output move to the DQ output; the Q keeps reading the node.
+        self.graph.replace_all_uses_with(out, dq.output)
+        q.set_input(0, out)

@@ -1,0 +1,406 @@
+"""QDQ quantization: structure, numerics under onnxruntime, and what onnxruntime fuses to int8."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+
+from infercc.calib.observers import MIN_SCALE, TensorRange, collect_ranges
+from infercc.calib.quantize import (
+    calibration_tensors,
+    dequantize_weight,
+    quantize_qdq,
+    quantize_weight,
+    weight_sqnr,
+)
+from infercc.errors import InferccError
+from infercc.ir import export_model, import_model
+
+RNG_SEED = 0
+
+
+def _model(nodes, inputs, outputs, weights, opset: int = 17) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(a, n) for n, a in weights.items()]
+    graph = oh.make_graph(nodes, "g", inputs, outputs, inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _normal(rng, shape, std=1.0):
+    return (std * rng.standard_normal(shape)).astype(np.float32)
+
+
+def conv_net() -> onnx.ModelProto:
+    rng = np.random.default_rng(RNG_SEED)
+    weights = {
+        "w1": _normal(rng, (8, 3, 3, 3), 0.3),
+        "b1": _normal(rng, (8,), 0.1),
+        "w2": _normal(rng, (16, 8, 3, 3), 0.15),
+        "b2": _normal(rng, (16,), 0.1),
+        "w3": _normal(rng, (10, 16), 0.3),
+        "b3": _normal(rng, (10,), 0.1),
+    }
+    nodes = [
+        oh.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        oh.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        oh.make_node("GlobalAveragePool", ["c2"], ["p"], name="pool"),
+        oh.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        oh.make_node("Gemm", ["f", "w3", "b3"], ["logits"], name="fc", transB=1),
+    ]
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])
+    y = oh.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])
+    return _model(nodes, [x], [y], weights)
+
+
+def mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(RNG_SEED + 1)
+    weights = {
+        "w1": _normal(rng, (32, 64), 0.2),
+        "b1": _normal(rng, (64,), 0.1),
+        "w2": _normal(rng, (64, 10), 0.2),
+    }
+    nodes = [
+        oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        oh.make_node("Add", ["h", "b1"], ["hb"], name="add1"),
+        oh.make_node("Relu", ["hb"], ["r"], name="relu"),
+        oh.make_node("MatMul", ["r", "w2"], ["logits"], name="mm2"),
+        oh.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+    ]
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])
+    y = oh.make_tensor_value_info("probs", TensorProto.FLOAT, [4, 10])
+    return _model(nodes, [x], [y], weights)
+
+
+def _samples(proto: onnx.ModelProto, n: int = 6, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    vi = proto.graph.input[0]
+    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    return [{vi.name: _normal(rng, shape)} for _ in range(n)]
+
+
+def _calibrate(proto: onnx.ModelProto, tmp_path) -> dict[str, TensorRange]:
+    path = tmp_path / "fp32.onnx"
+    onnx.save(proto, path)
+    tensors = calibration_tensors(import_model(proto))
+    return collect_ranges(path, _samples(proto), tensors=tensors)
+
+
+def _quantized(proto, ranges, **kwargs):
+    model = import_model(proto)
+    report = quantize_qdq(model, ranges, **kwargs)
+    model.graph.lint()
+    out = export_model(model)
+    onnx.checker.check_model(out, full_check=True)
+    return out, report
+
+
+def _session(proto: onnx.ModelProto, level, optimized_path=None) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = level
+    opts.log_severity_level = 3
+    if optimized_path is not None:
+        opts.optimized_model_filepath = str(optimized_path)
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _run(proto, feeds, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL) -> np.ndarray:
+    return _session(proto, level).run(None, feeds)[0]
+
+
+def _ort_optimized_ops(proto: onnx.ModelProto, tmp_path) -> Counter:
+    path = tmp_path / "ort_optimized.onnx"
+    _session(proto, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, path)
+    return Counter(n.op_type for n in onnx.load(path).graph.node)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _ops(proto: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in proto.graph.node)
+
+
+def _int8_inits(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {
+        t.name: numpy_helper.to_array(t)
+        for t in proto.graph.initializer
+        if t.data_type == TensorProto.INT8 and len(t.dims) >= 2  # not the zero points
+    }
+
+
+def _weight_dqs(proto: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """DequantizeLinear nodes reading an int8 weight (rank >= 2), by that initializer's name."""
+    weights = _int8_inits(proto)
+    return {
+        n.input[0]: n
+        for n in proto.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in weights
+    }
+
+
+def _axis(node: onnx.NodeProto) -> int | None:
+    for a in node.attribute:
+        if a.name == "axis":
+            return a.i
+    return None
+
+
+# --------------------------------------------------------------------------- conv net
+
+
+@pytest.fixture(scope="module")
+def conv_case(tmp_path_factory):
+    proto = conv_net()
+    ranges = _calibrate(proto, tmp_path_factory.mktemp("conv"))
+    out, report = _quantized(proto, ranges)
+    return proto, ranges, out, report
+
+
+def test_conv_net_structure(conv_case):
+    proto, _, out, report = conv_case
+    assert report.quantized == ["conv1", "conv2", "fc"]
+    assert report.kept_float == {}
+    # inputs x, r1, f and outputs c1, c2, logits; three weights
+    assert report.qdq_pairs == 6 and report.weights_quantized == 3
+    ops = _ops(out)
+    assert ops["QuantizeLinear"] == 6 and ops["DequantizeLinear"] == 9
+    dqs = _weight_dqs(out)
+    assert len(dqs) == 3
+    axes = sorted(
+        (numpy_helper.to_array(_init(out, n.input[1])).shape, _axis(n)) for n in dqs.values()
+    )
+    assert axes == [((8,), 0), ((10,), 0), ((16,), 0)]  # conv M axis; Gemm transB=1 -> axis 0
+    names = {t.name for t in out.graph.initializer}
+    assert not {"w1", "w2", "w3"} & names  # float weights nobody reads are gone
+    assert {"b1", "b2", "b3"} <= names  # biases stay float32
+    assert all(_init(out, b).data_type == TensorProto.FLOAT for b in ("b1", "b2", "b3"))
+    assert [o.name for o in out.graph.output] == ["logits"]
+    json.dumps(report.to_dict())
+
+
+def _init(proto: onnx.ModelProto, name: str) -> onnx.TensorProto:
+    return next(t for t in proto.graph.initializer if t.name == name)
+
+
+def test_conv_net_close_to_fp32(conv_case):
+    proto, _, out, _ = conv_case
+    feeds = _samples(proto, n=1, seed=99)[0]
+    ref, got = _run(proto, feeds), _run(out, feeds)
+    assert got.shape == ref.shape
+    assert _cosine(ref, got) >= 0.99
+    optimized = _run(out, feeds, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    assert _cosine(ref, optimized) >= 0.99
+
+
+def test_conv_net_runs_int8_in_onnxruntime(conv_case, tmp_path):
+    _, _, out, _ = conv_case
+    ops = _ort_optimized_ops(out, tmp_path)
+    assert ops["QLinearConv"] == 2 and ops["Conv"] == 0
+    assert ops["QGemm"] == 1 and ops["Gemm"] == 0
+
+
+def test_without_output_qdq_onnxruntime_keeps_conv_float(conv_case, tmp_path):
+    proto, ranges, _, _ = conv_case
+    out, report = _quantized(proto, ranges, output_qdq=False)
+    assert report.qdq_pairs == 3 and _ops(out)["QuantizeLinear"] == 3
+    ops = _ort_optimized_ops(out, tmp_path)
+    assert ops["QLinearConv"] == 0  # what onnxruntime 1.32 needs the output Q for
+
+
+def test_exclude_keeps_node_float(conv_case, tmp_path):
+    proto, ranges, _, _ = conv_case
+    out, report = _quantized(proto, ranges, exclude=["conv2"])
+    assert report.kept_float == {"conv2": "excluded by name"}
+    assert report.quantized == ["conv1", "fc"]
+    conv2 = next(n for n in out.graph.node if n.name == "conv2")
+    assert conv2.input[1] == "w2" and _init(out, "w2").data_type == TensorProto.FLOAT
+    producers = {o: n.op_type for n in out.graph.node for o in n.output}
+    assert producers[conv2.input[0]] == "Relu"
+    assert all(n.op_type != "QuantizeLinear" for n in out.graph.node if "c2" in n.input)
+    assert _ort_optimized_ops(out, tmp_path)["QLinearConv"] == 1
+
+
+def test_unknown_exclude_name_raises(conv_case):
+    proto, ranges, _, _ = conv_case
+    model = import_model(proto)
+    with pytest.raises(InferccError, match="node names"):
+        quantize_qdq(model, ranges, exclude=["r1"])
+
+
+def test_per_tensor_weights(conv_case):
+    proto, ranges, _, _ = conv_case
+    out, _ = _quantized(proto, ranges, per_channel=False)
+    for dq in _weight_dqs(out).values():
+        assert _axis(dq) is None
+        assert numpy_helper.to_array(_init(out, dq.input[1])).shape == ()
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda r: r.pop("r1"), "no calibrated range for input 'r1'"),
+        (lambda r: r.update(r1=TensorRange("r1", 0, 0, 0.0, "minmax")), "degenerate range"),
+        (lambda r: r.update(r1=TensorRange("r1", 0, 1, float("nan"), "minmax")), "degenerate"),
+    ],
+)
+def test_missing_or_degenerate_range_keeps_node_float(conv_case, edit, reason):
+    proto, ranges, _, _ = conv_case
+    ranges = dict(ranges)
+    edit(ranges)
+    out, report = _quantized(proto, ranges)
+    assert set(report.kept_float) == {"conv2"} and reason in report.kept_float["conv2"]
+    conv2 = next(n for n in out.graph.node if n.name == "conv2")
+    assert conv2.input[:2] == ["r1", "w2"]  # untouched, no partial quantization
+
+
+def test_missing_output_range_is_noted(conv_case):
+    proto, ranges, _, _ = conv_case
+    ranges = {k: v for k, v in ranges.items() if k != "c2"}
+    out, report = _quantized(proto, ranges)
+    assert "conv2" in report.quantized and "no calibrated range" in report.notes["conv2"]
+    assert report.qdq_pairs == 5
+
+
+# --------------------------------------------------------------------------- MLP
+
+
+@pytest.fixture(scope="module")
+def mlp_case(tmp_path_factory):
+    proto = mlp()
+    ranges = _calibrate(proto, tmp_path_factory.mktemp("mlp"))
+    out, report = _quantized(proto, ranges)
+    return proto, ranges, out, report
+
+
+def test_mlp_structure_and_softmax_untouched(mlp_case):
+    _, _, out, report = mlp_case
+    assert report.quantized == ["mm1", "mm2"]
+    # inputs x and r; mm1's output h (its Add would otherwise make onnxruntime fuse a float Gemm)
+    assert report.qdq_pairs == 3 and report.weights_quantized == 2
+    ops = _ops(out)
+    assert ops["QuantizeLinear"] == 3 and ops["DequantizeLinear"] == 5
+    assert sorted(_axis(n) for n in _weight_dqs(out).values()) == [1, 1]  # MatMul [K, N]
+    producers = {o: n.op_type for n in out.graph.node for o in n.output}
+    softmax = next(n for n in out.graph.node if n.op_type == "Softmax")
+    assert producers[softmax.input[0]] == "MatMul"
+    assert not any(softmax.output[0] in n.input for n in out.graph.node)  # a graph output only
+    add = next(n for n in out.graph.node if n.op_type == "Add")
+    assert producers[add.input[0]] == "DequantizeLinear" and add.input[1] == "b1"
+
+
+def test_mlp_close_to_fp32_and_int8_in_onnxruntime(mlp_case, tmp_path):
+    proto, _, out, _ = mlp_case
+    feeds = _samples(proto, n=1, seed=42)[0]
+    assert _cosine(_run(proto, feeds), _run(out, feeds)) >= 0.99
+    ops = _ort_optimized_ops(out, tmp_path)
+    # mm1 (output quantized) -> QLinearMatMul; mm2 (float output) -> MatMulIntegerToFloat
+    assert ops["QLinearMatMul"] == 1 and ops["MatMulIntegerToFloat"] == 1
+    assert ops["MatMul"] == 0 and ops["Gemm"] == 0 and ops["FusedGemm"] == 0
+    assert ops["Softmax"] == 1
+
+
+def test_shared_activation_gets_one_pair_and_shared_weight_separate_copies(tmp_path):
+    rng = np.random.default_rng(3)
+    w = _normal(rng, (16, 16), 0.3)
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["a"], name="mm_a"),
+        oh.make_node("MatMul", ["x", "w"], ["b"], name="mm_b"),
+        oh.make_node("Add", ["a", "b"], ["s"], name="add"),
+        oh.make_node("MatMul", ["s", "w"], ["y"], name="mm_float"),
+    ]
+    proto = _model(
+        nodes,
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        {"w": w},
+    )
+    ranges = _calibrate(proto, tmp_path)
+    out, report = _quantized(proto, ranges, exclude=["mm_float"])
+    assert report.quantized == ["mm_a", "mm_b"] and report.qdq_pairs == 1
+    assert _ops(out)["QuantizeLinear"] == 1
+    copies = _int8_inits(out)
+    assert len(copies) == 2 and report.weights_quantized == 2
+    assert np.array_equal(*copies.values())
+    np.testing.assert_array_equal(numpy_helper.to_array(_init(out, "w")), w)  # never rewritten
+    mm_float = next(n for n in out.graph.node if n.name == "mm_float")
+    assert mm_float.input[1] == "w"
+    feeds = _samples(proto, n=1, seed=5)[0]
+    assert _cosine(_run(proto, feeds), _run(out, feeds)) >= 0.99
+
+
+def test_opset_11_is_refused():
+    proto = _model(
+        [oh.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        {"w": np.eye(4, dtype=np.float32)},
+        opset=11,
+    )
+    model = import_model(proto)
+    with pytest.raises(InferccError, match="opset") as info:
+        quantize_qdq(model, {"x": TensorRange("x", -1, 1, 1 / 127, "minmax")})
+    assert "version_converter" in str(info.value.hint)
+    assert [n.op_type for n in model.graph] == ["MatMul"]
+
+
+def test_fp16_weight_keeps_node_float():
+    w = np.eye(4, dtype=np.float16)
+    proto = _model(
+        [
+            oh.make_node("Cast", ["x"], ["xh"], name="cast", to=TensorProto.FLOAT16),
+            oh.make_node("MatMul", ["xh", "w"], ["y"], name="mm"),
+        ],
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 4])],
+        {"w": w},
+    )
+    ranges = {"xh": TensorRange("xh", -1, 1, 1 / 127, "minmax")}
+    _, report = _quantized(proto, ranges)
+    assert report.quantized == [] and "not float32" in report.kept_float["mm"]
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def test_quantize_weight_per_channel_round_trip():
+    rng = np.random.default_rng(7)
+    w = _normal(rng, (8, 3, 3, 3)) * rng.uniform(0.01, 5, (8, 1, 1, 1)).astype(np.float32)
+    w[3] = 0.0
+    q, scales = quantize_weight(w, 0)
+    assert q.dtype == np.int8 and scales.dtype == np.float32 and scales.shape == (8,)
+    assert np.abs(q.astype(np.int32)).max() <= 127
+    assert scales[3] == np.float32(MIN_SCALE) and not q[3].any()
+    err = np.abs(w - dequantize_weight(q, scales, 0))
+    assert (err <= scales.reshape(-1, 1, 1, 1) / 2 * (1 + 1e-5)).all()
+    np.testing.assert_allclose(scales[:3], np.abs(w[:3]).max(axis=(1, 2, 3)) / 127, rtol=1e-6)
+
+
+def test_quantize_weight_per_tensor_and_errors():
+    w = np.array([[0.5, -1.0], [0.25, 0.0]], np.float32)
+    q, scale = quantize_weight(w, None)
+    assert scale.shape == () and q.tolist() == [[64, -127], [32, 0]]
+    with pytest.raises(InferccError):
+        quantize_weight(np.array([1.0, np.nan], np.float32), None)
+    with pytest.raises(InferccError):
+        quantize_weight(w, 2)
+
+
+def test_weight_sqnr():
+    rng = np.random.default_rng(11)
+    w = _normal(rng, (64, 128))
+    assert weight_sqnr(w, 1) > 30.0
+    skewed = w * np.logspace(-2, 1, 128, dtype=np.float32)  # columns of very different size
+    assert weight_sqnr(skewed, 1) > weight_sqnr(skewed, None) + 6.0
+    assert weight_sqnr(np.zeros((4, 4), np.float32), 0) == float("inf")
