@@ -400,3 +400,33 @@ def test_optimize_fp16(tmp_path):
     assert "MatMul" in {k["op"] for k in rep["kept_fp32"]}
     io16 = onnx.load(tmp_path / "io16.onnx")
     assert io16.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+
+
+def test_calibrate_command(tmp_path):
+    enc = Path(__file__).resolve().parent.parent / "examples" / "tiny_encoder.onnx"
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        x = rng.standard_normal((1, 8, 64)).astype(np.float32)
+        np.savez(samples / f"s{i}.npz", hidden_states=x)
+    r = run("calibrate", str(enc), "--data", str(samples), "-o", str(tmp_path / "int8"), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["passed"] is True and rep["quantized_nodes"] >= 3 and rep["cosine"] >= 0.99
+    names = sorted(p.name for p in (tmp_path / "int8").iterdir())
+    assert names == [
+        "calibration.cache",
+        "calibration_report.json",
+        "model_fp32.onnx",
+        "model_int8.onnx",
+        "ranges.json",
+    ]
+    ops = {n.op_type for n in onnx.load(tmp_path / "int8" / "model_int8.onnx").graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    np.save(bad / "hidden_states.npy", np.array([object()], dtype=object), allow_pickle=True)
+    r = run("calibrate", str(enc), "--data", str(bad), "-o", str(tmp_path / "x"))
+    assert r.returncode == 2 and "pickle" in r.stderr.lower() and "Traceback" not in r.stderr
+    assert not (tmp_path / "x").exists()

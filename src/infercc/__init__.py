@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "inspect_model", "optimize", "validate"]
+__all__ = ["__version__", "calibrate", "inspect_model", "optimize", "validate"]
 
 
 def __getattr__(name: str):
@@ -22,6 +22,10 @@ def __getattr__(name: str):
         from infercc.inspect import inspect_model
 
         return inspect_model
+    if name == "calibrate":
+        from infercc.calib.calibrate import calibrate
+
+        return calibrate
     if name == "validate":
         from infercc.validate import validate
 

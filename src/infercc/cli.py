@@ -390,6 +390,88 @@ class _bar:
             self.progress.__exit__(*exc)
 
 
+@app.command()
+def calibrate(
+    model: Annotated[Path, typer.Argument(help="The fp32 ONNX model to quantize.")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="Samples: a directory of .npz files (one sample each, keyed by input "
+            "name) or <input>.npy files, or one .npz of stacked samples."
+        ),
+    ],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "-o",
+            "--output",
+            help="Directory for model_int8.onnx, ranges.json, "
+            "calibration.cache and calibration_report.json.",
+        ),
+    ],
+    int8: Annotated[bool, typer.Option("--int8", help="Quantize to int8 (QDQ).")] = True,
+    method: Annotated[
+        str,
+        typer.Option(
+            help="Range method: minmax, entropy (KL, as TensorRT's entropy "
+            "calibrator) or percentile."
+        ),
+    ] = "minmax",
+    percentile: Annotated[float, typer.Option(help="With --method percentile.")] = 99.99,
+    num_samples: Annotated[
+        int | None, typer.Option(help="Use at most this many samples.", min=1)
+    ] = None,
+    holdout: Annotated[
+        float, typer.Option(help="Fraction of the samples held out to measure accuracy.")
+    ] = 0.2,
+    min_cosine: Annotated[
+        float | None,
+        typer.Option(
+            help="Accuracy target: minimum output cosine vs fp32; the "
+            "most sensitive layers move back to float until it holds."
+        ),
+    ] = None,
+    max_top1_drop: Annotated[
+        float | None,
+        typer.Option(help="Accuracy target: largest top-1 disagreement with fp32, in points."),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", help="A node to keep in float (repeatable).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
+    calibration cache; report accuracy against fp32 on held-out samples."""
+    from infercc.calib.calibrate import calibrate as run
+
+    if not int8:
+        raise InferccError("calibrate builds int8 models only", "pass --int8")
+    if method not in ("minmax", "entropy", "percentile"):
+        raise InferccError(f"unknown --method {method!r}", "use minmax, entropy or percentile")
+    with _progress(as_json) as step:
+        report = run(
+            model,
+            data,
+            output,
+            method=method,
+            percentile=percentile,
+            num_samples=num_samples,
+            holdout=holdout,
+            min_cosine=min_cosine,
+            max_top1_drop=max_top1_drop,
+            exclude=exclude or [],
+            on_step=step,
+        )
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+    else:
+        from infercc.report import render_calibration
+
+        render_calibration(report, out)
+    if not report.passed:
+        raise typer.Exit(EXIT_VALIDATION_FAILED)
+
+
 cache_app = typer.Typer(
     help="The tuning cache: what was tuned, for which model, shapes and host.",
     no_args_is_help=True,

@@ -299,3 +299,30 @@ def render_compare(report, console: Console) -> None:
     console.print(t)
     if report.max_abs_diff is not None:
         console.print(f"outputs: max abs difference {report.max_abs_diff:.3g}")
+
+
+def render_calibration(report, console: Console) -> None:
+    d = report.to_dict()
+    status = "[green]passed[/]" if d["passed"] else "[red]FAILED[/]"
+    samples = ", ".join(f"{k} {v}" for k, v in d["samples"].items())
+    console.print(
+        f"[bold]{d['model']}[/] -> [bold]{d['out_dir']}[/]  int8 QDQ, {d['method']} ranges "
+        f"({samples}), {d['quantized_nodes']} node(s) quantized  {status}",
+        highlight=False,
+    )
+    t = Table(title="int8 against fp32", title_justify="left")
+    for col in ("output", "cosine", "max abs", "top-1 agreement"):
+        t.add_column(col, justify="left" if col == "output" else "right")
+    for name, q in d["outputs"].items():
+        agree = q["top1_agreement"]
+        t.add_row(
+            name,
+            _num(q["cosine"], ".6f"),
+            _num(q["max_abs"]),
+            "-" if agree is None else f"{agree:.2%}",
+        )
+    console.print(t)
+    for k in d["kept_float"]:
+        console.print(f"kept in float: {k['node']}: {k['reason']}", highlight=False)
+    if d["message"]:
+        console.print(d["message"], highlight=False)

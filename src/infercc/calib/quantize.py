@@ -167,7 +167,7 @@ def quantize_qdq(
     output_qdq: bool = True,
 ) -> QuantizeReport:
     """Rewrite `model` in place into a QDQ int8 model (see the module docstring)."""
-    _check_opset(model)
+    check_opset(model)
     graph = model.graph
     excluded = _check_exclude(graph, exclude)
     if any(_needs_types(node) for node in graph if _is_target(node)):
@@ -199,14 +199,14 @@ def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
             continue
         for i in TARGET_INPUTS[node.op_type]:
             v = node.input(i)
-            if v is not None and _const_array(v) is None and not _is_dq_output(v):
+            if v is not None and const_array(v) is None and not _is_dq_output(v):
                 names.append(v.name)
         if output_qdq and _wants_output_qdq(node):
             names.append(node.output.name)
     return list(dict.fromkeys(names))
 
 
-def _check_opset(model: Model) -> None:
+def check_opset(model: Model) -> None:
     version = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if version is None or version < MIN_OPSET:
         raise InferccError(
@@ -248,7 +248,7 @@ def _wants_output_qdq(node: Node) -> bool:
     return (
         add.op_type == "Add"
         and add.is_standard
-        and any(v is not None and _const_array(v) is not None for v in add.inputs)
+        and any(v is not None and const_array(v) is not None for v in add.inputs)
     )
 
 
@@ -256,7 +256,7 @@ def _label(node: Node, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
-def _const_array(value: Value) -> np.ndarray | None:
+def const_array(value: Value) -> np.ndarray | None:
     """The data of an initializer or of a Constant node's `value`; None otherwise."""
     if value.const is not None:
         return value.numpy()
@@ -272,7 +272,7 @@ def _is_dq_output(value: Value) -> bool:
     return producer is not None and producer.op_type == "DequantizeLinear"
 
 
-def _weight_axis(node: Node, index: int, ndim: int) -> int | None:
+def weight_axis(node: Node, index: int, ndim: int) -> int | None:
     """The output-channel axis of a weight input, or None for per-tensor."""
     if index != 1:
         return None  # a constant A: the int8 kernels take one scale for A
@@ -343,7 +343,7 @@ class _Rewriter:
             return f"input {i} is missing"
         if _is_dq_output(v):
             return _Operand(i, v, "quantized")
-        array = _const_array(v)
+        array = const_array(v)
         if array is not None:
             return self._weight_operand(node, i, v, array)
         problem = _dtype_problem(v) or _scale_problem(v.name, self.ranges.get(v.name), "input")
@@ -356,7 +356,7 @@ class _Rewriter:
             return f"weight {v.name!r} is {array.dtype}, not float32"
         if not np.isfinite(array).all():
             return f"weight {v.name!r} holds NaN or infinity"
-        axis = _weight_axis(node, i, array.ndim) if self.per_channel else None
+        axis = weight_axis(node, i, array.ndim) if self.per_channel else None
         return _Operand(i, v, "weight", array=array, axis=axis)
 
     def _apply(self, node: Node, operand: _Operand) -> None:

@@ -1,0 +1,697 @@
+"""INT8 calibration end to end: samples -> fp32 optimization -> ranges -> QDQ model -> checks.
+
+`calibrate(model, data, out_dir)` is the Python API under `infercc calibrate --int8`:
+
+1. **Samples.** `infercc.inputs.load_samples` reads them (a .npz file, a directory of .npz files
+   or of <input>.npy files) and checks every input's presence, dtype and declared dims; pickled
+   (object) arrays are refused. `num_samples` keeps the first N in file-name order (for a
+   directory of .npz files only those N files are read). The last `holdout` fraction of them
+   (rounded, at least one when holdout > 0 and there are two or more, never all) is held out for
+   evaluation; the rest calibrates. With holdout 0, or a single sample, the evaluation runs on
+   the calibration samples and the report says so (`samples.evaluated_on`).
+2. **fp32 first.** The model goes through infercc's default pipeline with
+   `PassContext(portable=True)`: constants are folded, BatchNormalization is folded into the
+   Conv before it, and no onnxruntime contrib op (FusedConv, ...) appears, so the Q/DQ model stays
+   standard ONNX that TensorRT also reads. Quantizable nodes (Conv, MatMul, Gemm) without a name
+   get one (`exclude` and the report need names). The result, `model_fp32.onnx`, is the
+   reference for the ranges and for the evaluation, and it is written to `out_dir` too:
+   `ranges.json` and `calibration.cache` name tensors of *this* graph (a fused Conv takes its
+   BatchNormalization's output name, folded constants disappear), which is the graph a
+   TensorRT < 11 implicit-INT8 build must be given with the cache.
+3. **Ranges.** `collect_ranges` observes the activations `calibration_tensors` names (the inputs
+   of the quantizable nodes and the outputs that get Q/DQ pairs) with `method` (minmax, entropy
+   or percentile).
+4. **Quantize.** `quantize_qdq` rewrites a fresh copy of the fp32 graph (per-channel int8
+   weights, per-tensor activations), keeping the user's `exclude` nodes float.
+5. **Evaluate.** fp32 (onnxruntime CPU, graph optimizations off) and the int8 candidate
+   (optimizations on, so onnxruntime fuses Q/DQ into int8 kernels) run on the evaluation
+   samples. Per output: cosine similarity (the minimum over samples), max abs error (the
+   maximum), and for classifier-like float outputs ([batch, classes] with classes >= 2, or a
+   1-D score vector) the top-1 agreement with fp32 over every row of every sample. Sample files
+   carry no labels, so agreement with fp32 is the accuracy proxy:
+   top1_drop = 100 * (1 - agreement), in points, the worst over classifier outputs.
+6. **Accuracy target.** When `min_cosine` (on the worst output) or `max_top1_drop` is given
+   and not met, nodes move back to float one at a time. Each round ranks the nodes still in
+   int8 by weight SQNR (`weight_sqnr` of their constant inputs, lowest first; a node with no
+   constant weight, e.g. an attention MatMul of two activations, counts as -inf and is always
+   measured) and measures only the `SENSITIVITY_CANDIDATES` (8) worst: each is re-quantized
+   with that node also in float and evaluated. The node whose float version gives the best
+   result (smallest top-1 drop when that target is set, then highest cosine) moves to float
+   for good. Rounds repeat until the target holds. If every node ends in float the target
+   could not be met with any int8 node: the run fails (`passed` False). A round costs up to 8
+   quantize+evaluate trials, so the worst case is 8 x (number of quantized nodes) trials.
+7. **Write.** Everything is built in a staging directory beside `out_dir` and renamed into
+   place only when the run passes (a failed run leaves nothing; the returned report says why).
+   An existing `out_dir` must be empty or a previous calibration output (it holds
+   `calibration_report.json`); anything else is refused untouched. Files: `model_int8.onnx`
+   (Q/DQ), `model_fp32.onnx` (see 2), `ranges.json` (tensor name -> {min, max, scale,
+   method}), `calibration.cache` (TensorRT's text cache, scales from the ranges) and
+   `calibration_report.json` (`CalibrationReport.to_dict()`); a model over the external-data
+   threshold gets its `.data` file beside it.
+
+TensorRT has no percentile calibrator: the cache header says `EntropyCalibration2` for the
+entropy and percentile methods (TensorRT's default calibrator, the one trtexec `--calib` uses)
+and `MinMaxCalibration` for minmax. The header only tells TensorRT which calibrator produced
+the scales; it takes the scales as written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from infercc import passes as _passes
+from infercc.artifact import publish, staging_dir
+from infercc.calib.observers import (
+    DEFAULT_PERCENTILE,
+    Calibrator,
+    Method,
+    ProgressFn,
+    TensorRange,
+    collect_ranges,
+)
+from infercc.calib.quantize import (
+    TARGET_INPUTS,
+    QuantizeReport,
+    calibration_tensors,
+    check_opset,
+    const_array,
+    quantize_qdq,
+    weight_axis,
+    weight_sqnr,
+)
+from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
+from infercc.errors import InferccError
+from infercc.inputs import load_samples
+from infercc.ir import Model, export_model, load_model, save_model
+from infercc.passes.manager import PassContext, run_passes
+from infercc.util import json_float
+from infercc.validate import compare_outputs, run_model
+
+logger = logging.getLogger(__name__)
+
+INT8_FILE = "model_int8.onnx"
+FP32_FILE = "model_fp32.onnx"
+RANGES_FILE = "ranges.json"
+CACHE_FILE = "calibration.cache"
+REPORT_FILE = "calibration_report.json"
+_TRIAL_FILE = ".trial.onnx"
+
+SENSITIVITY_CANDIDATES = 8
+CACHE_METHOD = {"minmax": "minmax", "entropy": "entropy", "percentile": "entropy"}
+
+Samples = list[dict[str, np.ndarray]]
+Outputs = list[dict[str, np.ndarray]]
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class OutputQuality:
+    """How one int8 output compares with fp32 over the evaluation samples."""
+
+    name: str
+    cosine: float | None
+    max_abs: float | None
+    top1_agreement: float | None = None  # None: not a classifier-like output
+
+    @property
+    def top1_drop(self) -> float | None:
+        return None if self.top1_agreement is None else 100.0 * (1.0 - self.top1_agreement)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cosine": json_float(self.cosine),
+            "max_abs": json_float(self.max_abs),
+            "top1_agreement": json_float(self.top1_agreement),
+            "top1_drop": json_float(self.top1_drop),
+        }
+
+
+@dataclass
+class Evaluation:
+    """Per-output quality of one candidate."""
+
+    outputs: dict[str, OutputQuality]
+
+    @property
+    def cosine(self) -> float:
+        """The worst cosine over outputs (0.0 for an output that could not be compared)."""
+        values = [0.0 if o.cosine is None else o.cosine for o in self.outputs.values()]
+        return min(values, default=1.0)
+
+    @property
+    def top1_drop(self) -> float | None:
+        """The worst top-1 drop (points) over classifier-like outputs; None when there is none."""
+        drops = [o.top1_drop for o in self.outputs.values() if o.top1_drop is not None]
+        return max(drops) if drops else None
+
+
+@dataclass
+class KeptFloat:
+    """A quantizable node left in float, and why."""
+
+    node: str
+    reason: str
+    cause: str  # "user" | "quantizer" | "sensitivity"
+    round: int | None = None
+    weight_sqnr_db: float | None = None
+    cosine_before: float | None = None
+    cosine_after: float | None = None
+    top1_drop_before: float | None = None
+    top1_drop_after: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"node": self.node, "reason": self.reason, "cause": self.cause}
+        if self.cause == "sensitivity":
+            data.update(
+                round=self.round,
+                weight_sqnr_db=json_float(self.weight_sqnr_db),
+                cosine_before=json_float(self.cosine_before),
+                cosine_after=json_float(self.cosine_after),
+                top1_drop_before=json_float(self.top1_drop_before),
+                top1_drop_after=json_float(self.top1_drop_after),
+            )
+        return data
+
+
+@dataclass
+class CalibrationReport:
+    """What `calibrate` did, as data (`to_dict()` is what calibration_report.json holds)."""
+
+    model: str
+    out_dir: str
+    method: str
+    percentile: float | None
+    samples: dict[str, Any]
+    outputs: dict[str, OutputQuality]
+    quantized: list[str]
+    kept_float: list[KeptFloat]
+    targets: dict[str, float | None]
+    passed: bool
+    message: str
+    files: list[str] = field(default_factory=list)
+    ranges: int = 0
+    trials: int = 0
+    seconds: float = 0.0
+
+    @property
+    def quantized_nodes(self) -> int:
+        return len(self.quantized)
+
+    def to_dict(self) -> dict[str, Any]:
+        evaluation = Evaluation(self.outputs)
+        return {
+            "model": self.model,
+            "out_dir": self.out_dir,
+            "method": self.method,
+            "percentile": json_float(self.percentile),
+            "samples": dict(self.samples),
+            "outputs": {name: q.to_dict() for name, q in self.outputs.items()},
+            "cosine": json_float(evaluation.cosine),
+            "top1_drop": json_float(evaluation.top1_drop),
+            "quantized_nodes": self.quantized_nodes,
+            "quantized": list(self.quantized),
+            "kept_float": [k.to_dict() for k in self.kept_float],
+            "targets": {k: json_float(v) for k, v in self.targets.items()},
+            "passed": bool(self.passed),
+            "message": self.message,
+            "files": list(self.files),
+            "ranges": self.ranges,
+            "sensitivity_trials": self.trials,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The accuracy target: worst-output cosine and/or worst top-1 drop in points."""
+
+    min_cosine: float | None = None
+    max_top1_drop: float | None = None
+
+    @property
+    def given(self) -> bool:
+        return self.min_cosine is not None or self.max_top1_drop is not None
+
+    def met(self, evaluation: Evaluation) -> bool:
+        if self.min_cosine is not None and not evaluation.cosine >= self.min_cosine:
+            return False
+        drop = evaluation.top1_drop
+        return self.max_top1_drop is None or (drop is not None and drop <= self.max_top1_drop)
+
+    def badness(self, evaluation: Evaluation) -> tuple[float, float]:
+        """Smaller is better: the top-1 drop when that target is set, then -cosine."""
+        drop = evaluation.top1_drop if self.max_top1_drop is not None else None
+        return (drop or 0.0, -evaluation.cosine)
+
+    def describe(self, evaluation: Evaluation) -> str:
+        parts = [f"cosine {evaluation.cosine:.6f}"]
+        if self.min_cosine is not None:
+            parts[0] += f" (target >= {self.min_cosine})"
+        if self.max_top1_drop is not None:
+            parts.append(
+                f"top-1 drop {evaluation.top1_drop:.2f} points (target <= {self.max_top1_drop})"
+            )
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"min_cosine": self.min_cosine, "max_top1_drop": self.max_top1_drop}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def calibrate(
+    model: str | PathLike[str],
+    data: str | PathLike[str],
+    out_dir: str | PathLike[str],
+    *,
+    method: Method = "minmax",
+    percentile: float = DEFAULT_PERCENTILE,
+    num_samples: int | None = None,
+    holdout: float = 0.2,
+    min_cosine: float | None = None,
+    max_top1_drop: float | None = None,
+    exclude: Sequence[str] = (),
+    trt_version: str = DEFAULT_TRT_VERSION,
+    on_step: Callable[[str], None] | None = None,
+    on_progress: ProgressFn | None = None,
+) -> CalibrationReport:
+    """Calibrate `model` on the samples in `data` and write an INT8 model to `out_dir`.
+
+    See the module docstring for the method. `on_step(text)` is called at each stage and each
+    sensitivity round; `on_progress(done, total)` after each calibration sample.
+    """
+    t0 = time.perf_counter()
+    targets = Targets(min_cosine, max_top1_drop)
+    _check_options(method, percentile, num_samples, holdout, targets)
+    src, dest = Path(model), Path(out_dir)
+    check_calibration_destination(dest, src)
+    step = on_step or (lambda _text: None)
+    step("loading")
+    ir = load_model(src)
+    check_opset(ir)
+    samples = read_samples(data, export_model(ir, with_weights=False), num_samples)
+    calib, evaluation_set, on_holdout = split_samples(samples, holdout)
+    stage = staging_dir(dest)
+    try:
+        job = _Job(stage, targets, evaluation_set, step)
+        job.prepare_fp32(ir, exclude)
+        del ir
+        job.calibrate(calib, method, percentile, on_progress)
+        final = job.search(tuple(exclude))
+        report = _report(src, dest, method, percentile, job, final, exclude)
+        report.samples = {
+            "calibration": len(calib),
+            "holdout": len(evaluation_set) if on_holdout else 0,
+            "evaluated_on": "holdout" if on_holdout else "calibration",
+        }
+        if report.passed:
+            step("writing")
+            report.files = job.write(dest, final.exclude, method, trt_version)
+            report.seconds = time.perf_counter() - t0
+            _write_json(stage / REPORT_FILE, report.to_dict())
+            publish(stage, dest)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_options(
+    method: str, percentile: float, num_samples: int | None, holdout: float, targets: Targets
+) -> None:
+    Calibrator(method, percentile)  # raises on an unknown method or a bad percentile
+    if num_samples is not None and num_samples < 1:
+        raise InferccError(f"num_samples must be at least 1, got {num_samples}", "e.g. 500")
+    if not 0.0 <= holdout < 1.0:
+        raise InferccError(
+            f"holdout {holdout} leaves no calibration samples"
+            if holdout >= 1.0
+            else f"holdout must be in [0, 1), got {holdout}",
+            "hold out a fraction such as 0.2 (0 evaluates on the calibration samples)",
+        )
+    if targets.min_cosine is not None and not 0.0 < targets.min_cosine <= 1.0:
+        raise InferccError(f"min_cosine must be in (0, 1], got {targets.min_cosine}", "e.g. 0.99")
+    if targets.max_top1_drop is not None and not targets.max_top1_drop >= 0.0:
+        raise InferccError(
+            f"max_top1_drop must be >= 0 points, got {targets.max_top1_drop}", "e.g. 1.0"
+        )
+
+
+def check_calibration_destination(out_dir: Path, model: Path | None = None) -> None:
+    """Refuse a file, or a non-empty directory that is not a previous calibration output."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InferccError(f"{out_dir} exists and is not a directory", "pick another output path")
+    if model is not None and out_dir.resolve() in model.resolve().parents:
+        raise InferccError(
+            f"{out_dir} holds the input model; calibrate would replace it",
+            "pick another output directory",
+        )
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / REPORT_FILE).is_file():
+        raise InferccError(
+            f"{out_dir} is a non-empty directory that is not a calibration output",
+            f"give a new or empty directory (or one holding {REPORT_FILE} to replace)",
+        )
+    if not out_dir.parent.is_dir():
+        raise InferccError(f"parent directory {out_dir.parent} does not exist", "create it first")
+
+
+# --------------------------------------------------------------------------- samples
+
+
+def read_samples(
+    data: str | PathLike[str], model: onnx.ModelProto, num_samples: int | None
+) -> Samples:
+    """`load_samples`, keeping the first `num_samples` (only those files are read when `data`
+    is a directory of .npz files)."""
+    root = Path(data)
+    if num_samples is not None and root.is_dir():
+        npz = sorted(p for p in root.iterdir() if p.suffix == ".npz" and p.is_file())
+        npy = [p for p in root.iterdir() if p.suffix == ".npy" and p.is_file()]
+        if npz and not npy:
+            return [load_samples(p, model)[0] for p in npz[:num_samples]]
+    return load_samples(root, model)[:num_samples]
+
+
+def split_samples(samples: Samples, holdout: float) -> tuple[Samples, Samples, bool]:
+    """(calibration, evaluation, evaluation is a holdout): the last `holdout` fraction held out.
+
+    At least one sample is held out when holdout > 0 and there are two or more, and at least
+    one always calibrates; without a holdout the evaluation uses the calibration samples.
+    """
+    n = len(samples)
+    if n == 0:
+        raise InferccError("no samples to calibrate with", "pass at least one sample with --data")
+    held = min(n - 1, max(1, math.floor(n * holdout + 0.5))) if holdout > 0 and n >= 2 else 0
+    if held == 0:
+        logger.warning("no holdout: evaluating on the calibration samples")
+        return samples, samples, False
+    return samples[: n - held], samples[n - held :], True
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass
+class _Trial:
+    """One candidate: the nodes kept float by name, what the quantizer did, how it scored."""
+
+    exclude: tuple[str, ...]
+    quantized: QuantizeReport
+    evaluation: Evaluation
+
+
+class _Job:
+    """The staged files and the state shared by the steps of one calibration."""
+
+    def __init__(
+        self, stage: Path, targets: Targets, samples: Samples, step: Callable[[str], None]
+    ):
+        self.stage = stage
+        self.targets = targets
+        self.samples = samples
+        self.step = step
+        self.fp32_path = stage / FP32_FILE
+        self.fp32_files: list[Path] = []
+        self.tensors: list[str] = []
+        self.sqnr: dict[str, float] = {}
+        self.ranges: dict[str, TensorRange] = {}
+        self.reference: Outputs = []
+        self.sensitivity: dict[str, KeptFloat] = {}
+        self.trials = 0
+
+    def prepare_fp32(self, ir: Model, exclude: Sequence[str]) -> None:
+        """Run the portable fp32 pipeline, name the targets, save the fp32 reference."""
+        self.step("optimizing fp32")
+        run_passes(ir, PassContext(portable=True), _passes.DEFAULT_PIPELINE)
+        _name_targets(ir)
+        _check_exclude(ir, exclude)
+        self.tensors = calibration_tensors(ir)
+        if not self.tensors:
+            raise InferccError(
+                "the model has nothing to quantize (no Conv, MatMul or Gemm with float inputs)",
+                "INT8 calibration quantizes Conv, MatMul and Gemm nodes",
+            )
+        self.sqnr = node_weight_sqnr(ir)
+        self.fp32_files = save_model(ir, self.fp32_path)
+
+    def calibrate(
+        self, samples: Samples, method: Method, percentile: float, on_progress: ProgressFn | None
+    ) -> None:
+        self.step("calibrating")
+        self.ranges = collect_ranges(
+            self.fp32_path, samples, self.tensors, method, percentile, on_progress
+        )
+        self.step("running fp32 on the evaluation samples")
+        self.reference = run_model(self.fp32_path, self.samples)
+        if self.targets.max_top1_drop is not None and not _classifier_outputs(self.reference):
+            raise InferccError(
+                "max_top1_drop needs a classifier-like output ([batch, classes] or 1-D scores)",
+                "use min_cosine for this model",
+            )
+
+    def quantize(self, exclude: Sequence[str], path: Path) -> tuple[QuantizeReport, list[Path]]:
+        ir = load_model(self.fp32_path)
+        report = quantize_qdq(ir, self.ranges, exclude=exclude)
+        return report, save_model(ir, path)
+
+    def trial(self, exclude: tuple[str, ...]) -> _Trial:
+        report, files = self.quantize(exclude, self.stage / _TRIAL_FILE)
+        try:
+            actual = run_model(files[0], self.samples, optimize=True)
+        finally:
+            for f in files:
+                f.unlink(missing_ok=True)
+        self.trials += 1
+        return _Trial(exclude, report, evaluate(self.reference, actual))
+
+    def search(self, exclude: tuple[str, ...]) -> _Trial:
+        """Quantize, evaluate, and move nodes to float until the target holds (module doc 6)."""
+        self.step("quantizing")
+        current = self.trial(exclude)
+        self.trials = 0  # count sensitivity trials only
+        logger.info("int8: %s", self.targets.describe(current.evaluation))
+        round_ = 0
+        while self.targets.given and not self.targets.met(current.evaluation):
+            if not current.quantized.quantized:
+                break
+            round_ += 1
+            self.step(f"sensitivity round {round_}: {self.targets.describe(current.evaluation)}")
+            current = self._move_one_to_float(current, round_)
+        return current
+
+    def _move_one_to_float(self, current: _Trial, round_: int) -> _Trial:
+        candidates = sorted(current.quantized.quantized, key=lambda n: self.sqnr.get(n, -math.inf))
+        trials = [self.trial((*current.exclude, n)) for n in candidates[:SENSITIVITY_CANDIDATES]]
+        best = min(trials, key=lambda t: self.targets.badness(t.evaluation))
+        node = best.exclude[-1]
+        before, after = current.evaluation, best.evaluation
+        self.sensitivity[node] = KeptFloat(
+            node,
+            _sensitivity_reason(before, after, self.targets),
+            "sensitivity",
+            round=round_,
+            weight_sqnr_db=self.sqnr.get(node),
+            cosine_before=before.cosine,
+            cosine_after=after.cosine,
+            top1_drop_before=before.top1_drop,
+            top1_drop_after=after.top1_drop,
+        )
+        logger.info("round %d: %s back to float (%s)", round_, node, self.sensitivity[node].reason)
+        return best
+
+    def write(
+        self, dest: Path, exclude: tuple[str, ...], method: str, trt_version: str
+    ) -> list[str]:
+        """Stage the final files; returns their paths under `dest` (the report is added)."""
+        _, int8_files = self.quantize(exclude, self.stage / INT8_FILE)
+        _write_json(self.stage / RANGES_FILE, {n: _range_dict(r) for n, r in self.ranges.items()})
+        scales = {name: r.scale for name, r in self.ranges.items()}
+        write_calibration_cache(self.stage / CACHE_FILE, scales, CACHE_METHOD[method], trt_version)
+        names = [p.name for p in (*int8_files, *self.fp32_files)]
+        names += [RANGES_FILE, CACHE_FILE, REPORT_FILE]
+        return [str(dest / name) for name in names]
+
+
+def _range_dict(r: TensorRange) -> dict[str, Any]:
+    return {
+        "min": json_float(r.min),
+        "max": json_float(r.max),
+        "scale": json_float(r.scale),
+        "method": r.method,
+    }
+
+
+def _sensitivity_reason(before: Evaluation, after: Evaluation, targets: Targets) -> str:
+    text = f"sensitivity: cosine {before.cosine:.6f} -> {after.cosine:.6f}"
+    if targets.max_top1_drop is not None and before.top1_drop is not None:
+        text += f", top-1 drop {before.top1_drop:.2f} -> {after.top1_drop:.2f} points"
+    return text + " with it in float"
+
+
+# --------------------------------------------------------------------------- graph helpers
+
+
+def _is_target(node) -> bool:
+    return node.is_standard and node.op_type in TARGET_INPUTS
+
+
+def _name_targets(ir: Model) -> None:
+    """Give every unnamed quantizable node a name (exclude and the report refer to names)."""
+    for node in ir.graph:
+        if _is_target(node) and not node.name:
+            node.name = ir.graph.fresh_node_name(node.op_type)
+
+
+def _check_exclude(ir: Model, exclude: Sequence[str]) -> None:
+    names = [node.name for node in ir.graph if _is_target(node)]
+    unknown = [name for name in exclude if name not in names]
+    if unknown:
+        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        raise InferccError(
+            f"exclude names node(s) that are not quantizable nodes of the optimized model: "
+            f"{', '.join(map(repr, unknown))}",
+            f"give Conv/MatMul/Gemm node names; they are: {shown or '(none)'}",
+        )
+
+
+def node_weight_sqnr(ir: Model) -> dict[str, float]:
+    """Node name -> the lowest weight SQNR (dB) of its constant quantized inputs.
+
+    -inf for a node without a constant float32 weight (two activations): it has no weight
+    figure, so the sensitivity search always measures it.
+    """
+    result = {}
+    for node in ir.graph:
+        if not _is_target(node):
+            continue
+        figures = []
+        for i in TARGET_INPUTS[node.op_type]:
+            value = node.input(i)
+            array = None if value is None else const_array(value)
+            if array is not None and array.dtype == np.float32 and np.isfinite(array).all():
+                figures.append(weight_sqnr(array, weight_axis(node, i, array.ndim)))
+        result[node.name] = min(figures, default=-math.inf)
+    return result
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def evaluate(reference: Outputs, actual: Outputs) -> Evaluation:
+    """Cosine, max abs error and (classifier-like outputs) top-1 agreement per output."""
+    inf = math.inf
+    compared = compare_outputs(reference, actual, atol=inf, rtol=inf, min_cosine=0.0)
+    classifiers = _classifier_outputs(reference)
+    outputs = {}
+    for name, metrics in compared.outputs.items():
+        agreement = _top1_agreement(reference, actual, name) if name in classifiers else None
+        outputs[name] = OutputQuality(name, metrics.cosine, metrics.max_abs, agreement)
+    return Evaluation(outputs)
+
+
+def _classifier_outputs(reference: Outputs) -> set[str]:
+    """Float outputs shaped [batch, classes >= 2] or 1-D with >= 2 scores, in every sample."""
+    names = set(reference[0]) if reference else set()
+    for sample in reference:
+        names &= {name for name, a in sample.items() if _looks_like_scores(a)}
+    return names
+
+
+def _looks_like_scores(array: Any) -> bool:
+    if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
+        return False
+    return (array.ndim == 2 and array.shape[1] >= 2) or (array.ndim == 1 and array.size >= 2)
+
+
+def _top1_agreement(reference: Outputs, actual: Outputs, name: str) -> float | None:
+    same = total = 0
+    for ref, got in zip(reference, actual, strict=True):
+        r, a = ref[name], got.get(name)
+        if not isinstance(a, np.ndarray) or a.shape != r.shape:
+            return 0.0
+        r2, a2 = r.reshape(-1, r.shape[-1]), a.reshape(-1, r.shape[-1])
+        same += int(np.count_nonzero(r2.argmax(axis=-1) == a2.argmax(axis=-1)))
+        total += r2.shape[0]
+    return same / total if total else None
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _report(
+    src: Path,
+    dest: Path,
+    method: str,
+    percentile: float,
+    job: _Job,
+    final: _Trial,
+    user_exclude: Sequence[str],
+) -> CalibrationReport:
+    kept = _kept_float(final.quantized, job.sensitivity, set(user_exclude))
+    passed, message = _verdict(job.targets, final)
+    return CalibrationReport(
+        model=str(src),
+        out_dir=str(dest),
+        method=method,
+        percentile=percentile if method == "percentile" else None,
+        samples={},
+        outputs=final.evaluation.outputs,
+        quantized=list(final.quantized.quantized),
+        kept_float=kept,
+        targets=job.targets.to_dict(),
+        passed=passed,
+        message=message,
+        ranges=len(job.ranges),
+        trials=job.trials,
+    )
+
+
+def _kept_float(
+    quantized: QuantizeReport, sensitivity: Mapping[str, KeptFloat], user: set[str]
+) -> list[KeptFloat]:
+    """User and quantizer reasons in graph order, then the sensitivity moves in round order."""
+    kept = []
+    for node, reason in quantized.kept_float.items():
+        if node in user:
+            kept.append(KeptFloat(node, "excluded by the user", "user"))
+        elif node not in sensitivity:
+            kept.append(KeptFloat(node, f"quantize_qdq: {reason}", "quantizer"))
+    return kept + sorted(sensitivity.values(), key=lambda k: k.round or 0)
+
+
+def _verdict(targets: Targets, final: _Trial) -> tuple[bool, str]:
+    described = targets.describe(final.evaluation)
+    if not final.quantized.quantized:
+        if targets.given:
+            return False, (
+                f"the target could not be met with any node in int8 ({described} with every "
+                "node in float)"
+            )
+        return False, "no node was quantized (see kept_float)"
+    if targets.given and not targets.met(final.evaluation):
+        return False, f"the target was not met: {described}"  # not reached: the loop goes on
+    count = len(final.quantized.quantized)
+    return True, f"{count} node(s) in int8; {described}"
+
+
+def _write_json(path: Path, data: Any) -> Path:
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path

@@ -1,0 +1,428 @@
+"""calibrate(): real-data accuracy, int8 kernels in onnxruntime, the sensitivity loop, files."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+
+from infercc.calib.calibrate import (
+    CACHE_FILE,
+    FP32_FILE,
+    INT8_FILE,
+    RANGES_FILE,
+    REPORT_FILE,
+    calibrate,
+    split_samples,
+)
+from infercc.calib.trt_cache import read_calibration_cache
+from infercc.errors import InferccError
+
+
+def _save_model(nodes, inputs, outputs, weights, path: Path) -> Path:
+    inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in weights.items()]
+    graph = oh.make_graph(nodes, "g", inputs, outputs, inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
+def _save_samples(directory: Path, arrays: list[np.ndarray], name: str = "x") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, array in enumerate(arrays):
+        np.savez(directory / f"sample_{i:03d}.npz", **{name: array})
+    return directory
+
+
+DISABLE_ALL = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
+def _session(
+    path: Path, optimized: Path | None = None, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = level
+    opts.log_severity_level = 3
+    if optimized is not None:
+        opts.optimized_model_filepath = str(optimized)
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _ops(path: Path) -> Counter:
+    return Counter(n.op_type for n in onnx.load(path).graph.node)
+
+
+# --------------------------------------------------------------------------- digits (acceptance)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """An sklearn MLP trained on 70% of load_digits, as MatMul+Add+Relu+MatMul+Add in ONNX."""
+    sklearn = pytest.importorskip("sklearn", reason="scikit-learn is in the test extra")
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)  # the training data's scaling
+    x_train, x_rest, y_train, y_rest = train_test_split(
+        x, y, train_size=0.7, random_state=0, stratify=y
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sklearn.exceptions.ConvergenceWarning)
+        clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=300, random_state=0)
+        clf.fit(x_train, y_train)
+    tmp = tmp_path_factory.mktemp("digits")
+    (w1, w2), (b1, b2) = clf.coefs_, clf.intercepts_
+    nodes = [
+        oh.make_node("MatMul", ["x", "w1"], ["h"]),
+        oh.make_node("Add", ["h", "b1"], ["hb"]),
+        oh.make_node("Relu", ["hb"], ["r"]),
+        oh.make_node("MatMul", ["r", "w2"], ["l"]),
+        oh.make_node("Add", ["l", "b2"], ["logits"]),
+    ]
+    model = _save_model(
+        nodes,
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+        [oh.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        {"w1": w1, "b1": b1, "w2": w2, "b2": b2},
+        tmp / "digits.onnx",
+    )
+    # 200 calibration images (10 files of 20), then the test images (17 files of 20)
+    x_test, y_test = x_rest[200:540], y_rest[200:540]
+    batches = [x_rest[i : i + 20] for i in range(0, 540, 20)]
+    data = _save_samples(tmp / "samples", batches)
+    report = calibrate(model, data, tmp / "out", method="entropy", holdout=17 / 27)
+    return model, tmp / "out", report, x_test, y_test
+
+
+def test_digits_int8_accuracy_within_one_point_of_fp32(digits):
+    model, out, report, x_test, y_test = digits
+    assert report.passed, report.message
+    assert report.samples == {"calibration": 10, "holdout": 17, "evaluated_on": "holdout"}
+    fp32 = _session(model).run(None, {"x": x_test})[0].argmax(axis=1)
+    int8 = _session(out / INT8_FILE).run(None, {"x": x_test})[0].argmax(axis=1)
+    acc_fp32 = 100.0 * float(np.mean(fp32 == y_test))
+    acc_int8 = 100.0 * float(np.mean(int8 == y_test))
+    assert acc_fp32 > 90.0  # the model learned something: the comparison means something
+    assert abs(acc_int8 - acc_fp32) <= 1.0, (acc_fp32, acc_int8)
+    # the report's proxy (agreement with fp32 on the holdout) matches what we measure
+    agreement = float(np.mean(fp32 == int8))
+    assert report.outputs["logits"].top1_agreement == pytest.approx(agreement)
+    assert report.outputs["logits"].cosine > 0.999
+
+
+def test_digits_runs_int8_matmuls_in_onnxruntime(digits, tmp_path):
+    _, out, report, _, _ = digits
+    assert report.quantized_nodes == 2 and report.kept_float == []
+    _session(out / INT8_FILE, tmp_path / "ort.onnx")
+    ops = _ops(tmp_path / "ort.onnx")
+    assert ops["QLinearMatMul"] + ops["MatMulIntegerToFloat"] == 2
+    assert ops["MatMul"] == 0 and ops["Gemm"] == 0
+
+
+# --------------------------------------------------------------------------- conv + batch norm
+
+
+def _conv_bn_model(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+
+    def normal(shape, std):
+        return rng.standard_normal(shape) * std
+
+    weights = {
+        "w1": normal((8, 3, 3, 3), 0.3),
+        "b1": normal((8,), 0.1),
+        "w2": normal((16, 8, 3, 3), 0.15),
+        "w3": normal((10, 16), 0.3),
+        "b3": normal((10,), 0.1),
+    }
+    for i, c in ((1, 8), (2, 16)):
+        weights.update(
+            {
+                f"g{i}": rng.uniform(0.5, 1.5, c),
+                f"beta{i}": normal((c,), 0.1),
+                f"mean{i}": normal((c,), 0.1),
+                f"var{i}": rng.uniform(0.5, 2.0, c),
+            }
+        )
+    nodes = [
+        oh.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        oh.make_node("BatchNormalization", ["c1", "g1", "beta1", "mean1", "var1"], ["n1"]),
+        oh.make_node("Relu", ["n1"], ["r1"]),
+        oh.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        oh.make_node("BatchNormalization", ["c2", "g2", "beta2", "mean2", "var2"], ["n2"]),
+        oh.make_node("Relu", ["n2"], ["r2"]),
+        oh.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        oh.make_node("Flatten", ["p"], ["f"]),
+        oh.make_node("Gemm", ["f", "w3", "b3"], ["logits"], name="fc", transB=1),
+    ]
+    return _save_model(
+        nodes,
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [oh.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])],
+        weights,
+        path,
+    )
+
+
+@pytest.fixture(scope="module")
+def conv_bn(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("conv_bn")
+    model = _conv_bn_model(tmp / "conv_bn.onnx")
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((2, 3, 16, 16)).astype(np.float32) for _ in range(8)]
+    data = _save_samples(tmp / "samples", arrays)
+    report = calibrate(model, data, tmp / "out", method="minmax", holdout=0.25)
+    return model, data, tmp / "out", report
+
+
+def test_conv_bn_folds_then_runs_qlinearconv(conv_bn, tmp_path):
+    _, data, out, report = conv_bn
+    assert report.passed, report.message
+    assert report.quantized == ["conv1", "conv2", "fc"]
+    assert report.samples == {"calibration": 6, "holdout": 2, "evaluated_on": "holdout"}
+    assert _ops(out / FP32_FILE)["BatchNormalization"] == 0  # folded before quantizing
+    int8_ops = _ops(out / INT8_FILE)
+    assert int8_ops["BatchNormalization"] == 0 and int8_ops["QuantizeLinear"] > 0
+    assert not any(n.domain for n in onnx.load(out / INT8_FILE).graph.node)  # standard ONNX
+    _session(out / INT8_FILE, tmp_path / "ort.onnx")
+    ops = _ops(tmp_path / "ort.onnx")
+    assert ops["QLinearConv"] == 2 and ops["Conv"] == 0 and ops["FusedConv"] == 0
+    assert report.outputs["logits"].cosine > 0.99
+    # the report's figures are those of onnxruntime's int8 kernels on the 2 held-out samples
+    ref, got = [], []
+    for file in sorted(data.iterdir())[-2:]:
+        x = np.load(file)["x"]
+        ref.append(_session(out / FP32_FILE, level=DISABLE_ALL).run(None, {"x": x})[0])
+        got.append(_session(out / INT8_FILE).run(None, {"x": x})[0])
+    cosines = [_cosine(r, g) for r, g in zip(ref, got, strict=True)]
+    assert report.outputs["logits"].cosine == pytest.approx(min(cosines), abs=1e-12)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_files_ranges_and_cache_agree(conv_bn):
+    _, _, out, report = conv_bn
+    expected = {INT8_FILE, FP32_FILE, RANGES_FILE, CACHE_FILE, REPORT_FILE}
+    assert {p.name for p in out.iterdir()} == expected
+    assert sorted(Path(f).name for f in report.files) == sorted(expected)
+    ranges = json.loads((out / RANGES_FILE).read_text())
+    fp32 = onnx.load(out / FP32_FILE).graph
+    tensor_names = {o for n in fp32.node for o in n.output} | {i.name for i in fp32.input}
+    assert ranges and set(ranges) <= tensor_names
+    assert "x" in ranges  # the first Conv's input is a graph input
+    for r in ranges.values():
+        assert set(r) == {"min", "max", "scale", "method"} and r["method"] == "minmax"
+        assert r["scale"] == pytest.approx(max(abs(r["min"]), abs(r["max"])) / 127)
+    cache = read_calibration_cache(out / CACHE_FILE)
+    assert cache.method == "minmax" and cache.version == 100300
+    assert cache.scales == {k: float(np.float32(r["scale"])) for k, r in ranges.items()}
+    saved = json.loads((out / REPORT_FILE).read_text())
+    assert saved["passed"] is True and saved["quantized_nodes"] == 3
+    assert saved["files"] == report.files
+    json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_foreign_out_dir_is_refused_untouched(conv_bn, tmp_path):
+    model, data, _, _ = conv_bn
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(InferccError, match="not a calibration output"):
+        calibrate(model, data, foreign)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+def test_previous_output_is_replaced(conv_bn, tmp_path):
+    model, data, _, _ = conv_bn
+    out = tmp_path / "out"
+    calibrate(model, data, out, num_samples=3)
+    (out / "stale.txt").write_text("old")
+    report = calibrate(model, data, out, method="percentile", num_samples=4, holdout=0)
+    assert not (out / "stale.txt").exists()
+    assert report.samples == {"calibration": 4, "holdout": 0, "evaluated_on": "calibration"}
+    assert read_calibration_cache(out / CACHE_FILE).method == "entropy"  # percentile -> Entropy2
+    assert {r["method"] for r in json.loads((out / RANGES_FILE).read_text()).values()} == {
+        "percentile"
+    }
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+
+@pytest.fixture(scope="module")
+def mlp3(tmp_path_factory):
+    """Three quantizable MatMuls (mm1, mm2, mm3) on random data."""
+    tmp = tmp_path_factory.mktemp("mlp3")
+    rng = np.random.default_rng(5)
+    weights = {
+        "w1": rng.standard_normal((16, 32)) * 0.3,
+        "b1": rng.standard_normal(32) * 0.1,
+        "w2": rng.standard_normal((32, 32)) * 0.2,
+        "b2": rng.standard_normal(32) * 0.1,
+        "w3": rng.standard_normal((32, 10)) * 0.2,
+    }
+    nodes = [
+        oh.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
+        oh.make_node("Add", ["h1", "b1"], ["a1"]),
+        oh.make_node("Relu", ["a1"], ["r1"]),
+        oh.make_node("MatMul", ["r1", "w2"], ["h2"], name="mm2"),
+        oh.make_node("Add", ["h2", "b2"], ["a2"]),
+        oh.make_node("Relu", ["a2"], ["r2"]),
+        oh.make_node("MatMul", ["r2", "w3"], ["logits"], name="mm3"),
+    ]
+    model = _save_model(
+        nodes,
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [oh.make_tensor_value_info("logits", TensorProto.FLOAT, [4, 10])],
+        weights,
+        tmp / "mlp3.onnx",
+    )
+    arrays = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(8)]
+    return model, _save_samples(tmp / "samples", arrays)
+
+
+def test_impossible_target_moves_every_node_to_float_and_fails(mlp3, tmp_path):
+    model, data = mlp3
+    steps: list[str] = []
+    out = tmp_path / "out"
+    report = calibrate(model, data, out, min_cosine=0.999999, on_step=steps.append)
+    assert report.passed is False
+    assert "could not be met" in report.message
+    assert report.quantized == []
+    moved = [k for k in report.kept_float if k.cause == "sensitivity"]
+    assert sorted(k.node for k in moved) == ["mm1", "mm2", "mm3"]
+    assert [k.round for k in moved] == [1, 2, 3]  # one node per round
+    for k in moved:
+        assert k.reason.startswith("sensitivity: cosine ") and k.reason.endswith("in float")
+    # each round starts where the previous one ended
+    assert [k.cosine_before for k in moved[1:]] == [k.cosine_after for k in moved[:-1]]
+    assert report.trials == 3 + 2 + 1  # every remaining node measured each round (< 8)
+    assert sum(s.startswith("sensitivity round") for s in steps) == 3
+    assert not out.exists()  # a failed run writes nothing
+    assert not list(tmp_path.iterdir())
+    assert report.to_dict()["kept_float"][0]["cause"] == "sensitivity"
+
+
+def test_reachable_target_stops_as_soon_as_it_holds(mlp3, tmp_path):
+    model, data = mlp3
+    probe = calibrate(model, data, tmp_path / "probe", min_cosine=0.999999)
+    first = next(k for k in probe.kept_float if k.round == 1)
+    assert first.cosine_after > first.cosine_before
+    # round 1 moved the node whose float version helps most: check it against each node alone
+    alone = {
+        node: calibrate(model, data, tmp_path / node, exclude=[node]).outputs["logits"].cosine
+        for node in ("mm1", "mm2", "mm3")
+    }
+    assert first.node == max(alone, key=alone.__getitem__)
+    assert first.cosine_after == pytest.approx(alone[first.node], abs=1e-9)
+    target = (first.cosine_before + first.cosine_after) / 2
+    report = calibrate(model, data, tmp_path / "out", min_cosine=target)
+    assert report.passed, report.message
+    assert [(k.node, k.cause) for k in report.kept_float] == [(first.node, "sensitivity")]
+    assert sorted(report.quantized) == sorted({"mm1", "mm2", "mm3"} - {first.node})
+    assert report.trials == 3
+    assert report.outputs["logits"].cosine >= target
+    saved = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
+    assert saved["kept_float"][0]["node"] == first.node
+    assert saved["targets"] == {"min_cosine": target, "max_top1_drop": None}
+
+
+def test_user_exclude_is_recorded_and_unknown_names_refused(mlp3, tmp_path):
+    model, data = mlp3
+    report = calibrate(model, data, tmp_path / "out", exclude=["mm2"])
+    assert report.quantized == ["mm1", "mm3"]
+    assert [(k.node, k.reason) for k in report.kept_float] == [("mm2", "excluded by the user")]
+    with pytest.raises(InferccError, match="'relu'") as info:
+        calibrate(model, data, tmp_path / "other", exclude=["relu"])
+    assert "mm1" in info.value.hint
+
+
+def test_top1_target_needs_a_classifier_output(mlp3, tmp_path):
+    model, data = mlp3
+    report = calibrate(model, data, tmp_path / "out", max_top1_drop=100.0)
+    assert report.passed and report.outputs["logits"].top1_agreement is not None
+    assert report.to_dict()["top1_drop"] == report.outputs["logits"].top1_drop
+    # a [batch, tokens, 1] output is no classifier: a top-1 target cannot be judged
+    rng = np.random.default_rng(2)
+    regressor = _save_model(
+        [oh.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 1])],
+        {"w": rng.standard_normal((8, 1))},
+        tmp_path / "regressor.onnx",
+    )
+    samples = [rng.standard_normal((2, 4, 8)).astype(np.float32) for _ in range(3)]
+    data = _save_samples(tmp_path / "samples", samples)
+    with pytest.raises(InferccError, match="classifier-like output"):
+        calibrate(regressor, data, tmp_path / "r", max_top1_drop=1.0)
+    report = calibrate(regressor, data, tmp_path / "r", min_cosine=0.9)
+    assert report.passed and report.outputs["y"].top1_agreement is None
+
+
+# --------------------------------------------------------------------------- bad samples
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: None, "has no .npz or .npy files"),
+        (lambda d: np.savez(d / "a.npz", y=np.zeros((4, 16), np.float32)), "lacks input 'x'"),
+        (lambda d: np.savez(d / "a.npz", x=np.zeros((4, 16), np.float64)), "is float64"),
+        (lambda d: np.savez(d / "a.npz", x=np.array([{"a": 1}], dtype=object)), "object arrays"),
+        (lambda d: np.savez(d / "a.npz", x=np.zeros((4, 15), np.float32)), "has shape [4, 15]"),
+    ],
+    ids=["empty-directory", "missing-input", "wrong-dtype", "pickled-object", "wrong-shape"],
+)
+def test_bad_samples_are_refused(mlp3, tmp_path, make, message):
+    model, _ = mlp3
+    data = tmp_path / "data"
+    data.mkdir()
+    make(data)
+    with pytest.raises(InferccError) as info:
+        calibrate(model, data, tmp_path / "out")
+    assert message.lower() in str(info.value).lower()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"holdout": 1.0}, "leaves no calibration samples"),
+        ({"method": "kl"}, "unknown calibration method"),
+        ({"num_samples": 0}, "num_samples"),
+        ({"min_cosine": 1.5}, "min_cosine"),
+    ],
+)
+def test_bad_options_are_refused(mlp3, tmp_path, kwargs, message):
+    model, data = mlp3
+    with pytest.raises(InferccError, match=message):
+        calibrate(model, data, tmp_path / "out", **kwargs)
+
+
+def test_split_keeps_at_least_one_on_each_side():
+    samples = [{"x": np.zeros(1)} for _ in range(5)]
+    assert [len(s) for s in split_samples(samples, 0.2)[:2]] == [4, 1]
+    assert [len(s) for s in split_samples(samples, 0.01)[:2]] == [4, 1]
+    assert [len(s) for s in split_samples(samples, 0.99)[:2]] == [1, 4]
+    seven = samples + samples[:2]
+    assert [len(s) for s in split_samples(seven, 0.5)[:2]] == [3, 4]  # 3.5 held out rounds up
+    calib, evaluation, held = split_samples(samples[:1], 0.5)
+    assert len(calib) == 1 and evaluation is calib and held is False
+    assert split_samples(samples, 0.0)[2] is False
