@@ -60,7 +60,7 @@ from infercc.errors import InferccError
 from infercc.inputs import declared_dims, input_dtype, make_inputs, real_inputs
 from infercc.ir.wire import read_model
 from infercc.targets import parse_cpuinfo
-from infercc.util import gc_paused, json_float
+from infercc.util import first_line, gc_paused, json_float
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class _OrtRunner:
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise InferccError(
-                f"onnxruntime cannot load {str(path)!r}: {_first_line(exc)}",
+                f"onnxruntime cannot load {str(path)!r}: {first_line(exc)}",
                 "check the model with onnx.checker.check_model",
             ) from exc
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -219,14 +219,9 @@ class _OrtRunner:
             return self.session.run(self.output_names, feeds)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise InferccError(
-                f"onnxruntime failed to run the model: {_first_line(exc)}",
+                f"onnxruntime failed to run the model: {first_line(exc)}",
                 "check the input shapes (--shape) and the batch size (--batch)",
             ) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def open_runner(path: Path, *, spinning: bool = True) -> tuple[Runner, onnx.ModelProto]:

@@ -446,8 +446,6 @@ def calibrate(
 
     if not int8:
         raise InferccError("calibrate builds int8 models only", "pass --int8")
-    if method not in ("minmax", "entropy", "percentile"):
-        raise InferccError(f"unknown --method {method!r}", "use minmax, entropy or percentile")
     with _progress(as_json) as step:
         report = run(
             model,

@@ -32,3 +32,13 @@ def json_float(value: float | None) -> float | str | None:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
+
+
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """An exception's message for a one-line error: its first line (cut at `limit`), or the
+    exception's type name when it has no message."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0]
+    return line if limit is None else line[:limit]

@@ -42,7 +42,7 @@ import onnxruntime as ort
 from infercc.errors import InferccError
 from infercc.inputs import load_samples, make_inputs
 from infercc.ir.wire import read_model
-from infercc.util import json_float
+from infercc.util import first_line, json_float
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def _make_session(source: str | bytes, optimize: bool) -> ort.InferenceSession:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
         raise InferccError(
-            f"onnxruntime cannot load the model: {_first_line(exc)}",
+            f"onnxruntime cannot load the model: {first_line(exc)}",
             "check the model with onnx.checker.check_model",
         ) from exc
 
@@ -232,7 +232,7 @@ def _run_one(session: ort.InferenceSession, feeds: Feeds) -> dict[str, np.ndarra
         values = session.run(names, given)
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
         raise InferccError(
-            f"onnxruntime failed to run the model: {_first_line(exc)}",
+            f"onnxruntime failed to run the model: {first_line(exc)}",
             "check the input shapes (--shape) and dtypes",
         ) from exc
     return dict(zip(names, values, strict=True))
@@ -253,11 +253,6 @@ def _as_declared(array: np.ndarray, ort_type: str) -> np.ndarray:
     if target is not None and arr.dtype.kind == "f" and arr.dtype != target:
         return arr.astype(target)
     return arr
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- comparing

@@ -93,6 +93,7 @@ from infercc.errors import InferccError
 from infercc.inputs import make_inputs, real_inputs, resolve_shapes
 from infercc.ir.wire import read_model
 from infercc.targets import Target
+from infercc.util import first_line
 
 try:
     import onnxruntime as ort
@@ -377,18 +378,13 @@ def _time_runs(session: Any, feeds: Feeds, warmup: int, iters: int) -> tuple[flo
     return statistics.median(times) * 1e3, outputs
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _tuning_results(session: Any, config: Mapping[str, Any]) -> list[Any]:
     if config.get("provider_options", {}).get("tunable_op_enable") != "1":
         return []
     try:
         return list(session.get_tuning_results())
     except Exception as exc:  # onnxruntime raises its own exception types
-        log.warning("could not read TunableOp results: %s", _first_line(exc))
+        log.warning("could not read TunableOp results: %s", first_line(exc))
         return []
 
 
@@ -431,11 +427,11 @@ def _evaluate(trial: _Trial, config: dict[str, Any], knob: str) -> dict[str, Any
     try:
         session = _create_session(trial.model, config)
     except Exception as exc:  # onnxruntime raises its own exception types
-        return {**record, "skipped": f"session failed: {_first_line(exc)}"}
+        return {**record, "skipped": f"session failed: {first_line(exc)}"}
     try:
         median_ms, outputs = _time_runs(session, trial.feeds, trial.warmup, trial.iters)
     except Exception as exc:
-        return {**record, "skipped": f"run failed: {_first_line(exc)}"}
+        return {**record, "skipped": f"run failed: {first_line(exc)}"}
     reason = _mismatch(trial, outputs)
     if reason is not None:
         log.info("candidate %s rejected: %s", config_key(config), reason)
@@ -453,7 +449,7 @@ def _reference_outputs(model: Path, feeds: Feeds, names: list[str]) -> dict[str,
         return dict(zip(names, session.run(None, dict(feeds)), strict=False))
     except Exception as exc:
         raise InferccError(
-            f"onnxruntime cannot run the model on the CPU: {_first_line(exc)}",
+            f"onnxruntime cannot run the model on the CPU: {first_line(exc)}",
             "check the model with onnx.checker.check_model and the input shapes",
         ) from exc
 
@@ -689,7 +685,7 @@ def _save_optimized(ctx: _Context, point: Mapping[str, Any], out_dir: Path) -> d
         session = _create_session(ctx.model, _config_only(point), save_to=target)
         del session
     except Exception as exc:  # not fatal: load() falls back to model.onnx
-        log.warning("could not save onnxruntime's optimized model: %s", _first_line(exc))
+        log.warning("could not save onnxruntime's optimized model: %s", first_line(exc))
         target.unlink(missing_ok=True)
         return None
     if not target.is_file():

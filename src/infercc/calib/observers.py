@@ -76,6 +76,7 @@ import onnxruntime as ort
 from onnx import TensorProto
 
 from infercc.errors import InferccError
+from infercc.util import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -480,7 +481,7 @@ def _session(model_bytes: bytes, base_dir: Path) -> ort.InferenceSession:
         return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
         raise InferccError(
-            f"onnxruntime cannot load the model for calibration: {_first_line(exc)}",
+            f"onnxruntime cannot load the model for calibration: {first_line(exc)}",
             "check the model with onnx.checker.check_model",
         ) from exc
 
@@ -499,12 +500,7 @@ def _run(
         values = session.run(names, {name: sample[name] for name in declared})
     except Exception as exc:  # onnxruntime raises its own exception types
         raise InferccError(
-            f"onnxruntime failed on a calibration sample: {_first_line(exc)}",
+            f"onnxruntime failed on a calibration sample: {first_line(exc)}",
             "check the samples' shapes and dtypes",
         ) from exc
     return dict(zip(names, values, strict=True))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

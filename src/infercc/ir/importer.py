@@ -17,7 +17,7 @@ from infercc.errors import InferccError
 from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn
 from infercc.ir.tensor import Tensor
 from infercc.ir.wire import RawSlice, read_model
-from infercc.util import gc_paused
+from infercc.util import first_line, gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def load_model(path: str | Path) -> Model:
         proto, slices = read_model(path)
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InferccError(
-            f"{path} is not a valid ONNX model: protobuf could not parse it ({_short(e)})",
+            f"{path} is not a valid ONNX model: protobuf could not parse it ({first_line(e, 160)})",
             "the file may be truncated or not an ONNX file; re-export the model",
         ) from None
     if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
@@ -50,10 +50,6 @@ def load_model(path: str | Path) -> Model:
             "re-export the model",
         )
     return import_model(proto, base_dir=path.parent, raw_slices=slices)
-
-
-def _short(e: Exception) -> str:
-    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
 
 
 def import_model(
