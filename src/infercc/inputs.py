@@ -320,30 +320,150 @@ def _random_integers(
 # --------------------------------------------------------------------------- sample files
 
 
-def load_samples(path: str | PathLike[str], model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
-    """Load real input samples and check them against the model's inputs.
+def load_samples(
+    path: str | PathLike[str], model: onnx.ModelProto, preprocess: str | None = None
+) -> list[dict[str, np.ndarray]]:
+    """Load real input samples and check them against the model's inputs (see `iter_samples`)."""
+    samples = list(iter_samples(path, model, preprocess))
+    logger.info("loaded %d sample(s) from %s", len(samples), path)
+    return samples
 
-    `path` is a single `.npz` file (one sample), a directory of `.npz` files (one sample each,
-    keyed by input name), or a directory of `<input_name>.npy` files (one sample). Files are
-    read in name order with `allow_pickle=False`.
+
+def iter_samples(
+    path: str | PathLike[str], model: onnx.ModelProto, preprocess: str | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """Checked samples, one at a time: a file is read only when its first sample is asked for.
+
+    `path` is a `.npz` file, a directory of `.npz` files (keyed by input name), a directory of
+    `<input_name>.npy` files (together one sample), or images (a directory of jpg/png/bmp/webp
+    files, or one) turned into tensors by the `preprocess` spec (`infercc.calib.images`).
+    Files are read in name order with `allow_pickle=False`. In a `.npz` file (or the `.npy`
+    set) an array of the input's rank is one sample; when every array has rank + 1, the file
+    stacks N samples along axis 0 and all must agree on N.
     """
     root = Path(path)
-    samples = [(file, _load_file(file)) for file in _sample_files(root)]
-    if root.is_dir() and samples and samples[0][0].suffix == ".npy":
-        samples = [(root, {k: v for _, arrays in samples for k, v in arrays.items()})]
+    files = _sample_files(root)
     inputs = real_inputs(model)
-    for source, sample in samples:
+    if _is_image(files[0]):
+        yield from _image_samples(root, files, model, preprocess, inputs)
+        return
+    if preprocess is not None:
+        raise InferccError(
+            f"--preprocess applies to images, and --data {str(root)!r} holds numpy files",
+            "drop --preprocess; .npz/.npy samples are fed as they are",
+        )
+    for source, sample in _array_samples(root, files, inputs):
         check_sample(source, sample, inputs)
-    logger.info("loaded %d sample(s) from %s", len(samples), root)
-    return [sample for _, sample in samples]
+        yield sample
+
+
+def _is_image(file: Path) -> bool:
+    from infercc.calib.images import is_image
+
+    return is_image(file)
+
+
+def _image_samples(
+    root: Path,
+    files: list[Path],
+    model: onnx.ModelProto,
+    preprocess: str | None,
+    inputs: list[onnx.ValueInfoProto],
+) -> Iterator[dict[str, np.ndarray]]:
+    from infercc.calib.images import PRESETS, iter_image_samples
+
+    if preprocess is None:
+        raise InferccError(
+            f"--data {str(root)!r} holds images; say how to turn them into tensors",
+            f"pass --preprocess, e.g. --preprocess imagenet (presets: {', '.join(PRESETS)})",
+        )
+    for source, sample in iter_image_samples(files, model, preprocess):
+        check_sample(source, sample, inputs)
+        yield sample
+
+
+def _array_samples(
+    root: Path, files: list[Path], inputs: list[onnx.ValueInfoProto]
+) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
+    if root.is_dir() and files[0].suffix == ".npy":
+        merged = {k: v for file in files for k, v in _load_file(file).items()}
+        yield from _unstack(root, merged, inputs)
+        return
+    for file in files:
+        yield from _unstack(file, _load_file(file), inputs)
+
+
+def _unstack(
+    source: Path, arrays: dict[str, np.ndarray], inputs: list[onnx.ValueInfoProto]
+) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
+    """One sample, or the N samples of a stacked file (labelled `file[i]` in errors)."""
+    stacked = _stacked_keys(source, arrays, inputs)
+    if not stacked:
+        yield source, arrays
+        return
+    count = _stacked_count(source, arrays, stacked)
+    for i in range(count):
+        sample = {k: a[i] if k in stacked else a for k, a in arrays.items()}
+        yield Path(f"{source}[{i}]"), sample
+
+
+def _stacked_keys(
+    source: Path, arrays: dict[str, np.ndarray], inputs: list[onnx.ValueInfoProto]
+) -> list[str]:
+    """The arrays to split on axis 0: all model inputs when every known rank is rank + 1."""
+    dims = {vi.name: declared_dims(vi) for vi in inputs}
+    stacked, single = [], []
+    for key, array in arrays.items():
+        declared = dims.get(key)
+        if declared is None:
+            continue
+        if array.ndim == len(declared) + 1:
+            stacked.append(key)
+        elif array.ndim == len(declared):
+            single.append(key)
+        else:
+            raise _rank_error(source, key, array, declared, "")
+    if stacked and single:
+        key = stacked[0]
+        raise _rank_error(source, key, arrays[key], dims[key], f"; {single[0]!r} is one sample")
+    unknown_rank = [k for k in arrays if k in dims and dims[k] is None and arrays[k].ndim > 0]
+    return stacked + unknown_rank if stacked else []
+
+
+def _rank_error(
+    source: Path, key: str, array: np.ndarray, dims: list[int | str | None], more: str
+) -> InferccError:
+    rank = len(dims)
+    return InferccError(
+        f"{str(source)!r}: input {key!r} has shape {list(array.shape)}, the model declares "
+        f"{_format_dims(dims)}{more}",
+        f"give one sample (rank {rank}) of every input, or stack N samples of every input on "
+        f"a new axis 0 (rank {rank + 1})",
+    )
+
+
+def _stacked_count(source: Path, arrays: dict[str, np.ndarray], stacked: list[str]) -> int:
+    counts = {key: arrays[key].shape[0] for key in stacked}
+    first = stacked[0]
+    for key, count in counts.items():
+        if count != counts[first]:
+            raise InferccError(
+                f"{str(source)!r} stacks {counts[first]} sample(s) of {first!r} "
+                f"but {count} of {key!r}",
+                "every array of a stacked file needs the same length on axis 0",
+            )
+    if counts[first] == 0:
+        raise InferccError(f"{str(source)!r} stacks 0 samples", "save at least one sample")
+    return counts[first]
 
 
 def _sample_files(root: Path) -> list[Path]:
     if root.is_file():
-        if root.suffix != ".npz":
+        if root.suffix != ".npz" and not _is_image(root):
             raise InferccError(
-                f"--data {str(root)!r} is not a .npz file",
-                "pass a .npz file, or a directory of .npz files or of <input>.npy files",
+                f"--data {str(root)!r} is not a .npz file or an image",
+                "pass a .npz file, or a directory of .npz files, of <input>.npy files or of "
+                "images (jpg, png, bmp, webp)",
             )
         return [root]
     if not root.is_dir():
@@ -352,19 +472,25 @@ def _sample_files(root: Path) -> list[Path]:
 
 
 def _directory_files(root: Path) -> list[Path]:
-    npz = sorted(p for p in root.iterdir() if p.suffix == ".npz" and p.is_file())
-    npy = sorted(p for p in root.iterdir() if p.suffix == ".npy" and p.is_file())
-    if npz and npy:
+    files = sorted(p for p in root.iterdir() if p.is_file())
+    kinds = {
+        ".npz": [p for p in files if p.suffix == ".npz"],
+        ".npy": [p for p in files if p.suffix == ".npy"],
+        "image": [p for p in files if _is_image(p)],
+    }
+    found = [kind for kind, paths in kinds.items() if paths]
+    if len(found) > 1:
         raise InferccError(
-            f"--data directory {str(root)!r} mixes .npz and .npy files",
-            "use .npz files (one sample each) or <input>.npy files (one sample), not both",
+            f"--data directory {str(root)!r} mixes {' and '.join(found)} files",
+            "use .npz files (one sample each), <input>.npy files (one sample) or images, "
+            "in separate directories",
         )
-    if not (npz or npy):
+    if not found:
         raise InferccError(
-            f"--data directory {str(root)!r} has no .npz or .npy files",
+            f"--data directory {str(root)!r} has no .npz or .npy files, nor images",
             "save each sample with numpy.savez(path, **{input_name: array})",
         )
-    return npz or npy
+    return kinds[found[0]]
 
 
 def _load_file(file: Path) -> dict[str, np.ndarray]:

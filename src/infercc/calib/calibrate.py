@@ -2,12 +2,14 @@
 
 `calibrate(model, data, out_dir)` is the Python API under `infercc calibrate --int8`:
 
-1. **Samples.** `infercc.inputs.load_samples` reads them (a .npz file, a directory of .npz files
-   or of <input>.npy files) and checks every input's presence, dtype and declared dims; pickled
-   (object) arrays are refused. `num_samples` keeps the first N in file-name order (for a
-   directory of .npz files only those N files are read). The last `holdout` fraction of them
-   (rounded, at least one when holdout > 0 and there are two or more, never all) is held out for
-   evaluation; the rest calibrates. With holdout 0, or a single sample, the evaluation runs on
+1. **Samples.** `infercc.inputs.iter_samples` reads them (a .npz file, a directory of .npz files
+   or of <input>.npy files, one .npz of stacked samples (every array has rank + 1: N samples on
+   axis 0), or images with a `preprocess` spec (`infercc.calib.images`)) and checks every
+   input's presence, dtype and declared dims; pickled (object) arrays are refused.
+   `num_samples` keeps the first N in file-name order (files past them are never opened). The
+   last `holdout` fraction of them (rounded, at least one when holdout > 0 and there are two or
+   more, never all) is held out for evaluation; the rest calibrates. With holdout 0, or a
+   single sample, the evaluation runs on
    the calibration samples and the report says so (`samples.evaluated_on`).
 2. **fp32 first.** The model goes through infercc's default pipeline with
    `PassContext(portable=True)`: constants are folded, BatchNormalization is folded into the
@@ -64,6 +66,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -93,7 +96,7 @@ from infercc.calib.quantize import (
 )
 from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
 from infercc.errors import InferccError
-from infercc.inputs import load_samples
+from infercc.inputs import iter_samples
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.passes.manager import PassContext, run_passes
 from infercc.util import json_float
@@ -290,6 +293,7 @@ def calibrate(
     max_top1_drop: float | None = None,
     exclude: Sequence[str] = (),
     trt_version: str = DEFAULT_TRT_VERSION,
+    preprocess: str | None = None,
     on_step: Callable[[str], None] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> CalibrationReport:
@@ -307,7 +311,7 @@ def calibrate(
     step("loading")
     ir = load_model(src)
     check_opset(ir)
-    samples = read_samples(data, export_model(ir, with_weights=False), num_samples)
+    samples = read_samples(data, export_model(ir, with_weights=False), num_samples, preprocess)
     calib, evaluation_set, on_holdout = split_samples(samples, holdout)
     stage = staging_dir(dest)
     try:
@@ -377,17 +381,19 @@ def check_calibration_destination(out_dir: Path, model: Path | None = None) -> N
 
 
 def read_samples(
-    data: str | PathLike[str], model: onnx.ModelProto, num_samples: int | None
+    data: str | PathLike[str],
+    model: onnx.ModelProto,
+    num_samples: int | None,
+    preprocess: str | None = None,
 ) -> Samples:
-    """`load_samples`, keeping the first `num_samples` (only those files are read when `data`
-    is a directory of .npz files)."""
-    root = Path(data)
-    if num_samples is not None and root.is_dir():
-        npz = sorted(p for p in root.iterdir() if p.suffix == ".npz" and p.is_file())
-        npy = [p for p in root.iterdir() if p.suffix == ".npy" and p.is_file()]
-        if npz and not npy:
-            return [load_samples(p, model)[0] for p in npz[:num_samples]]
-    return load_samples(root, model)[:num_samples]
+    """The first `num_samples` samples of `infercc.inputs.iter_samples` (all when None).
+
+    Files are read lazily in name order, so the files (or images) past the first
+    `num_samples` samples are never opened. `preprocess` is the `--preprocess` spec for images.
+    """
+    samples = list(islice(iter_samples(data, model, preprocess), num_samples))
+    logger.info("read %d sample(s) from %s", len(samples), data)
+    return samples
 
 
 def split_samples(samples: Samples, holdout: float) -> tuple[Samples, Samples, bool]:
