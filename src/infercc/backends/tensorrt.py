@@ -1,9 +1,16 @@
-"""The TensorRT backend: where it can run, and why not.
+"""The TensorRT backend: where it can run, and building and loading engines where it can.
 
 `available()` checks, in order, what a TensorRT build needs: the `tensorrt` Python package, an
 NVIDIA driver, and at least one NVIDIA GPU; the first missing piece is the one-line reason the
-CLI prints (exit code 2). Engine building (profiles, timing cache, engine files) is not part of
-this version: with everything present, `compile` says so and points at `--backend ort`.
+CLI prints (exit code 2).
+
+`compile` builds a serialized engine (`engine.plan`) for the optimized model with the
+optimization profiles, precision and builder settings asked for, through the engine and timing
+caches in infercc's cache directory, and validates it against onnxruntime on the CPU; the
+pieces live in `infercc.backends.trt` (`build`, `profiles`, `precision`, `fingerprint`,
+`caches`, `calibrator`, `runner`, `settings`), whose docstrings give the method. `load`
+refuses an engine built for another TensorRT, GPU or CUDA (saying what differs) unless it
+was built version- or hardware-compatible.
 """
 
 from __future__ import annotations
@@ -81,16 +88,23 @@ class TensorRTBackend:
         cache: Any,
         out_dir: Path,
     ) -> dict[str, Any]:
-        raise InferccError(
-            "building TensorRT engines is not part of this version of infercc",
-            "use --backend ort (onnxruntime) for now",
-        )
+        """Build engine.plan and tensorrt.json into `out_dir` (see `trt.build`)."""
+        from infercc.backends.trt.build import compile_artifact
+
+        return compile_artifact(_tensorrt(), model, target, shapes, options, cache, out_dir)
 
     def load(self, artifact: Artifact) -> Runner:
-        raise InferccError(
-            f"artifact {artifact.path} holds no TensorRT engine this version can load",
-            "rebuild it with --backend ort",
-        )
+        from infercc.backends.trt.build import open_engine
+
+        return open_engine(_tensorrt(), artifact.path)
+
+
+def _tensorrt() -> Any:
+    try:
+        import tensorrt  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise InferccError(f"the tensorrt package cannot be imported: {exc}", INSTALL_HINT) from exc
+    return tensorrt
 
 
 register_backend(TensorRTBackend())

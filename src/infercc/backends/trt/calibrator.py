@@ -1,0 +1,76 @@
+"""INT8 on TensorRT 10 from a calibration cache: a calibrator that only reads the cache.
+
+TensorRT's implicit INT8 (BuilderFlag.INT8 without Q/DQ in the graph) asks a calibrator for
+scales. When the calibrator's `read_calibration_cache` returns a cache, TensorRT takes the
+scales from it and never asks for a batch, so no calibration data needs to be on the GPU
+machine: `infercc calibrate` wrote the cache (`infercc.calib.trt_cache`) from real samples.
+
+The cache is parsed with `read_calibration_cache` first, so a broken file is an error naming
+the file and line, not a TensorRT failure later; its method picks the calibrator class
+(`EntropyCalibration2` -> `IInt8EntropyCalibrator2`, `MinMaxCalibration` ->
+`IInt8MinMaxCalibrator`) because TensorRT rejects a cache whose header names another
+calibrator. A cache written for another TensorRT version is used with a warning (TensorRT
+itself decides whether to accept it). TensorRT 11 has no calibrators: `precision.decide`
+refuses a calibration cache there.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from infercc.calib.trt_cache import read_calibration_cache, trt_version_tag
+from infercc.errors import InferccError
+
+log = logging.getLogger(__name__)
+
+_CLASSES = {"entropy": "IInt8EntropyCalibrator2", "minmax": "IInt8MinMaxCalibrator"}
+
+
+def make_calibrator(trt: Any, cache_path: Path | str, trt_version: str) -> Any:
+    """A calibrator object for `config.int8_calibrator` that serves `cache_path`'s bytes."""
+    path = Path(cache_path)
+    cache = read_calibration_cache(path)
+    base_name = _CLASSES.get(cache.method)
+    if base_name is None:
+        raise InferccError(
+            f"calibration cache {str(path)!r} is of the legacy {cache.method!r} kind",
+            "regenerate it with infercc calibrate (EntropyCalibration2 or MinMaxCalibration)",
+        )
+    expected = trt_version_tag(trt_version)
+    if cache.version != expected:
+        log.warning(
+            "calibration cache %s was written for TensorRT tag %d, this is %s (tag %d)",
+            path,
+            cache.version,
+            trt_version,
+            expected,
+        )
+    data = path.read_bytes()
+    base = getattr(trt, base_name)
+    log.info("int8 scales for %d tensors from %s", len(cache.scales), path)
+    return _calibrator_class(base)(data)
+
+
+def _calibrator_class(base: type) -> type:
+    class CacheOnlyCalibrator(base):  # type: ignore[misc, valid-type]
+        """Serves a calibration cache; has no batches (TensorRT does not ask for any)."""
+
+        def __init__(self, data: bytes):
+            base.__init__(self)
+            self.data = data
+
+        def get_batch_size(self) -> int:
+            return 1
+
+        def get_batch(self, names: Any, *args: Any) -> None:
+            return None
+
+        def read_calibration_cache(self) -> bytes:
+            return self.data
+
+        def write_calibration_cache(self, cache: Any) -> None:
+            return None
+
+    return CacheOnlyCalibrator

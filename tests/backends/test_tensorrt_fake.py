@@ -1,0 +1,446 @@
+"""A stand-in for the `tensorrt` module at the GPU boundary, recording every call.
+
+It implements the slice of TensorRT's Python API that infercc's builder and runner use, with
+the same names and call shapes. The "network" is read from the ONNX file; the "engine" is bytes
+(a header, the flags and profiles, the model); executing it runs the model with onnxruntime on
+the CPU, reading inputs from and writing outputs to `HostMemory`, the fake device memory that
+`HostDevice` (the runner's allocator) hands out. Precision read-back: the inspector reports
+"Half" for every layer when the FP16 flag was set or the graph holds float16, else "Float"
+(`force_layer_type` overrides). No test lives here; the other test_tensorrt files import it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from infercc.backends.trt.fingerprint import Fingerprint
+
+A100 = Fingerprint("10.3.0", "12.4", "550.54.15", "NVIDIA A100-SXM4-80GB", "8.0")
+MAGIC = b"FAKEPLAN\n"
+
+
+class _Enum:
+    def __init__(self, owner: str, names: list[str]):
+        for i, name in enumerate(names):
+            setattr(self, name, _Value(f"{owner}.{name}", i))
+
+
+class _Value:
+    def __init__(self, text: str, number: int):
+        self.text, self.number = text, number
+
+    def __int__(self) -> int:
+        return self.number
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Value) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+class HostMemory:
+    """Fake device memory: pointer -> numpy array."""
+
+    def __init__(self):
+        self.arrays: dict[int, np.ndarray] = {}
+        self.next = 4096
+
+    def add(self, array: np.ndarray) -> int:
+        self.next += 4096
+        self.arrays[self.next] = array
+        return self.next
+
+
+class HostDevice:
+    """The runner's allocator interface over HostMemory."""
+
+    name = "host"
+
+    def __init__(self, memory: HostMemory):
+        self.memory = memory
+
+    def stream(self) -> int:
+        return 7
+
+    def to_device(self, array: np.ndarray):
+        copy = np.array(array)
+        return copy, self.memory.add(copy)
+
+    def empty(self, shape, dtype):
+        array = np.zeros(tuple(shape), dtype=dtype)
+        return array, self.memory.add(array)
+
+    def to_host(self, buffer):
+        return np.array(buffer)
+
+    def synchronize(self) -> None:
+        pass
+
+
+class FakeTrt:
+    """The tensorrt module stand-in. `calls` records (what, details) in order."""
+
+    def __init__(self, version: str = "10.3.0", unsupported: tuple[str, ...] = ()):
+        self.__version__ = version
+        self.calls: list[tuple[str, Any]] = []
+        self.memory = HostMemory()
+        self.unsupported = set(unsupported)
+        self.force_layer_type: str | None = None
+        self.build_fails = False
+        flags = ["FP16", "BF16", "INT8", "VERSION_COMPATIBLE", "REFIT"]
+        if int(version.split(".")[0]) >= 11:
+            flags = ["VERSION_COMPATIBLE", "REFIT"]
+        self.BuilderFlag = _Enum("BuilderFlag", flags)
+        self.NetworkDefinitionCreationFlag = _Enum(
+            "NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED"]
+        )
+        self.MemoryPoolType = _Enum("MemoryPoolType", ["WORKSPACE"])
+        self.ProfilingVerbosity = _Enum("ProfilingVerbosity", ["LAYER_NAMES_ONLY", "DETAILED"])
+        self.HardwareCompatibilityLevel = _Enum(
+            "HardwareCompatibilityLevel", ["NONE", "AMPERE_PLUS", "SAME_COMPUTE_CAPABILITY"]
+        )
+        self.LayerInformationFormat = _Enum("LayerInformationFormat", ["ONELINE", "JSON"])
+        self.TensorIOMode = _Enum("TensorIOMode", ["NONE", "INPUT", "OUTPUT"])
+        fake = self
+
+        class Logger:
+            WARNING = "WARNING"
+
+            def __init__(self, severity: str = "WARNING"):
+                self.severity = severity
+
+        class _Calibrator:
+            def __init__(self):
+                fake.calls.append(("calibrator_init", type(self).__mro__[1].__name__))
+
+        class IInt8EntropyCalibrator2(_Calibrator):
+            pass
+
+        class IInt8MinMaxCalibrator(_Calibrator):
+            pass
+
+        self.Logger = Logger
+        self.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
+        self.IInt8MinMaxCalibrator = IInt8MinMaxCalibrator
+
+    # -- module functions and classes --
+
+    def init_libnvinfer_plugins(self, logger: Any, namespace: str) -> bool:
+        self.calls.append(("init_libnvinfer_plugins", namespace))
+        return True
+
+    def nptype(self, dtype: Any) -> type:
+        return dtype
+
+    def Builder(self, logger: Any) -> FakeBuilder:  # noqa: N802 (TensorRT's name)
+        self.calls.append(("Builder", None))
+        return FakeBuilder(self)
+
+    def OnnxParser(self, network: FakeNetwork, logger: Any) -> FakeParser:  # noqa: N802
+        return FakeParser(self, network)
+
+    def Runtime(self, logger: Any) -> FakeRuntime:  # noqa: N802
+        return FakeRuntime(self)
+
+    def names(self, what: str) -> list[Any]:
+        return [details for kind, details in self.calls if kind == what]
+
+
+class FakeBuilder:
+    def __init__(self, trt: FakeTrt):
+        self.trt = trt
+
+    def create_network(self, flags: int = 0) -> FakeNetwork:
+        self.trt.calls.append(("create_network", flags))
+        return FakeNetwork(flags)
+
+    def create_builder_config(self) -> FakeConfig:
+        return FakeConfig(self.trt)
+
+    def create_optimization_profile(self) -> FakeProfile:
+        return FakeProfile(self.trt)
+
+    def build_serialized_network(self, network: FakeNetwork, config: FakeConfig) -> Any:
+        self.trt.calls.append(("build_serialized_network", None))
+        if self.trt.build_fails:
+            return None
+        config.timing_cache.entries += 1
+        header = {
+            "flags": sorted(repr(f) for f in config.flags),
+            "profiles": [p.shapes for p in config.profiles],
+            "model": base64.b64encode(network.model_bytes).decode(),
+        }
+        return memoryview(MAGIC + json.dumps(header).encode())
+
+
+class FakeTensor:
+    def __init__(self, name: str, shape: tuple[int, ...], shape_tensor: bool = False):
+        self.name, self.shape, self.is_shape_tensor = name, shape, shape_tensor
+
+
+class FakeNetwork:
+    def __init__(self, flags: int):
+        self.flags = flags
+        self.inputs: list[FakeTensor] = []
+        self.model_bytes = b""
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    def get_input(self, i: int) -> FakeTensor:
+        return self.inputs[i]
+
+
+class FakeError:
+    def __init__(self, node: int, name: str, op: str, desc: str):
+        self._node, self._name, self._op, self._desc = node, name, op, desc
+
+    def node(self) -> int:
+        return self._node
+
+    def node_name(self) -> str:
+        return self._name
+
+    def node_operator(self) -> str:
+        return self._op
+
+    def desc(self) -> str:
+        return self._desc
+
+
+class FakeParser:
+    def __init__(self, trt: FakeTrt, network: FakeNetwork):
+        self.trt, self.network = trt, network
+        self.errors: list[FakeError] = []
+
+    @property
+    def num_errors(self) -> int:
+        return len(self.errors)
+
+    def get_error(self, i: int) -> FakeError:
+        return self.errors[i]
+
+    def parse_from_file(self, path: str) -> bool:
+        self.trt.calls.append(("parse_from_file", path))
+        model = onnx.load(path)
+        for i, node in enumerate(model.graph.node):
+            if node.op_type in self.trt.unsupported:
+                desc = f"No importer registered for op: {node.op_type}"
+                self.errors.append(FakeError(i, node.name, node.op_type, desc))
+        inits = {t.name for t in model.graph.initializer}
+        for vi in model.graph.input:
+            if vi.name not in inits:
+                dims = vi.type.tensor_type.shape.dim
+                shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+                self.network.inputs.append(FakeTensor(vi.name, shape))
+        self.network.model_bytes = model.SerializeToString()
+        return not self.errors
+
+
+class FakeTimingCache:
+    def __init__(self, data: bytes):
+        if data and not data.startswith(b"TIMING"):
+            raise RuntimeError("invalid timing cache")
+        self.entries = int(data[6:] or 0) if data else 0
+
+    def serialize(self) -> memoryview:
+        return memoryview(b"TIMING" + str(self.entries).encode())
+
+
+class FakeConfig:
+    def __init__(self, trt: FakeTrt):
+        self.trt = trt
+        self.flags: set[Any] = set()
+        self.profiles: list[FakeProfile] = []
+        self.timing_cache = FakeTimingCache(b"")
+        self._int8_calibrator = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in (
+            "builder_optimization_level",
+            "hardware_compatibility_level",
+            "profiling_verbosity",
+            "int8_calibrator",
+        ):
+            self.trt.calls.append((name, value))
+        object.__setattr__(self, name, value)
+
+    def set_memory_pool_limit(self, pool: Any, size: int) -> None:
+        self.trt.calls.append(("set_memory_pool_limit", (repr(pool), size)))
+
+    def set_flag(self, flag: Any) -> None:
+        self.trt.calls.append(("set_flag", repr(flag)))
+        self.flags.add(flag)
+
+    def add_optimization_profile(self, profile: FakeProfile) -> int:
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+    def set_calibration_profile(self, profile: FakeProfile) -> None:
+        self.trt.calls.append(("set_calibration_profile", self.profiles.index(profile)))
+
+    def create_timing_cache(self, data: bytes) -> FakeTimingCache:
+        self.trt.calls.append(("create_timing_cache", bytes(data)))
+        return FakeTimingCache(bytes(data))
+
+    def set_timing_cache(self, cache: FakeTimingCache, ignore_mismatch: bool) -> bool:
+        self.trt.calls.append(("set_timing_cache", ignore_mismatch))
+        self.timing_cache = cache
+        return True
+
+    def get_timing_cache(self) -> FakeTimingCache:
+        return self.timing_cache
+
+
+class FakeProfile:
+    def __init__(self, trt: FakeTrt):
+        self.trt = trt
+        self.shapes: dict[str, list[list[int]]] = {}
+
+    def set_shape(self, name: str, lo, opt, hi) -> None:
+        self.trt.calls.append(("set_shape", (name, tuple(lo), tuple(opt), tuple(hi))))
+        self.shapes[name] = [list(lo), list(opt), list(hi)]
+
+    def set_shape_input(self, name: str, lo, opt, hi) -> None:
+        self.trt.calls.append(("set_shape_input", (name, tuple(lo), tuple(opt), tuple(hi))))
+
+
+class FakeRuntime:
+    def __init__(self, trt: FakeTrt):
+        self.trt = trt
+
+    def deserialize_cuda_engine(self, data: bytes) -> FakeEngine | None:
+        self.trt.calls.append(("deserialize_cuda_engine", len(data)))
+        data = bytes(data)
+        if not data.startswith(MAGIC):
+            return None
+        return FakeEngine(self.trt, json.loads(data[len(MAGIC) :]))
+
+
+_ONNX_TO_NP = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32,
+}
+
+
+class FakeEngine:
+    def __init__(self, trt: FakeTrt, header: dict[str, Any]):
+        self.trt, self.header = trt, header
+        self.model_bytes = base64.b64decode(header["model"])
+        model = onnx.load_from_string(self.model_bytes)
+        inits = {t.name for t in model.graph.initializer}
+        ins = [vi for vi in model.graph.input if vi.name not in inits]
+        self.io = [(vi.name, "INPUT", vi) for vi in ins] + [
+            (vi.name, "OUTPUT", vi) for vi in model.graph.output
+        ]
+        self.fp16 = any(
+            vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+            for vi in [*model.graph.value_info, *model.graph.output]
+        ) or any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
+
+    @property
+    def num_io_tensors(self) -> int:
+        return len(self.io)
+
+    def get_tensor_name(self, i: int) -> str:
+        return self.io[i][0]
+
+    def _entry(self, name: str):
+        return next(e for e in self.io if e[0] == name)
+
+    def get_tensor_mode(self, name: str) -> Any:
+        return getattr(self.trt.TensorIOMode, self._entry(name)[1])
+
+    def get_tensor_dtype(self, name: str) -> type:
+        return _ONNX_TO_NP[self._entry(name)[2].type.tensor_type.elem_type]
+
+    def is_shape_inference_io(self, name: str) -> bool:
+        return False
+
+    def create_execution_context(self) -> FakeContext:
+        return FakeContext(self)
+
+    def create_engine_inspector(self) -> FakeInspector:
+        return FakeInspector(self)
+
+
+class FakeInspector:
+    def __init__(self, engine: FakeEngine):
+        self.engine = engine
+        self.execution_context = None
+
+    def get_engine_information(self, fmt: Any) -> str:
+        trt = self.engine.trt
+        trt.calls.append(("get_engine_information", repr(fmt)))
+        half = "BuilderFlag.FP16" in self.engine.header["flags"] or self.engine.fp16
+        kind = trt.force_layer_type or ("Half" if half else "Float")
+        if self.execution_context is None:
+            kind = "N/A due to dynamic shapes"
+        layer = {"Inputs": [{"Format/Datatype": kind}], "Outputs": [{"Format/Datatype": kind}]}
+        return json.dumps({"Layers": [dict(layer, Name=f"layer{i}") for i in range(3)]})
+
+
+class FakeContext:
+    def __init__(self, engine: FakeEngine):
+        self.engine = engine
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.addresses: dict[str, int] = {}
+        self._results: dict[str, np.ndarray] | None = None
+
+    def set_input_shape(self, name: str, shape) -> bool:
+        self.engine.trt.calls.append(("set_input_shape", (name, tuple(shape))))
+        self.shapes[name] = tuple(shape)
+        self._results = None
+        return True
+
+    def set_tensor_address(self, name: str, ptr: int) -> bool:
+        self.addresses[name] = ptr
+        self._results = None
+        return True
+
+    def set_optimization_profile_async(self, index: int, stream: int) -> bool:
+        self.engine.trt.calls.append(("set_optimization_profile_async", index))
+        return True
+
+    def _run(self) -> dict[str, np.ndarray]:
+        if self._results is None:
+            memory = self.engine.trt.memory.arrays
+            feeds = {
+                n: memory[self.addresses[n]] for n, mode, _ in self.engine.io if mode == "INPUT"
+            }
+            session = ort.InferenceSession(
+                self.engine.model_bytes, providers=["CPUExecutionProvider"]
+            )
+            names = [o.name for o in session.get_outputs()]
+            self._results = dict(zip(names, session.run(None, feeds), strict=True))
+        return self._results
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._run()[name].shape)
+
+    def execute_async_v3(self, stream: int) -> bool:
+        self.engine.trt.calls.append(("execute_async_v3", stream))
+        memory = self.engine.trt.memory.arrays
+        for name, mode, _ in self.engine.io:
+            if mode == "OUTPUT":
+                np.copyto(memory[self.addresses[name]], self._run()[name])
+        return True
+
+
+def write_model(path: Path, model: onnx.ModelProto) -> Path:
+    onnx.save(model, str(path))
+    return path
