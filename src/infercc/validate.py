@@ -13,6 +13,9 @@ An output passes when, for every sample:
 - integer, bool and string outputs: exactly equal.
 - names, shapes and dtypes agree; a missing or extra output fails with a `reason`.
 
+`tolerances` overrides atol and rtol for named outputs (`--tol logits=1e-3:1e-2`); the report
+lists the overrides it applied.
+
 Metrics over several samples are the worst case: largest `max_abs` and `max_rel`, smallest
 `cosine`; `frac_out_of_tol` counts bad elements over all samples. `max_rel` is the largest
 `|c - r| / |r|` over finite elements with `r != 0` (zeros show in `max_abs`). An element whose
@@ -96,6 +99,7 @@ class ValidationReport:
     atol: float
     rtol: float
     min_cosine: float
+    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def failures(self) -> list[OutputMetrics]:
         return [m for m in self.outputs.values() if not m.passed]
@@ -108,6 +112,10 @@ class ValidationReport:
             "atol": json_float(self.atol),
             "rtol": json_float(self.rtol),
             "min_cosine": json_float(self.min_cosine),
+            "tolerances": {
+                name: {"atol": json_float(a), "rtol": json_float(r)}
+                for name, (a, r) in self.tolerances.items()
+            },
             "outputs": {name: m.to_dict() for name, m in self.outputs.items()},
         }
 
@@ -298,13 +306,16 @@ def compare_models(
     rtol: float = 1e-3,
     min_cosine: float = 0.9999,
     float_dtypes_may_differ: bool = False,
+    tolerances: Mapping[str, tuple[float, float]] | None = None,
 ) -> ValidationReport:
     """Run both models on the same feeds (one after the other) and compare their outputs."""
     if not feeds_list:
         raise InferccError("no samples to validate with", "pass --data or let infercc make one")
     expected = run_model(reference, feeds_list)
     actual = run_model(candidate, feeds_list)
-    report = compare_outputs(expected, actual, atol, rtol, min_cosine, float_dtypes_may_differ)
+    report = compare_outputs(
+        expected, actual, atol, rtol, min_cosine, float_dtypes_may_differ, tolerances
+    )
     _log_report(report)
     return report
 
@@ -316,13 +327,20 @@ def compare_outputs(
     rtol: float = 1e-3,
     min_cosine: float = 0.9999,
     float_dtypes_may_differ: bool = False,
+    tolerances: Mapping[str, tuple[float, float]] | None = None,
 ) -> ValidationReport:
-    """Compare outputs already computed (one name -> array dict per sample), by the rules above."""
+    """Compare outputs already computed (one name -> array dict per sample), by the rules above.
+
+    `tolerances` maps an output name to its own (atol, rtol)."""
     tol = _Tolerance(atol, rtol, min_cosine, float_dtypes_may_differ)
+    per_output = {
+        name: _Tolerance(float(a), float(r), min_cosine, float_dtypes_may_differ)
+        for name, (a, r) in (tolerances or {}).items()
+    }
     accumulators: dict[str, _Accumulator] = {}
     for ref_out, cand_out in zip(expected, actual, strict=True):
-        _compare_sample(dict(ref_out), dict(cand_out), tol, accumulators)
-    outputs = {name: _finish(acc, tol) for name, acc in accumulators.items()}
+        _compare_sample(dict(ref_out), dict(cand_out), tol, accumulators, per_output)
+    outputs = {name: _finish(acc, per_output.get(name, tol)) for name, acc in accumulators.items()}
     return ValidationReport(
         passed=all(m.passed for m in outputs.values()),
         outputs=outputs,
@@ -330,6 +348,7 @@ def compare_outputs(
         atol=atol,
         rtol=rtol,
         min_cosine=min_cosine,
+        tolerances={name: (t.atol, t.rtol) for name, t in per_output.items()},
     )
 
 
@@ -338,8 +357,10 @@ def _compare_sample(
     cand_out: dict[str, np.ndarray],
     tol: _Tolerance,
     accumulators: dict[str, _Accumulator],
+    per_output: Mapping[str, _Tolerance] | None = None,
 ) -> None:
     for name in [*ref_out, *(n for n in cand_out if n not in ref_out)]:
+        out_tol = (per_output or {}).get(name, tol)
         ref, cand = ref_out.get(name), cand_out.get(name)
         acc = accumulators.get(name)
         if acc is None:
@@ -347,7 +368,7 @@ def _compare_sample(
         if acc.reason is None:
             acc.reason = _structural_mismatch(ref, cand, tol.float_dtypes_may_differ)
         if acc.reason is None:
-            acc.stats.append(_compare_arrays(np.asarray(ref), np.asarray(cand), tol))
+            acc.stats.append(_compare_arrays(np.asarray(ref), np.asarray(cand), out_tol))
 
 
 def _new_accumulator(name: str, ref: Any, cand: Any) -> _Accumulator:
@@ -406,7 +427,8 @@ def _compare_floats(ref: np.ndarray, cand: np.ndarray, tol: _Tolerance) -> _Stat
     mismatched = int(np.count_nonzero(~(finite | same_nonfinite)))
     r, c = r[finite], c[finite]
     diff = np.abs(c - r)
-    out_of_tol = int(np.count_nonzero(diff > tol.atol + tol.rtol * np.abs(r)))
+    with np.errstate(invalid="ignore"):  # rtol inf times |r| = 0 is NaN: not out of tolerance
+        out_of_tol = int(np.count_nonzero(diff > tol.atol + tol.rtol * np.abs(r)))
     worst = math.inf if mismatched else 0.0
     return _Stats(
         max_abs=max(float(diff.max(initial=0.0)), worst),
@@ -494,6 +516,7 @@ def validate(
     rtol: float = 1e-3,
     min_cosine: float = 0.9999,
     float_dtypes_may_differ: bool = False,
+    tolerances: Mapping[str, tuple[float, float]] | None = None,
 ) -> ValidationReport:
     """Compare `candidate` with `reference` on samples from `data`, or on one random feed.
 
@@ -503,7 +526,14 @@ def validate(
     """
     feeds_list = _build_feeds(_load_reference(reference), shapes, data, seed)
     return compare_models(
-        reference, candidate, feeds_list, atol, rtol, min_cosine, float_dtypes_may_differ
+        reference,
+        candidate,
+        feeds_list,
+        atol,
+        rtol,
+        min_cosine,
+        float_dtypes_may_differ,
+        tolerances,
     )
 
 

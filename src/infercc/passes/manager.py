@@ -4,6 +4,11 @@ A pass is a function `(graph, ctx) -> PassResult`, registered by name. The manag
 pipeline in order, repeatedly, until no pass changes the graph (a fixpoint) or the step cap is
 reached; it times each pass, sums its statistics, re-infers shapes after a change, lints the
 graph after every pass under `verify`, and names the pass in any error.
+
+Bisection hooks (used by `infercc validate --bisect`): a pass that calls
+`ctx.allow_rewrite(node)` before each rewrite gets its rewrites counted and can be cut off
+after the first `ctx.rewrite_limits[name]` of them; any pass can be cut off after its first
+`ctx.run_limits[name]` runs. Without limits both hooks change nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class PassContext:
     options: dict[str, Any] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     current_pass: str = ""
+    rewrite_limits: dict[str, int] = field(default_factory=dict)
+    run_limits: dict[str, int] = field(default_factory=dict)
+    rewrites: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     _seen: set[tuple[str, str, str]] = field(default_factory=set)
 
     def refuse(self, node: Node, reason: str) -> None:
@@ -61,6 +69,16 @@ class PassContext:
         if key not in self._seen:
             self._seen.add(key)
             self.refusals.append(Refusal(self.current_pass, node.name, node.op_type, reason))
+
+    def allow_rewrite(self, node: Node) -> bool:
+        """Ask before rewriting at `node`: False once the current pass has used up its
+        `rewrite_limits` entry (bisection); else the rewrite is logged in `rewrites`."""
+        done = self.rewrites.setdefault(self.current_pass, [])
+        limit = self.rewrite_limits.get(self.current_pass)
+        if limit is not None and len(done) >= limit:
+            return False
+        done.append((node.name, node.op_type))
+        return True
 
     @property
     def fused_ops_allowed(self) -> bool:
@@ -161,6 +179,8 @@ def run_passes(
         iterations += 1
         changed_round = False
         for name in stats:
+            if stats[name].runs >= ctx.run_limits.get(name, max_iterations):
+                continue
             if on_pass is not None:
                 on_pass(name)
             result = _run_one(name, model, ctx, stats[name])

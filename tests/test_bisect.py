@@ -1,0 +1,206 @@
+"""`infercc.bisect`: deliberately broken test passes, registered for these tests only, must be
+named, with the rewrite and the node where outputs first diverge."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from infercc.bisect import PipelineConfig, bisect, first_divergence
+from infercc.ir import export_model, import_model
+from infercc.passes import DEFAULT_PIPELINE, REGISTRY, PassContext, PassResult, run_passes
+from infercc.passes.manager import register_pass
+from infercc.validate_cli import reference_feeds
+
+MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 8] x) => (float[1, 8] y) {
+  a = Relu(x)
+  b = Add(a, x)
+  c = Relu(b)
+  d = Mul(c, x)
+  y = Relu(d)
+}
+"""
+NAMES = ("r1", "add", "r2", "mul", "r3")
+FLIP = "test-flip-second-relu"
+SILENT = "test-flip-last-relu-silently"
+
+
+@pytest.fixture(autouse=True)
+def private_tuning_cache(tmp_path: Path, monkeypatch) -> None:
+    """Artifacts built here tune into a cache of their own, never the user's."""
+    monkeypatch.setenv("INFERCC_CACHE_DIR", str(tmp_path / "tuning-cache"))
+
+
+def _flip_second(graph, ctx):
+    """Asks before each of its (harmless) rewrites of a Relu; the one at r2 breaks the model."""
+    n = 0
+    for node in list(graph.nodes):
+        if node.op_type == "Relu" and ctx.allow_rewrite(node):
+            n += 1
+            if node.name == "r2":
+                node.op_type = "Sigmoid"
+    return PassResult(changed=False, stats={"rewritten": n})
+
+
+def _flip_silently(graph, ctx):
+    """Breaks r3 without asking `ctx.allow_rewrite`: bisected by runs only."""
+    for node in list(graph.nodes):
+        if node.name == "r3" and node.op_type == "Relu":
+            node.op_type = "Sigmoid"
+            return PassResult(changed=True, stats={"flipped": 1})
+    return PassResult(changed=False)
+
+
+@pytest.fixture(autouse=True)
+def broken_passes():
+    register_pass(FLIP)(_flip_second)
+    register_pass(SILENT)(_flip_silently)
+    yield
+    REGISTRY.pop(FLIP, None)
+    REGISTRY.pop(SILENT, None)
+
+
+@pytest.fixture
+def reference(tmp_path: Path) -> Path:
+    model = onnx.parser.parse_model(MODEL)
+    for node, name in zip(model.graph.node, NAMES, strict=True):
+        node.name = name
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "ref.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def config_with(test_pass: str) -> PipelineConfig:
+    return PipelineConfig(stages=[(*DEFAULT_PIPELINE, test_pass)])
+
+
+def test_bisect_names_the_pass_the_rewrite_and_the_node(reference: Path) -> None:
+    report = bisect(reference, reference_feeds(reference), config_with(FLIP))
+    assert report.reproduced
+    assert report.guilty_pass == FLIP
+    assert report.suspects == [FLIP]
+    assert report.granularity == "rewrite"
+    assert (report.total, report.first_bad) == (3, 2)  # r1 harmless, r2 broken, r3 after
+    assert (report.rewrite_node, report.rewrite_op) == ("r2", "Relu")
+    d = report.divergence
+    assert (d.node, d.op_type, d.tensor) == ("r2", "Sigmoid", "c")
+    assert (d.reference_node, d.reference_op) == ("r2", "Relu")
+    assert d.cosine < 0.9999
+    assert FLIP in report.message and "'r2'" in report.message
+    json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_bisect_falls_back_to_runs_for_a_pass_without_the_hook(reference: Path) -> None:
+    report = bisect(reference, reference_feeds(reference), config_with(SILENT))
+    assert report.guilty_pass == SILENT
+    assert report.granularity == "run"
+    assert report.first_bad == 1
+    assert report.rewrite_node is None
+    assert (report.divergence.node, report.divergence.op_type) == ("r3", "Sigmoid")
+
+
+def test_bisect_of_a_candidate_built_otherwise_does_not_reproduce(reference: Path) -> None:
+    proto = onnx.load(reference)
+    model = import_model(proto)
+    run_passes(model, PassContext(), [SILENT])
+    candidate = export_model(model)
+    report = bisect(reference, reference_feeds(reference), PipelineConfig(), candidate=candidate)
+    assert not report.reproduced
+    assert report.guilty_pass is None
+    assert "rebuilt" in report.message
+    assert (report.divergence.node, report.divergence.reference_op) == ("r3", "Relu")
+
+
+def test_first_divergence_is_none_for_equal_models(reference: Path) -> None:
+    feeds = reference_feeds(reference)[0]
+    tol = {"atol": 1e-6, "rtol": 1e-6, "min_cosine": 0.9999}
+    assert first_divergence(reference, reference, feeds, tol) is None
+
+
+def test_allow_rewrite_counts_and_stops_at_the_limit() -> None:
+    ctx = PassContext()
+    ctx.current_pass = "p"
+    node = import_model(onnx.parser.parse_model(MODEL)).graph.nodes[0]
+    assert all(ctx.allow_rewrite(node) for _ in range(3))  # no limit: always yes
+    ctx.rewrite_limits = {"p": 4}
+    assert [ctx.allow_rewrite(node) for _ in range(2)] == [True, False]
+    assert len(ctx.rewrites["p"]) == 4
+
+
+def test_run_limits_cut_a_pass_after_its_first_runs() -> None:
+    calls = []
+
+    def counting(graph, ctx):
+        calls.append(1)
+        return PassResult(changed=len(calls) < 5)
+
+    register_pass("test-counting")(counting)
+    try:
+        model = import_model(onnx.parser.parse_model(MODEL))
+        ctx = PassContext(run_limits={"test-counting": 2})
+        report = run_passes(model, ctx, ["test-counting"])
+        assert len(calls) == 2
+        assert report.passes["test-counting"].runs == 2
+    finally:
+        REGISTRY.pop("test-counting", None)
+
+
+def test_cli_bisect_of_a_hand_broken_candidate(reference: Path, tmp_path: Path) -> None:
+    broken = onnx.load(reference)
+    broken.graph.node[2].op_type = "Sigmoid"  # r2
+    cand = tmp_path / "cand.onnx"
+    onnx.save(broken, cand)
+    r = subprocess.run(
+        [sys.executable, "-m", "infercc", "validate", str(cand), "--reference", str(reference)]
+        + ["--bisect", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 1, r.stderr
+    data = json.loads(r.stdout)
+    assert data["passed"] is False
+    assert data["bisect"]["reproduced"] is False  # infercc's pipeline does not do that
+    assert data["bisect"]["divergence"]["node"] == "r2"
+    assert data["bisect"]["divergence"]["op_type"] == "Sigmoid"
+    assert np.isfinite(data["bisect"]["divergence"]["max_abs"])
+
+
+def test_validate_bisect_on_an_artifact_names_a_broken_default_pass(
+    reference: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A default pass broken in place (as a real bug would be): the candidate is built by
+    `optimize` into an artifact, and `validate --bisect` reads how from its manifest."""
+    from infercc.api import optimize
+    from infercc.passes.manager import PassInfo
+    from infercc.validate_cli import validate_candidate
+
+    original = REGISTRY["eliminate-dead-code"]
+
+    def broken_dce(graph, ctx):
+        result = original.fn(graph, ctx)
+        _flip_second(graph, ctx)
+        return result
+
+    monkeypatch.setitem(
+        REGISTRY, "eliminate-dead-code", PassInfo("eliminate-dead-code", broken_dce, "")
+    )
+    art = tmp_path / "art"
+    built = optimize(reference, art, backend="ort", tune=False, run_validation=False)
+    assert built.artifact is not None
+    report = validate_candidate(art, reference, bisect=True)
+    assert not report.passed
+    b = report.bisect
+    assert b.reproduced and b.guilty_pass == "eliminate-dead-code"
+    assert b.rewrite_node == "r2"
+    assert (b.divergence.node, b.divergence.op_type) == ("r2", "Sigmoid")
