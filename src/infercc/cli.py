@@ -178,6 +178,105 @@ def optimize(
     explain: Annotated[
         bool, typer.Option(help="List every rewrite that matched but refused, and why.")
     ] = False,
+    plugin: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--plugin",
+            metavar="LIB",
+            help="With --backend tensorrt: a TensorRT plugin library (.so) to load before "
+            "parsing and loading (repeatable).",
+        ),
+    ] = None,
+    workspace: Annotated[
+        str | None,
+        typer.Option(
+            help="With --backend tensorrt: the builder's workspace limit, bytes or e.g. 512MiB, "
+            "4GiB [default: the target's memory less weights, activations and 512 MiB].",
+        ),
+    ] = None,
+    opt_level: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=5,
+            help="With --backend tensorrt: builder optimization level 0-5 (TensorRT's default "
+            "3; higher builds slower, may run faster).",
+        ),
+    ] = None,
+    hw_compat: Annotated[
+        str,
+        typer.Option(
+            help="With --backend tensorrt: hardware compatibility: none, ampere+ (runs on any "
+            "GPU of compute capability >= 8.0) or same-cc (any GPU of the same compute "
+            "capability); compatible engines may run slower.",
+        ),
+    ] = "none",
+    version_compatible: Annotated[
+        bool,
+        typer.Option(
+            "--version-compatible",
+            help="With --backend tensorrt: build an engine later TensorRT versions (same major) "
+            "can load, at some speed cost.",
+        ),
+    ] = False,
+    timing_cache_strict: Annotated[
+        bool,
+        typer.Option(
+            "--timing-cache-strict",
+            help="With --backend tensorrt: fail when no timing cache exists for this TensorRT, "
+            "GPU and CUDA (reproducible CI builds).",
+        ),
+    ] = False,
+    strict_target: Annotated[
+        bool,
+        typer.Option(
+            "--strict-target",
+            help="With --backend tensorrt: refuse to build when the GPU here is not the "
+            "--target's (engines are tuned for, and tied to, the GPU that builds them).",
+        ),
+    ] = False,
+    bf16: Annotated[
+        bool,
+        typer.Option(
+            "--bf16",
+            help="With --backend tensorrt 10.x: let TensorRT choose bfloat16 kernels "
+            "(BuilderFlag.BF16). TensorRT 11 takes precision from the graph only.",
+        ),
+    ] = False,
+    int8: Annotated[
+        bool,
+        typer.Option(
+            "--int8",
+            help="With --backend tensorrt: build int8 from the graph's Q/DQ pairs (infercc "
+            "calibrate), or on TensorRT 10 from --calib-cache.",
+        ),
+    ] = False,
+    calib_cache: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --int8 on TensorRT 10: a TensorRT calibration cache (infercc calibrate "
+            "writes one) giving the int8 scales.",
+        ),
+    ] = None,
+    profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--profile",
+            metavar="SPECS",
+            help="With --backend tensorrt: one more optimization profile, comma-separated "
+            'NAME=MIN:OPT:MAX specs, e.g. "ids=1x16:1x64:1x128" (repeatable; --shape is the '
+            "first).",
+        ),
+    ] = None,
+    shape_input: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape-input",
+            metavar="NAME=MIN:OPT:MAX",
+            help="With --backend tensorrt: the range of a shape-tensor input's values, "
+            "x-separated, e.g. new_shape=1x64:8x64:32x64 (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation and
     Q/K/V projections, schedule for memory; validate against the original; write the result
@@ -201,7 +300,24 @@ def optimize(
             backend=backend,
             cache_dir=cache_dir,
             tune=not no_tune,
-            backend_options={"save_optimized": True} if ort_optimized_model else None,
+            backend_options=_backend_options(
+                backend,
+                target,
+                save_optimized=ort_optimized_model,
+                cache_dir=str(cache_dir) if cache_dir else None,
+                validate=not no_validate,
+                plugins=[str(p) for p in plugin or []],
+                workspace=workspace,
+                opt_level=opt_level,
+                hw_compat=hw_compat,
+                version_compatible=version_compatible,
+                timing_cache_strict=timing_cache_strict,
+                strict_target=strict_target,
+                precision="int8" if int8 else "bf16" if bf16 else None,
+                calib_cache=str(calib_cache) if calib_cache else None,
+                profiles=profile or [],
+                shape_inputs=shape_input or [],
+            ),
             data=data,
             disable_passes=disable_pass or [],
             portable=portable,
@@ -224,6 +340,26 @@ def optimize(
         render_optimize(report, out, explain=explain)
     if not report.passed:
         raise typer.Exit(EXIT_VALIDATION_FAILED)
+
+
+_TRT_ONLY = {"precision": "--bf16/--int8", "calib_cache": "--calib-cache"}
+
+
+def _backend_options(backend: str | None, target: str, **options: object) -> dict[str, object]:
+    """The optimize options meant for the backend; TensorRT-only precisions refused elsewhere."""
+    trt = backend == "tensorrt" or (backend is None and target.lower() != "cpu")
+    for key, flag in _TRT_ONLY.items():
+        if options.get(key) and not trt:
+            raise InferccError(
+                f"{flag} needs --backend tensorrt",
+                "use --fp16 (a graph rewrite every backend runs), or infercc calibrate for int8",
+            )
+    dropped = (None, False)
+    return {
+        k: v
+        for k, v in options.items()
+        if k == "validate" or not (any(v is d for d in dropped) or v == [])
+    }
 
 
 @app.command()
@@ -397,7 +533,9 @@ def calibrate(
         Path,
         typer.Option(
             help="Samples: a directory of .npz files (one sample each, keyed by input "
-            "name) or <input>.npy files, or one .npz of stacked samples."
+            "name) or <input>.npy files, or one .npz of stacked samples (every array with "
+            "one more axis than the input: N samples on axis 0), or a directory of images "
+            "(jpg, png, bmp, webp; needs --preprocess)."
         ),
     ],
     output: Annotated[
@@ -438,6 +576,52 @@ def calibrate(
     exclude: Annotated[
         list[str] | None, typer.Option("--exclude", help="A node to keep in float (repeatable).")
     ] = None,
+    preprocess: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SPEC",
+            help="How images become tensors: a preset (imagenet: torchvision's resize "
+            "crop/0.875, center crop, scale=1/255, ImageNet mean/std, RGB; raw: pixels 0-255) "
+            "and/or comma-separated key=value items overriding it: input=NAME, resize=S|HxW|"
+            "none (S: shorter side), crop=S|HxW|none (center; default: the model's H x W), "
+            "scale=F|A/B, mean=R/G/B, std=R/G/B, order=rgb|bgr|gray, layout=nchw|nhwc, "
+            "dtype=float32|float16|uint8|..., interp=bilinear|bicubic|nearest|lanczos. "
+            'E.g. "imagenet,order=bgr". Needs Pillow: pip install "infercc\\[images]".',
+        ),
+    ] = None,
+    target: Annotated[
+        str, typer.Option(help="Where the int8 model will run; decides --activations auto.")
+    ] = "cpu",
+    activations: Annotated[
+        str,
+        typer.Option(
+            help="Activation quantization: int8 (symmetric; the form TensorRT takes), uint8 "
+            "(asymmetric; onnxruntime's fast CPU form, twice the resolution on one-sided "
+            "tensors), or auto (uint8 for cpu, int8 for GPU targets)."
+        ),
+    ] = "auto",
+    activation_matmuls: Annotated[
+        bool,
+        typer.Option(
+            "--activation-matmuls",
+            help="Also quantize MatMuls of two activations (attention); off by default: "
+            "little speed, much accuracy lost.",
+        ),
+    ] = False,
+    max_trials: Annotated[
+        int,
+        typer.Option(
+            help="Cap on sensitivity trials (each quantizes and evaluates once) when an "
+            "accuracy target is set.",
+            min=0,
+        ),
+    ] = 64,
+    speed_check: Annotated[
+        bool,
+        typer.Option(
+            help="Race int8 against fp32 on this host (interleaved) and say when int8 is slower."
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
@@ -458,6 +642,12 @@ def calibrate(
             min_cosine=min_cosine,
             max_top1_drop=max_top1_drop,
             exclude=exclude or [],
+            preprocess=preprocess,
+            target=target,
+            activations=activations,
+            activation_matmuls=activation_matmuls,
+            max_trials=max_trials,
+            speed_check=speed_check,
             on_step=step,
         )
     if as_json:
@@ -468,6 +658,181 @@ def calibrate(
         render_calibration(report, out)
     if not report.passed:
         raise typer.Exit(EXIT_VALIDATION_FAILED)
+
+
+@app.command()
+def validate(
+    candidate: Annotated[
+        Path | None,
+        typer.Argument(
+            help="The optimized .onnx model, or an artifact directory (run through its "
+            "backend). Omit it with --save-golden to only write goldens."
+        ),
+    ] = None,
+    reference: Annotated[
+        Path | None, typer.Option(help="The original model to compare with.")
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Samples: a directory of .npz (keyed by input name) or .npy files."),
+    ] = None,
+    shape: ShapeOpt = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    atol: Annotated[
+        float | None, typer.Option(help="Absolute tolerance (default: 1e-4 for fp32).")
+    ] = None,
+    rtol: Annotated[
+        float | None, typer.Option(help="Relative tolerance (default: 1e-3 for fp32).")
+    ] = None,
+    min_cosine: Annotated[
+        float | None,
+        typer.Option(help="Minimum cosine (default: 0.9999 fp32, 0.999 fp16, 0.99 int8)."),
+    ] = None,
+    tol: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tol", help="Tolerance of one output, OUTPUT=ATOL:RTOL, e.g. logits=1e-3:1e-2."
+        ),
+    ] = None,
+    save_golden: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the inputs and the reference's outputs here (npz), for --golden later."
+        ),
+    ] = None,
+    golden: Annotated[
+        Path | None,
+        typer.Option(help="Compare with goldens written by --save-golden (no reference needed)."),
+    ] = None,
+    bisect: Annotated[
+        bool,
+        typer.Option(
+            "--bisect",
+            help="On failure, rebuild from --reference with passes disabled one at a time, "
+            "bisect the guilty pass's rewrites and name the node where outputs first diverge.",
+        ),
+    ] = False,
+    target: Annotated[
+        str | None, typer.Option(help="With --bisect: the target the candidate was built for.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Check CANDIDATE against --reference (or --golden): per output max abs and relative
+    error, cosine and the fraction of elements out of tolerance. Tolerances follow the
+    candidate's precision (from its manifest, or read from the model).
+
+    Exit codes: 0 passed, 1 failed, 2 bad input."""
+    from infercc.report import render_candidate
+    from infercc.shapes import parse_shapes
+    from infercc.validate_cli import parse_tolerances, validate_candidate
+
+    with _progress(as_json) as step:
+        report = validate_candidate(
+            candidate,
+            reference,
+            golden=golden,
+            save_golden_to=save_golden,
+            data=data,
+            shapes=parse_shapes(shape),
+            seed=seed,
+            atol=atol,
+            rtol=rtol,
+            min_cosine=min_cosine,
+            tolerances=parse_tolerances(tol),
+            bisect=bisect,
+            target=target,
+            on_step=step,
+        )
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+    else:
+        render_candidate(report, out)
+    if not report.passed:
+        raise typer.Exit(EXIT_VALIDATION_FAILED)
+
+
+@app.command()
+def ci(
+    config: Annotated[
+        Path, typer.Argument(help="The manifest: infercc.toml, or a pyproject.toml.")
+    ],
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Models built in parallel (processes).", min=1)
+    ] = 1,
+    junit: Annotated[
+        Path | None, typer.Option(help="Write JUnit XML here (one testcase per model).")
+    ] = None,
+    json_report: Annotated[
+        Path | None, typer.Option("--json-report", help="Write the JSON report here.")
+    ] = None,
+    markdown: Annotated[
+        Path | None,
+        typer.Option(help="Write a Markdown summary here ($GITHUB_STEP_SUMMARY gets it too)."),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option(help="Where artifacts go (default: the manifest's out_dir).")
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Run this model only (repeatable).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Compile, validate and time every model of a manifest; write JUnit XML, JSON and
+    Markdown reports for CI. One model's failure never stops the others.
+
+    Exit codes: 0 all passed, 1 a model failed (each named with its reason), 2 bad manifest."""
+    from infercc.ci import run_ci
+    from infercc.report import render_ci
+
+    with _ci_progress(as_json) as on_event:
+        report = run_ci(
+            config,
+            jobs,
+            out_dir=out_dir,
+            only=only,
+            junit=junit,
+            json_report=json_report,
+            markdown=markdown,
+            on_event=on_event,
+        )
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+    else:
+        render_ci(report, out)
+    if not report.passed:
+        raise typer.Exit(EXIT_VALIDATION_FAILED)
+
+
+class _ci_progress:
+    """One spinner line per model on stderr (silent under --json or without a TTY)."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet or not err.is_terminal
+        self.progress = None
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        if self.quiet:
+            return None
+        from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            SpinnerColumn(), "{task.description}", TimeElapsedColumn(), console=err
+        )
+        self.progress.__enter__()
+        return self.event
+
+    def event(self, name: str, what: str) -> None:
+        if name not in self.tasks:
+            self.tasks[name] = self.progress.add_task(name, total=1)
+        done = what in ("passed", "failed")
+        self.progress.update(
+            self.tasks[name], description=f"{escape(name)}: {what}", completed=int(done)
+        )
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
 
 
 cache_app = typer.Typer(
@@ -573,7 +938,9 @@ def main() -> None:
     """Entry point: one-line errors with exit code 2; tracebacks only with --debug."""
     debug = "--debug" in sys.argv[1:]
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:  # typer.Exit(n) comes back as n in this mode
+            sys.exit(code)
     except InferccError as e:
         if debug:
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infercc.api import OptimizeReport
@@ -306,8 +307,9 @@ def render_calibration(report, console: Console) -> None:
     status = "[green]passed[/]" if d["passed"] else "[red]FAILED[/]"
     samples = ", ".join(f"{k} {v}" for k, v in d["samples"].items())
     console.print(
-        f"[bold]{d['model']}[/] -> [bold]{d['out_dir']}[/]  int8 QDQ, {d['method']} ranges "
-        f"({samples}), {d['quantized_nodes']} node(s) quantized  {status}",
+        f"[bold]{d['model']}[/] -> [bold]{d['out_dir']}[/]  int8 QDQ ({d['activations']} "
+        f"activations), {d['method']} ranges ({samples}), {d['quantized_nodes']} node(s) "
+        f"quantized  {status}",
         highlight=False,
     )
     t = Table(title="int8 against fp32", title_justify="left")
@@ -322,7 +324,133 @@ def render_calibration(report, console: Console) -> None:
             "-" if agree is None else f"{agree:.2%}",
         )
     console.print(t)
+    by_reason: dict[str, list[str]] = {}
     for k in d["kept_float"]:
-        console.print(f"kept in float: {k['node']}: {k['reason']}", highlight=False)
+        if k["cause"] == "sensitivity":
+            console.print(f"kept in float: {k['node']}: {k['reason']}", highlight=False)
+        else:
+            by_reason.setdefault(k["reason"], []).append(k["node"])
+    for reason, nodes in by_reason.items():
+        shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        console.print(f"kept in float: {shown}: {reason}", highlight=False)
     if d["message"]:
         console.print(d["message"], highlight=False)
+    speed = d.get("speed")
+    if speed:
+        style = "bold red" if speed["slower"] else "default"
+        console.print(f"speed: {speed['message']}", style=style, highlight=False)
+
+
+def render_candidate(report, console: Console) -> None:
+    """`infercc validate`: what was compared, the per-output table, the bisection."""
+    against = f"goldens {report.golden}" if report.golden else f"reference {report.reference}"
+    if report.saved_golden:
+        console.print(f"goldens written to [bold]{escape(report.saved_golden)}[/]")
+    if report.validation is None:
+        return
+    console.print(
+        f"[bold]{escape(report.candidate)}[/] against {escape(against)}  "
+        f"(precision {report.precision})",
+        highlight=False,
+    )
+    render_validation(report.validation, console)
+    if report.bisect is not None:
+        render_bisect(report.bisect, console)
+
+
+def render_bisect(b, console: Console) -> None:
+    """The verdict of `--bisect`: the pass, the rewrite and the first diverging node."""
+    if not b.reproduced or b.guilty_pass is None:
+        console.print(f"bisect: {escape(b.message)} ({b.trials} rebuilds)", highlight=False)
+    else:
+        console.print(f"bisect ({b.trials} rebuilds): guilty pass [bold]{escape(b.guilty_pass)}[/]")
+        if len(b.suspects) > 1:
+            console.print(f"  passes whose absence alone fixes it: {', '.join(b.suspects)}")
+        if b.granularity == "rewrite" and b.first_bad is not None:
+            console.print(
+                f"  rewrite {b.first_bad} of {b.total}: node {escape(str(b.rewrite_node))} "
+                f"({b.rewrite_op})",
+                highlight=False,
+            )
+        elif b.granularity == "run" and b.first_bad is not None:
+            console.print(f"  run {b.first_bad} of {b.total} (the pass does not count rewrites)")
+    d = b.divergence
+    if d is not None:
+        ref = ""
+        if d.reference_node is not None:
+            ref = f", {escape(d.reference_node)} ({d.reference_op}) in the reference"
+        console.print(
+            f"  outputs first diverge at node [bold]{escape(d.node)}[/] ({d.op_type}){ref}: "
+            f"tensor {escape(d.tensor)}, max abs {_num(d.max_abs)}, "
+            f"cosine {_num(d.cosine, '.6f')}",
+            highlight=False,
+        )
+
+
+def render_ci(report, console: Console) -> None:
+    """`infercc ci`: one row per model, then the reason of each failure."""
+    from infercc.ci import worst_metrics
+
+    t = Table(title=f"infercc ci {report.config}", title_justify="left")
+    t.add_column("model", no_wrap=True)
+    t.add_column("status")
+    for col in ("precision", "nodes", "max abs", "cosine", "p50 ms"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for m in report.models:
+        w = worst_metrics(m.validation)
+        t.add_row(
+            m.name,
+            "[green]passed[/]" if m.passed else "[red]FAILED[/]",
+            m.precision or "-",
+            "-" if m.nodes_before is None else f"{m.nodes_before} -> {m.nodes_after}",
+            _metric(w["max_abs"], ".3g"),
+            _metric(w["cosine"], ".6f"),
+            _metric((m.latency or {}).get("p50_ms"), ".3f"),
+        )
+    console.print(t)
+    for m in report.failures():
+        console.print(f"[red]{escape(m.name)}[/]: {escape(m.reason or 'failed')}", highlight=False)
+    n = len(report.failures())
+    verdict = "[green]all passed[/]" if n == 0 else f"[red]{n} of {len(report.models)} failed[/]"
+    console.print(f"{len(report.models)} model(s), {verdict} in {report.seconds:.1f} s")
+
+
+def _metric(x, fmt: str) -> str:
+    """A JSON-safe metric ("nan"/"inf" strings pass through) for a table cell."""
+    if x is None:
+        return "-"
+    return x if isinstance(x, str) else format(x, fmt)
+
+
+def ci_markdown(report) -> str:
+    """The Markdown summary of `infercc ci` (for $GITHUB_STEP_SUMMARY and --markdown)."""
+    from infercc.ci import worst_metrics
+
+    n = len(report.failures())
+    head = "all passed" if n == 0 else f"{n} of {len(report.models)} failed"
+    lines = [
+        f"## infercc ci: {head}",
+        "",
+        "| model | status | precision | nodes | max abs | cosine | p50 ms | budget ms | reason |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for m in report.models:
+        w = worst_metrics(m.validation)
+        lat = m.latency or {}
+        cells = [
+            m.name,
+            "passed" if m.passed else "**FAILED**",
+            m.precision or "-",
+            "-" if m.nodes_before is None else f"{m.nodes_before} → {m.nodes_after}",
+            _metric(w["max_abs"], ".3g"),
+            _metric(w["cosine"], ".6f"),
+            _metric(lat.get("p50_ms"), ".3f"),
+            _metric(lat.get("budget_ms"), "g"),
+            m.reason or "",
+        ]
+        lines.append("| " + " | ".join(_md_cell(str(c)) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
