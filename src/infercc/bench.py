@@ -581,6 +581,35 @@ def compare(
     )
 
 
+def race(
+    a: str | os.PathLike[str],
+    b: str | os.PathLike[str],
+    feeds: Feeds,
+    warmup: int = 10,
+    iters: int = 100,
+) -> PairStats:
+    """Race model B against model A, interleaved, on the caller's feeds (real samples).
+
+    `compare` makes random feeds; this takes real ones (token ids must be valid, say), one
+    feed dict used by every run. B gets A's feeds in its own declared dtypes.
+    """
+    _check_counts((1,), warmup, iters)
+    side_a, side_b = _open_side(a), _open_side(b)
+    _check_same_inputs(side_a, side_b)
+    names = {vi.name for vi in real_inputs(side_a.skeleton)}
+    feeds_a = {name: np.asarray(x) for name, x in feeds.items() if name in names}
+    feeds_b = _feeds_for_b(feeds_a, side_b.skeleton)
+    tick = _Ticker(2 * (warmup + iters), None)
+    times_a, times_b, _ = _time_pairs(
+        side_a.runner, side_b.runner, (feeds_a, feeds_b), warmup, iters, tick
+    )
+    batch = next((int(x.shape[0]) for x in feeds_a.values() if np.ndim(x) > 0), 1)
+    shapes = _shapes_of(feeds_a)
+    stats_a = _stats(times_a, batch, shapes, warmup)
+    stats_b = _stats(times_b, batch, shapes, warmup)
+    return _pair_stats(stats_a, stats_b, times_b / times_a)
+
+
 def _open_side(path: str | os.PathLike[str]) -> _Side:
     runner, skeleton = open_runner(Path(path), spinning=False)
     return _Side(runner, skeleton, Path(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
+from infercc.calib import calibrate as calibrate_module
 from infercc.calib.calibrate import (
     CACHE_FILE,
     FP32_FILE,
@@ -426,3 +428,117 @@ def test_split_keeps_at_least_one_on_each_side():
     calib, evaluation, held = split_samples(samples[:1], 0.5)
     assert len(calib) == 1 and evaluation is calib and held is False
     assert split_samples(samples, 0.0)[2] is False
+
+
+# --------------------------------------------------------------------------- trials, ranking, speed
+
+
+def test_max_trials_caps_the_sensitivity_search(mlp3, tmp_path):
+    model, data = mlp3
+    report = calibrate(model, data, tmp_path / "out", min_cosine=0.999999, max_trials=2)
+    assert report.trials == 2
+    assert report.passed is False
+    assert "after 2 sensitivity trial(s), the max_trials cap" in report.message
+    assert not (tmp_path / "out").exists()
+    none = calibrate(model, data, tmp_path / "none", min_cosine=0.999999, max_trials=0)
+    assert none.trials == 0 and none.passed is False
+    with pytest.raises(InferccError, match="max_trials"):
+        calibrate(model, data, tmp_path / "bad", max_trials=-1)
+
+
+def test_activation_noise_ranks_an_outlier_input_first(tmp_path):
+    """mm_out reads a tensor with one huge channel: its weight is benign, its input is not."""
+    rng = np.random.default_rng(11)
+    scale_in = np.ones(32, np.float32)
+    scale_in[0] = 400.0  # one outlier channel sets the per-tensor range
+    weights = {
+        "s": scale_in,
+        "w1": rng.standard_normal((16, 32)) * 0.3,
+        "w2": rng.standard_normal((32, 8)) * 0.3,
+    }
+    nodes = [
+        oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm_in"),
+        oh.make_node("Mul", ["h", "s"], ["hs"]),
+        oh.make_node("MatMul", ["hs", "w2"], ["y"], name="mm_out"),
+    ]
+    model = _save_model(
+        nodes,
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        weights,
+        tmp_path / "outlier.onnx",
+    )
+    arrays = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(6)]
+    data = _save_samples(tmp_path / "samples", arrays)
+    job_sqnr: dict[str, float] = {}
+    original = calibrate_module._Job.rank_nodes
+
+    def spy(self):
+        original(self)
+        job_sqnr.update(self.sqnr)
+
+    calibrate_module._Job.rank_nodes = spy
+    try:
+        report = calibrate(model, data, tmp_path / "out", min_cosine=0.999999, max_trials=1)
+    finally:
+        calibrate_module._Job.rank_nodes = original
+    assert job_sqnr["mm_out"] < job_sqnr["mm_in"]
+    # the one trial allowed measured the worst-ranked node first
+    assert report.trials == 1
+
+
+def test_speed_check_is_reported(mlp3, tmp_path):
+    model, data = mlp3
+    report = calibrate(model, data, tmp_path / "out")
+    speed = report.speed
+    assert speed is not None and speed.iters == calibrate_module.SPEED_ITERS
+    assert speed.fp32_ms > 0 and speed.int8_ms > 0
+    assert speed.ratio_p10 <= speed.ratio_median <= speed.ratio_p90
+    saved = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
+    assert saved["speed"]["slower"] == speed.slower
+    assert saved["activations"] == "uint8"
+    off = calibrate(model, data, tmp_path / "off", speed_check=False)
+    assert off.speed is None and off.to_dict()["speed"] is None
+
+
+def test_speed_check_says_plainly_when_int8_is_slower():
+    slow = calibrate_module.SpeedCheck(1.0, 1.6, 1.6, 1.4, 1.8, 60, "cpu", vnni=False)
+    assert slow.slower
+    assert slow.message.startswith("int8 is SLOWER than fp32 on this host (this CPU has no VNNI")
+    assert "1.60x the fp32 time" in slow.message
+    fast = calibrate_module.SpeedCheck(2.0, 1.0, 0.5, 0.45, 0.55, 60, "cpu", vnni=True)
+    assert not fast.slower and "SLOWER" not in fast.message
+    noisy = calibrate_module.SpeedCheck(1.0, 1.05, 1.05, 0.98, 1.1, 60, "cpu", vnni=True)
+    assert not noisy.slower  # within noise: p10 below 1
+
+
+def test_activations_follow_the_target(mlp3, tmp_path):
+    assert calibrate_module.resolve_activations("auto", "cpu") == "uint8"
+    assert calibrate_module.resolve_activations("auto", "a100") == "int8"
+    assert calibrate_module.resolve_activations("int8", "cpu") == "int8"
+    with pytest.raises(InferccError, match="unknown activation type"):
+        calibrate_module.resolve_activations("int4", "cpu")
+    model, data = mlp3
+    report = calibrate(model, data, tmp_path / "out", target="a100", speed_check=False)
+    assert report.activations == "int8"
+    int8 = onnx.load(tmp_path / "out" / "model_int8.onnx")
+    zero_types = {
+        numpy_helper.to_array(next(i for i in int8.graph.initializer if i.name == n.input[2])).dtype
+        for n in int8.graph.node
+        if n.op_type == "QuantizeLinear"
+    }
+    assert zero_types == {np.dtype(np.int8)}
+
+
+def test_fake_quantize_and_noise_combination():
+    x = np.array([-1.0, 0.0, 0.26, 5.0])
+    np.testing.assert_allclose(
+        calibrate_module.fake_quantize(x, 0.5, 0, "int8"), [-1.0, 0.0, 0.5, 5.0]
+    )
+    np.testing.assert_allclose(
+        calibrate_module.fake_quantize(x, 0.5, 2, "uint8"), [-1.0, 0.0, 0.5, 5.0]
+    )
+    assert calibrate_module.fake_quantize(np.array([-3.0]), 0.5, 2, "uint8")[0] == -1.0  # clipped
+    assert calibrate_module._combine_db([10.0, 10.0]) == pytest.approx(10 - 10 * np.log10(2))
+    assert calibrate_module._combine_db([math.inf, 20.0]) == pytest.approx(20.0)
+    assert calibrate_module._combine_db([-math.inf, 20.0]) == -math.inf

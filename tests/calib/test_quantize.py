@@ -14,6 +14,7 @@ from onnx import helper as oh
 
 from infercc.calib.observers import MIN_SCALE, TensorRange, collect_ranges
 from infercc.calib.quantize import (
+    activation_params,
     calibration_tensors,
     dequantize_weight,
     quantize_qdq,
@@ -84,7 +85,9 @@ def mlp() -> onnx.ModelProto:
 def _samples(proto: onnx.ModelProto, n: int = 6, seed: int = 1) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     vi = proto.graph.input[0]
-    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    shape = [
+        d.dim_value or (1 if i == 0 else 8) for i, d in enumerate(vi.type.tensor_type.shape.dim)
+    ]
     return [{vi.name: _normal(rng, shape)} for _ in range(n)]
 
 
@@ -404,3 +407,101 @@ def test_weight_sqnr():
     skewed = w * np.logspace(-2, 1, 128, dtype=np.float32)  # columns of very different size
     assert weight_sqnr(skewed, 1) > weight_sqnr(skewed, None) + 6.0
     assert weight_sqnr(np.zeros((4, 4), np.float32), 0) == float("inf")
+
+
+# --------------------------------------------------------------------------- activation forms
+
+
+def test_activation_params_uint8_covers_the_range_with_zero_exact():
+    r = TensorRange("t", -0.5, 12.25, 12.25 / 127, "minmax")
+    assert activation_params(r, "int8") == (pytest.approx(12.25 / 127), 0)
+    scale, zero = activation_params(r, "uint8")
+    assert scale == pytest.approx(12.75 / 255)
+    assert zero == 10  # round(0.5 / 0.05)
+    # a one-sided range: zero point 0, the whole code range on the positive side
+    assert activation_params(TensorRange("r", 0.0, 2.55, 2.55 / 127, "minmax"), "uint8") == (
+        pytest.approx(0.01),
+        0,
+    )
+    with pytest.raises(InferccError, match="unknown activation type"):
+        quantize_qdq(import_model(mlp()), {}, activations="u4")
+
+
+def transformer_block(batch: int | str = "batch", seq: int | str = "seq") -> onnx.ModelProto:
+    """[batch, seq, 16] tokens: a rank-3 projection with a bias, attention, a ReLU-fed MatMul."""
+    rng = np.random.default_rng(3)
+    weights = {
+        "wq": _normal(rng, (16, 16), 0.3),
+        "bq": _normal(rng, (16,), 0.1),
+        "wo": _normal(rng, (16, 16), 0.3),
+        "bo": _normal(rng, (16,), 0.1),
+    }
+    nodes = [
+        oh.make_node("MatMul", ["x", "wq"], ["q0"], name="proj"),
+        oh.make_node("Add", ["q0", "bq"], ["q"], name="proj_bias"),
+        oh.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["q", "qt"], ["scores"], name="scores"),
+        oh.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        oh.make_node("MatMul", ["p", "q"], ["ctx"], name="context"),
+        oh.make_node("Relu", ["ctx"], ["r"]),
+        oh.make_node("MatMul", ["r", "wo"], ["o0"], name="out"),
+        oh.make_node("Add", ["o0", "bo"], ["y"], name="out_bias"),
+    ]
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, 16])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, 16])
+    return _model(nodes, [x], [y], weights)
+
+
+def test_uint8_activations_rank3_projections_and_attention(tmp_path):
+    proto = transformer_block()
+    ranges = _calibrate(proto, tmp_path)
+    q, report = _quantized(proto, ranges, activations="uint8", activation_matmuls=False)
+    # attention MatMuls of two activations stay float, with the reason
+    assert sorted(report.quantized) == ["out", "proj"]
+    assert set(report.kept_float) == {"scores", "context"}
+    assert all("both operands are activations" in r for r in report.kept_float.values())
+    # activations are uint8 (asymmetric); the ReLU output's zero point is 0, x's is not
+    qs = [n for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    assert len(qs) == 2  # no output pair on a MatMul + bias with a symbolic shape
+    zero_points = {n.input[0]: numpy_helper.to_array(_init(q, n.input[2])) for n in qs}
+    assert {z.dtype for z in zero_points.values()} == {np.dtype(np.uint8)}
+    assert int(zero_points["r"]) == 0 and int(zero_points["x"]) > 0
+    # onnxruntime runs both projections as MatMulIntegerToFloat
+    ops = _ort_optimized_ops(q, tmp_path)
+    assert ops["MatMulIntegerToFloat"] == 2 and ops["QLinearMatMul"] == 0
+    feeds = _samples(proto, 1, seed=9)[0]
+    assert _cosine(_run(proto, feeds), _run(q, feeds)) > 0.999
+
+
+def test_activation_matmuls_on_request_and_symmetric_default(tmp_path):
+    proto = transformer_block()
+    ranges = _calibrate(proto, tmp_path)
+    q, report = _quantized(proto, ranges)
+    assert sorted(report.quantized) == ["context", "out", "proj", "scores"]
+    zero_types = {
+        numpy_helper.to_array(_init(q, n.input[2])).dtype
+        for n in q.graph.node
+        if n.op_type == "QuantizeLinear"
+    }
+    assert zero_types == {np.dtype(np.int8)}
+
+
+def test_static_rank3_matmul_with_bias_gets_its_output_pair(tmp_path):
+    # with a static shape onnxruntime fuses MatMul + bias into a Gemm (via Reshapes), which
+    # runs in float unless an output Q follows the MatMul
+    proto = transformer_block(1, 8)
+    q, report = _quantized(proto, _calibrate(proto, tmp_path), activation_matmuls=False)
+    assert sorted(report.quantized) == ["out", "proj"]
+    quantized = {n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    assert {"q0", "o0"} <= quantized
+    ops = _ort_optimized_ops(q, tmp_path)
+    assert ops["QLinearMatMul"] == 2 and ops["Gemm"] == 0
+
+
+def test_2d_matmul_with_bias_keeps_its_output_pair(mlp_case):
+    # rank-2 MatMul + bias Add is fused into a Gemm by onnxruntime: it needs the output pair
+    proto, ranges, _, _ = mlp_case
+    q, _ = _quantized(proto, ranges, activations="uint8")
+    outputs_quantized = {n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    matmuls = [n for n in proto.graph.node if n.op_type == "MatMul"]
+    assert any(n.output[0] in outputs_quantized for n in matmuls)

@@ -83,10 +83,13 @@ from infercc.calib.observers import (
     ProgressFn,
     TensorRange,
     collect_ranges,
+    tensor_values,
 )
 from infercc.calib.quantize import (
+    ACTIVATION_TYPES,
     TARGET_INPUTS,
     QuantizeReport,
+    activation_params,
     calibration_tensors,
     check_opset,
     const_array,
@@ -112,6 +115,9 @@ REPORT_FILE = "calibration_report.json"
 _TRIAL_FILE = ".trial.onnx"
 
 SENSITIVITY_CANDIDATES = 8
+DEFAULT_MAX_TRIALS = 64
+SQNR_SAMPLES = 4  # calibration samples used to measure each activation's quantization noise
+SPEED_WARMUP, SPEED_ITERS = 10, 60
 CACHE_METHOD = {"minmax": "minmax", "entropy": "entropy", "percentile": "entropy"}
 
 Samples = list[dict[str, np.ndarray]]
@@ -209,6 +215,8 @@ class CalibrationReport:
     ranges: int = 0
     trials: int = 0
     seconds: float = 0.0
+    activations: str = "int8"
+    speed: SpeedCheck | None = None
 
     @property
     def quantized_nodes(self) -> int:
@@ -234,7 +242,54 @@ class CalibrationReport:
             "files": list(self.files),
             "ranges": self.ranges,
             "sensitivity_trials": self.trials,
+            "activations": self.activations,
+            "speed": None if self.speed is None else self.speed.to_dict(),
             "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass
+class SpeedCheck:
+    """int8 against fp32 on this host, raced interleaved on one real sample (module doc 8)."""
+
+    fp32_ms: float
+    int8_ms: float
+    ratio_median: float  # int8 time / fp32 time
+    ratio_p10: float
+    ratio_p90: float
+    iters: int
+    cpu: str
+    vnni: bool
+
+    @property
+    def slower(self) -> bool:
+        """int8 slower than fp32 beyond noise: the ratio's 10th percentile is above 1."""
+        return self.ratio_p10 > 1.0
+
+    @property
+    def message(self) -> str:
+        text = (
+            f"int8 {self.int8_ms:.3f} ms vs fp32 {self.fp32_ms:.3f} ms median "
+            f"({self.ratio_median:.2f}x the fp32 time, p10..p90 "
+            f"{self.ratio_p10:.2f}..{self.ratio_p90:.2f})"
+        )
+        if not self.slower:
+            return text
+        why = "" if self.vnni else " (this CPU has no VNNI int8 dot-product instructions)"
+        return f"int8 is SLOWER than fp32 on this host{why}: {text}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fp32_ms": json_float(self.fp32_ms),
+            "int8_ms": json_float(self.int8_ms),
+            "ratio_median": json_float(self.ratio_median),
+            "ratio_p10": json_float(self.ratio_p10),
+            "ratio_p90": json_float(self.ratio_p90),
+            "iters": self.iters,
+            "cpu": self.cpu,
+            "vnni": self.vnni,
+            "slower": self.slower,
+            "message": self.message,
         }
 
 
@@ -294,6 +349,11 @@ def calibrate(
     exclude: Sequence[str] = (),
     trt_version: str = DEFAULT_TRT_VERSION,
     preprocess: str | None = None,
+    target: str = "cpu",
+    activations: str = "auto",
+    activation_matmuls: bool = False,
+    max_trials: int = DEFAULT_MAX_TRIALS,
+    speed_check: bool = True,
     on_step: Callable[[str], None] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> CalibrationReport:
@@ -305,6 +365,9 @@ def calibrate(
     t0 = time.perf_counter()
     targets = Targets(min_cosine, max_top1_drop)
     _check_options(method, percentile, num_samples, holdout, targets)
+    activations = resolve_activations(activations, target)
+    if max_trials < 0:
+        raise InferccError(f"max_trials must be >= 0, got {max_trials}", "e.g. 64")
     src, dest = Path(model), Path(out_dir)
     check_calibration_destination(dest, src)
     step = on_step or (lambda _text: None)
@@ -316,11 +379,13 @@ def calibrate(
     stage = staging_dir(dest)
     try:
         job = _Job(stage, targets, evaluation_set, step)
+        job.options = _QuantOptions(activations, activation_matmuls, max_trials)
         job.prepare_fp32(ir, exclude)
         del ir
         job.calibrate(calib, method, percentile, on_progress)
         final = job.search(tuple(exclude))
         report = _report(src, dest, method, percentile, job, final, exclude)
+        report.activations = activations
         report.samples = {
             "calibration": len(calib),
             "holdout": len(evaluation_set) if on_holdout else 0,
@@ -329,6 +394,11 @@ def calibrate(
         if report.passed:
             step("writing")
             report.files = job.write(dest, final.exclude, method, trt_version)
+            if speed_check:
+                step("racing int8 against fp32")
+                report.speed = job.speed_check()
+                log = logger.warning if report.speed.slower else logger.info
+                log("%s", report.speed.message)
             report.seconds = time.perf_counter() - t0
             _write_json(stage / REPORT_FILE, report.to_dict())
             publish(stage, dest)
@@ -336,6 +406,20 @@ def calibrate(
         shutil.rmtree(stage, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def resolve_activations(activations: str, target: str) -> str:
+    """`auto`: uint8 (asymmetric) for the CPU, int8 (symmetric) for GPU targets (TensorRT)."""
+    if activations == "auto":
+        from infercc.targets import get_target
+
+        return "int8" if get_target(target).kind == "gpu" else "uint8"
+    if activations not in ACTIVATION_TYPES:
+        raise InferccError(
+            f"unknown activation type {activations!r}",
+            "use auto, int8 (symmetric; TensorRT) or uint8 (asymmetric; onnxruntime CPU)",
+        )
+    return activations
 
 
 def _check_options(
@@ -416,6 +500,13 @@ def split_samples(samples: Samples, holdout: float) -> tuple[Samples, Samples, b
 
 
 @dataclass
+class _QuantOptions:
+    activations: str = "int8"
+    activation_matmuls: bool = False
+    max_trials: int = DEFAULT_MAX_TRIALS
+
+
+@dataclass
 class _Trial:
     """One candidate: the nodes kept float by name, what the quantizer did, how it scored."""
 
@@ -442,6 +533,10 @@ class _Job:
         self.reference: Outputs = []
         self.sensitivity: dict[str, KeptFloat] = {}
         self.trials = 0
+        self.options = _QuantOptions()
+        self.activation_inputs: dict[str, list[str]] = {}  # node -> its activation inputs
+        self.calibration: Samples = []
+        self.exhausted = False
 
     def prepare_fp32(self, ir: Model, exclude: Sequence[str]) -> None:
         """Run the portable fp32 pipeline, name the targets, save the fp32 reference."""
@@ -456,6 +551,7 @@ class _Job:
                 "INT8 calibration quantizes Conv, MatMul and Gemm nodes",
             )
         self.sqnr = node_weight_sqnr(ir)
+        self.activation_inputs = _activation_inputs(ir)
         self.fp32_files = save_model(ir, self.fp32_path)
 
     def calibrate(
@@ -465,6 +561,7 @@ class _Job:
         self.ranges = collect_ranges(
             self.fp32_path, samples, self.tensors, method, percentile, on_progress
         )
+        self.calibration = samples[:SQNR_SAMPLES]
         self.step("running fp32 on the evaluation samples")
         self.reference = run_model(self.fp32_path, self.samples)
         if self.targets.max_top1_drop is not None and not _classifier_outputs(self.reference):
@@ -475,7 +572,13 @@ class _Job:
 
     def quantize(self, exclude: Sequence[str], path: Path) -> tuple[QuantizeReport, list[Path]]:
         ir = load_model(self.fp32_path)
-        report = quantize_qdq(ir, self.ranges, exclude=exclude)
+        report = quantize_qdq(
+            ir,
+            self.ranges,
+            exclude=exclude,
+            activations=self.options.activations,
+            activation_matmuls=self.options.activation_matmuls,
+        )
         return report, save_model(ir, path)
 
     def trial(self, exclude: tuple[str, ...]) -> _Trial:
@@ -495,8 +598,13 @@ class _Job:
         self.trials = 0  # count sensitivity trials only
         logger.info("int8: %s", self.targets.describe(current.evaluation))
         round_ = 0
+        if self.targets.given and not self.targets.met(current.evaluation):
+            self.rank_nodes()
         while self.targets.given and not self.targets.met(current.evaluation):
             if not current.quantized.quantized:
+                break
+            if self.trials >= self.options.max_trials:
+                self.exhausted = True
                 break
             round_ += 1
             self.step(f"sensitivity round {round_}: {self.targets.describe(current.evaluation)}")
@@ -505,7 +613,8 @@ class _Job:
 
     def _move_one_to_float(self, current: _Trial, round_: int) -> _Trial:
         candidates = sorted(current.quantized.quantized, key=lambda n: self.sqnr.get(n, -math.inf))
-        trials = [self.trial((*current.exclude, n)) for n in candidates[:SENSITIVITY_CANDIDATES]]
+        budget = min(SENSITIVITY_CANDIDATES, self.options.max_trials - self.trials)
+        trials = [self.trial((*current.exclude, n)) for n in candidates[:budget]]
         best = min(trials, key=lambda t: self.targets.badness(t.evaluation))
         node = best.exclude[-1]
         before, after = current.evaluation, best.evaluation
@@ -523,6 +632,60 @@ class _Job:
         logger.info("round %d: %s back to float (%s)", round_, node, self.sensitivity[node].reason)
         return best
 
+    def rank_nodes(self) -> None:
+        """Fold each node's activation quantization noise into its sensitivity figure.
+
+        The weight SQNR alone misses what hurts transformers most: an activation whose range
+        is set by a few outlier channels (the FFN output projection's GELU input). The noise
+        of fake-quantizing every activation input with its calibrated (scale, zero point) is
+        measured on `SQNR_SAMPLES` calibration samples; noise powers add, so a node's figure is
+        -10 log10(sum of 10^(-sqnr/10)) over its weight and activation inputs.
+        """
+        self.step("measuring activation quantization noise")
+        names = sorted({t for inputs in self.activation_inputs.values() for t in inputs})
+        names = [n for n in names if n in self.ranges]
+        if not names:
+            return
+        noise = dict.fromkeys(names, 0.0)
+        signal = dict.fromkeys(names, 0.0)
+        for values in tensor_values(self.fp32_path, self.calibration, names):
+            for name, x in values.items():
+                x = np.asarray(x, np.float64)
+                params = activation_params(self.ranges[name], self.options.activations)
+                noise[name] += float(
+                    np.sum((x - fake_quantize(x, *params, self.options.activations)) ** 2)
+                )
+                signal[name] += float(np.sum(x**2))
+        for node, inputs in self.activation_inputs.items():
+            figures = [self.sqnr.get(node, math.inf)]
+            figures += [_db(signal[t], noise[t]) for t in inputs if t in noise]
+            self.sqnr[node] = _combine_db(figures)
+
+    def speed_check(self) -> SpeedCheck:
+        """Race the int8 model against fp32 (onnxruntime defaults), interleaved, one sample."""
+        from infercc.bench import race
+        from infercc.targets import host_cpu_info
+
+        stats = race(
+            self.fp32_path,
+            self.stage / INT8_FILE,
+            self.samples[0],
+            warmup=SPEED_WARMUP,
+            iters=SPEED_ITERS,
+        )
+        cpu, _cores = host_cpu_info()
+        vnni = any(f in cpu.features for f in ("avx512_vnni", "avx_vnni", "asimddp"))
+        return SpeedCheck(
+            fp32_ms=stats.a.p50_ms,
+            int8_ms=stats.b.p50_ms,
+            ratio_median=stats.ratio_median,
+            ratio_p10=stats.ratio_p10,
+            ratio_p90=stats.ratio_p90,
+            iters=stats.a.iters,
+            cpu=cpu.model,
+            vnni=vnni,
+        )
+
     def write(
         self, dest: Path, exclude: tuple[str, ...], method: str, trt_version: str
     ) -> list[str]:
@@ -534,6 +697,27 @@ class _Job:
         names = [p.name for p in (*int8_files, *self.fp32_files)]
         names += [RANGES_FILE, CACHE_FILE, REPORT_FILE]
         return [str(dest / name) for name in names]
+
+
+def _db(signal: float, noise: float) -> float:
+    if noise <= 0.0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def _combine_db(figures: Sequence[float]) -> float:
+    """SQNR of a sum of independent noises, each given by its own SQNR (dB)."""
+    if any(f == -math.inf for f in figures):
+        return -math.inf
+    total = sum(10.0 ** (-f / 10.0) for f in figures if f != math.inf)
+    return math.inf if total == 0.0 else -10.0 * math.log10(total)
+
+
+def fake_quantize(x: np.ndarray, scale: float, zero_point: int, activations: str) -> np.ndarray:
+    """What Q then DQ makes of `x` (int8 symmetric or uint8 asymmetric)."""
+    low, high = (-128, 127) if activations == "int8" else (0, 255)
+    q = np.clip(np.rint(x / scale) + zero_point, low, high)
+    return (q - zero_point) * scale
 
 
 def _range_dict(r: TensorRange) -> dict[str, Any]:
@@ -576,6 +760,16 @@ def _check_exclude(ir: Model, exclude: Sequence[str]) -> None:
             f"{', '.join(map(repr, unknown))}",
             f"give Conv/MatMul/Gemm node names; they are: {shown or '(none)'}",
         )
+
+
+def _activation_inputs(ir: Model) -> dict[str, list[str]]:
+    """Quantizable node name -> the names of its non-constant quantized inputs."""
+    result = {}
+    for node in ir.graph:
+        if _is_target(node):
+            values = [node.input(i) for i in TARGET_INPUTS[node.op_type]]
+            result[node.name] = [v.name for v in values if v is not None and const_array(v) is None]
+    return result
 
 
 def node_weight_sqnr(ir: Model) -> dict[str, float]:
@@ -652,7 +846,7 @@ def _report(
     user_exclude: Sequence[str],
 ) -> CalibrationReport:
     kept = _kept_float(final.quantized, job.sensitivity, set(user_exclude))
-    passed, message = _verdict(job.targets, final)
+    passed, message = _verdict(job.targets, final, job.trials)
     return CalibrationReport(
         model=str(src),
         out_dir=str(dest),
@@ -683,7 +877,7 @@ def _kept_float(
     return kept + sorted(sensitivity.values(), key=lambda k: k.round or 0)
 
 
-def _verdict(targets: Targets, final: _Trial) -> tuple[bool, str]:
+def _verdict(targets: Targets, final: _Trial, trials: int) -> tuple[bool, str]:
     described = targets.describe(final.evaluation)
     if not final.quantized.quantized:
         if targets.given:
@@ -693,7 +887,10 @@ def _verdict(targets: Targets, final: _Trial) -> tuple[bool, str]:
             )
         return False, "no node was quantized (see kept_float)"
     if targets.given and not targets.met(final.evaluation):
-        return False, f"the target was not met: {described}"  # not reached: the loop goes on
+        return False, (
+            f"the target was not met after {trials} sensitivity trial(s), the max_trials cap: "
+            f"{described}"
+        )
     count = len(final.quantized.quantized)
     return True, f"{count} node(s) in int8; {described}"
 

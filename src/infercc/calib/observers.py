@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from os import PathLike, fspath
 from pathlib import Path
@@ -345,6 +345,11 @@ class Calibrator:
                 low, high = observer.entropy_range()
             else:
                 low, high = observer.percentile_range(self.percentile)
+            # The histogram is of |x|: clip each side to what was seen, so a one-sided
+            # tensor (ReLU, GELU, Softmax) keeps its sign for asymmetric (uint8) activations.
+            # The symmetric scale is unchanged: the threshold never exceeds max |x|.
+            if observer.count:
+                low, high = max(low, min(observer.min, 0.0)), min(high, max(observer.max, 0.0))
         else:
             low, high = observer.range()
         return TensorRange(name, low, high, int8_scale(max(abs(low), abs(high))), self.method)
@@ -391,6 +396,21 @@ def collect_ranges(
         raise InferccError("no calibration samples were given", "pass at least one sample")
     logger.info("calibrated %d tensor(s) over %d sample(s) (%s)", len(names), done, method)
     return calibrator.ranges()
+
+
+def tensor_values(
+    model_path: str | PathLike[str],
+    samples: Iterable[Mapping[str, np.ndarray]],
+    tensors: Sequence[str],
+) -> Iterator[dict[str, np.ndarray]]:
+    """Run the model on each sample and yield the values of `tensors` (one dict per sample),
+    the way `collect_ranges` sees them."""
+    model, base_dir = _load(model_path)
+    names = _exposed_model(model, tensors)
+    session = _session(model.SerializeToString(), base_dir)
+    del model
+    for sample in samples:
+        yield _run(session, names, sample)
 
 
 def _load(model_path: str | PathLike[str]) -> tuple[onnx.ModelProto, Path]:

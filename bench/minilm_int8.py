@@ -1,0 +1,218 @@
+"""INT8 acceptance on a trained transformer: all-MiniLM-L6-v2 on real English text.
+
+Needs the export from ``bench/export_minilm.py`` (model + tokenized samples; run it first).
+Calibrates with ``infercc.calibrate`` on the first samples, holds out the rest, then measures
+on the held-out samples:
+
+* cosine of the sentence embedding, int8 against fp32, per sample (minimum, 1st percentile,
+  median), for infercc and, for context, onnxruntime's own ``quantize_dynamic`` and
+  ``quantize_static`` (QDQ, per-channel, MinMax, the defaults a user reaches for);
+* latency against fp32 under onnxruntime's default session options, raced interleaved
+  (fp32, int8, fp32, int8, ...; each pair on the same held-out sample, rotating over them),
+  with no intra-op spinning so neither session steals the cores from the other; the ratio is
+  int8 time / fp32 time per pair (median and p10..p90).
+
+Usage::
+
+    python bench/export_minilm.py
+    python bench/minilm_int8.py                       # percentile 99.999, target cosine 0.99
+    python bench/minilm_int8.py --method minmax --min-cosine 0.993 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+DEFAULT_DIR = Path(__file__).resolve().parent / ".cache" / "minilm"
+
+
+def load_samples(directory: Path) -> list[dict[str, np.ndarray]]:
+    out = []
+    for path in sorted(directory.glob("*.npz")):
+        with np.load(path, allow_pickle=False) as z:
+            out.append({k: z[k] for k in z.files})
+    return out
+
+
+def session(path: Path | str) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def embed(sess: ort.InferenceSession, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    names = [i.name for i in sess.get_inputs()]
+    return [sess.run(None, {n: f[n] for n in names})[0] for f in feeds]
+
+
+def cosines(ref: list[np.ndarray], got: list[np.ndarray]) -> np.ndarray:
+    values = []
+    for r, g in zip(ref, got, strict=True):
+        r64, g64 = r.ravel().astype(np.float64), g.ravel().astype(np.float64)
+        values.append(r64 @ g64 / (np.linalg.norm(r64) * np.linalg.norm(g64)))
+    return np.array(values)
+
+
+def race(fp32: Path, int8: Path | str, feeds: list[dict[str, np.ndarray]], iters: int) -> dict:
+    a, b = session(fp32), session(int8)
+    names = [i.name for i in a.get_inputs()]
+    ta, tb = [], []
+    for i in range(iters + 20):
+        f = {n: feeds[i % len(feeds)][n] for n in names}
+        t0 = time.perf_counter_ns()
+        a.run(None, f)
+        t1 = time.perf_counter_ns()
+        b.run(None, f)
+        t2 = time.perf_counter_ns()
+        if i >= 20:  # warm-up pairs
+            ta.append((t1 - t0) / 1e6)
+            tb.append((t2 - t1) / 1e6)
+    ratio = np.array(tb) / np.array(ta)
+    p10, med, p90 = np.percentile(ratio, [10, 50, 90])
+    return {
+        "fp32_ms": float(np.median(ta)),
+        "int8_ms": float(np.median(tb)),
+        "ratio_median": float(med),
+        "ratio_p10": float(p10),
+        "ratio_p90": float(p90),
+        "pairs": iters,
+    }
+
+
+def summary(c: np.ndarray) -> dict:
+    return {
+        "min": float(c.min()),
+        "p1": float(np.percentile(c, 1)),
+        "median": float(np.median(c)),
+    }
+
+
+def ort_baselines(model: Path, calib: list[dict], tmp: Path) -> dict[str, Path]:
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, feeds):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    dynamic, static = tmp / "ort_dynamic.onnx", tmp / "ort_static.onnx"
+    quantize_dynamic(str(model), str(dynamic), weight_type=QuantType.QInt8)
+    quantize_static(
+        str(model),
+        str(static),
+        Reader(calib),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return {"onnxruntime quantize_dynamic": dynamic, "onnxruntime quantize_static": static}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    ap.add_argument("--holdout", type=float, default=0.33)
+    ap.add_argument("--method", default="percentile")
+    ap.add_argument("--percentile", type=float, default=99.999)
+    ap.add_argument("--min-cosine", type=float, default=0.99)
+    ap.add_argument("--iters", type=int, default=300, help="timed pairs per race")
+    ap.add_argument("--no-baselines", action="store_true", help="skip onnxruntime's quantizers")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    from infercc.calib.calibrate import INT8_FILE, split_samples
+    from infercc.calib.calibrate import calibrate as run_calibrate
+
+    model, data = args.dir / "minilm.onnx", args.dir / "samples"
+    if not model.exists():
+        sys.exit("no export: run python bench/export_minilm.py first")
+    samples = load_samples(data)
+    calib, held, _ = split_samples(samples, args.holdout)
+    tmp = Path(tempfile.mkdtemp(prefix="infercc-minilm-"))
+    try:
+        out = tmp / "int8"
+        t0 = time.perf_counter()
+        report = run_calibrate(
+            model,
+            data,
+            out,
+            method=args.method,
+            percentile=args.percentile,
+            holdout=args.holdout,
+            min_cosine=args.min_cosine,
+        )
+        seconds = time.perf_counter() - t0
+        if not report.passed:
+            print(f"calibration failed: {report.message}", file=sys.stderr)
+            return 1
+        fp32_model = out / "model_fp32.onnx"
+        reference = embed(session(model), held)
+        candidates = {"infercc calibrate": out / INT8_FILE}
+        if not args.no_baselines:
+            candidates.update(ort_baselines(model, calib, tmp))
+        results = {}
+        for name, path in candidates.items():
+            results[name] = {
+                "cosine": summary(cosines(reference, embed(session(path), held))),
+                "speed": race(
+                    fp32_model if name.startswith("infercc") else model, path, held, args.iters
+                ),
+            }
+        data_out = {
+            "model": str(model),
+            "samples": {"calibration": len(calib), "holdout": len(held)},
+            "calibration": {
+                "seconds": round(seconds, 1),
+                "method": args.method,
+                "quantized_nodes": report.quantized_nodes,
+                "kept_float": [k.node for k in report.kept_float if k.cause == "sensitivity"],
+                "activations": report.activations,
+            },
+            "results": results,
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(data_out, indent=1))
+        return 0
+    print(
+        f"{model.name}: {len(calib)} calibration / {len(held)} held-out samples; "
+        f"calibrated in {seconds:.1f} s ({args.method}, {report.activations} activations, "
+        f"{report.quantized_nodes} nodes int8, moved to float: "
+        f"{data_out['calibration']['kept_float'] or 'none'})"
+    )
+    print(
+        f"{'quantizer':32s} {'cos min':>8s} {'cos p1':>8s} {'cos med':>8s} "
+        f"{'fp32 ms':>8s} {'int8 ms':>8s} {'ratio':>6s} {'p10..p90':>12s}"
+    )
+    for name, r in results.items():
+        c, s = r["cosine"], r["speed"]
+        print(
+            f"{name:32s} {c['min']:8.4f} {c['p1']:8.4f} {c['median']:8.4f} "
+            f"{s['fp32_ms']:8.2f} {s['int8_ms']:8.2f} {s['ratio_median']:6.2f} "
+            f"{s['ratio_p10']:5.2f}..{s['ratio_p90']:.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
