@@ -1,0 +1,52 @@
+"""Acceptance: a model-zoo CNN with batch norm (random weights) calibrates and runs int8 Conv."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import version_converter
+
+from infercc.calib.calibrate import INT8_FILE, calibrate
+from tests import zoo
+
+
+@pytest.fixture(scope="module")
+def shufflenet_int8(tmp_path_factory):
+    """light_shufflenet randomized, converted to opset 13 (per-axis DequantizeLinear), calibrated
+    on six random images, two of them held out."""
+    tmp = tmp_path_factory.mktemp("shufflenet")
+    model = zoo.randomize(onnx.load(zoo.light_path("shufflenet")))
+    model = version_converter.convert_version(model, 13)
+    path = zoo.save(model, tmp / "shufflenet.onnx")
+    samples = tmp / "samples"
+    samples.mkdir()
+    for i in range(6):
+        np.savez(samples / f"{i}.npz", **zoo.image(model, seed=10 + i))
+    report = calibrate(path, samples, tmp / "int8", holdout=0.34, speed_check=False)
+    return model, report, tmp / "int8" / INT8_FILE
+
+
+def test_shufflenet_batchnorm_is_folded_and_convs_quantized(shufflenet_int8):
+    original, report, int8 = shufflenet_int8
+    assert report.passed, report.message
+    ops = Counter(n.op_type for n in onnx.load(int8).graph.node)
+    assert ops["BatchNormalization"] == 0  # every BN follows a Conv: folded before quantizing
+    convs = sum(n.op_type == "Conv" for n in original.graph.node)
+    assert ops["Conv"] == convs and report.quantized_nodes >= convs
+    assert report.outputs[original.graph.output[0].name].cosine > 0.98
+
+
+def test_shufflenet_convs_run_as_int8_in_onnxruntime(shufflenet_int8, tmp_path):
+    original, _, int8 = shufflenet_int8
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(int8), opts, providers=["CPUExecutionProvider"])
+    ops = Counter(n.op_type for n in onnx.load(tmp_path / "ort.onnx").graph.node)
+    convs = sum(n.op_type == "Conv" for n in original.graph.node)
+    assert ops["QLinearConv"] == convs
+    assert ops["Conv"] + ops["FusedConv"] == 0  # no Conv left in float
