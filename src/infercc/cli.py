@@ -649,6 +649,9 @@ def calibrate(
             max_trials=max_trials,
             speed_check=speed_check,
             on_step=step,
+            on_progress=lambda done, total: step(
+                f"calibrating: sample {done}" + (f"/{total}" if total else "")
+            ),
         )
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
