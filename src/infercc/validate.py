@@ -213,7 +213,7 @@ def _make_session(source: str | bytes, optimize: bool) -> ort.InferenceSession:
         if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # infercc words the error; no second line from onnxruntime
     # One-shot sessions: no memory arena (it only pays off over many runs; without it a
     # 440 MB BERT-base session peaks at 566 MB instead of 697 MB).
     options.enable_cpu_mem_arena = False

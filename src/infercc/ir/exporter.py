@@ -19,6 +19,7 @@ from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Model, Node, Value
 from infercc.ir.tensor import Tensor
+from infercc.ir.wire import RawSlice
 
 EXTERNAL_THRESHOLD = 2**31 - 2**27  # ~1.87 GiB of weights: past this, write external data
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors stay inline even in external-data mode
@@ -245,6 +246,20 @@ def _inline(value: Value) -> TensorProto | Tensor:
     return tensor.to_proto(value.name)
 
 
+def _copy_slice(src: RawSlice, nbytes: int, fd) -> None:
+    """Copy an external tensor's bytes file to file in chunks: neither read whole into memory
+    nor left mapped (which would count every weight in the process's resident memory)."""
+    with open(src.path, "rb") as fin:
+        fin.seek(src.offset)
+        left = nbytes
+        while left:
+            chunk = fin.read(min(left, _CHUNK))
+            if not chunk:
+                raise OSError(f"{src.path} was truncated while being copied")
+            fd.write(chunk)
+            left -= len(chunk)
+
+
 def _to_external(value: Value, fd, location: str) -> TensorProto:
     tensor: Tensor = value.const  # type: ignore[assignment]
     if tensor.nbytes < EXTERNAL_MIN_BYTES or tensor.dtype in _INLINE_ONLY:
@@ -253,6 +268,8 @@ def _to_external(value: Value, fd, location: str) -> TensorProto:
     offset = fd.tell()
     if tensor.source is not None:
         fd.write(tensor.raw_bytes())
+    elif tensor.is_external:  # fixed-width types only here (_INLINE_ONLY returned above)
+        _copy_slice(tensor.external_slice(), tensor.nbytes, fd)
     elif tensor.proto is not None and not tensor.is_external and tensor.proto.raw_data:
         fd.write(tensor.proto.raw_data)
     else:

@@ -245,7 +245,7 @@ class _Importer:
             {k: k.i for k in keys},  # type: ignore[misc]
         )
         if order is None:
-            stuck = [_label(nodes[k.i]) for k in keys if k not in set(order or [])][:3]
+            stuck = [_label(nodes[i]) for i in _cycle(deps)][:3]
             raise InferccError(
                 f"graph has a cycle (involving {', '.join(stuck)})",
                 "the model is malformed; re-export it",
@@ -300,6 +300,14 @@ class _Importer:
 def _chain(outer: dict[str, Value] | None, scope: dict[str, Value]) -> dict[str, Value]:
     """The names visible inside a subgraph: the enclosing scopes, innermost last."""
     return {**(outer or {}), **scope}
+
+
+def _cycle(deps: list[set[int]]) -> list[int]:
+    """Indices of the nodes on one cycle of the dependency graph, in cycle order."""
+    import networkx as nx
+
+    g = nx.DiGraph((j, i) for i, d in enumerate(deps) for j in d)
+    return [edge[0] for edge in nx.find_cycle(g)]
 
 
 class _NodeKey:

@@ -168,17 +168,26 @@ class Tensor:
         copy.raw_data = self.raw_bytes()
         return copy
 
-    def _map_external(self) -> np.ndarray:
+    def external_slice(self) -> RawSlice:
+        """Where an external tensor's bytes are, checked: inside the model's folder, and as
+        long as its shape needs."""
+        assert self.proto is not None and self.is_external
         info = external_info(self.proto)
         path = resolve_external_path(self.base_dir, info.get("location", ""), self.proto.name)
-        dtype = _np_dtype(self.dtype)
+        needed = self.size * _np_dtype(self.dtype).itemsize
         offset = int(info.get("offset", 0))
-        length = int(info.get("length", self.size * dtype.itemsize))
-        if length < self.size * dtype.itemsize or offset + length > path.stat().st_size:
+        length = int(info.get("length", needed))
+        if length < needed or offset + length > path.stat().st_size:
             raise InferccError(
                 f"external data of tensor '{self.proto.name}' is shorter than its shape needs",
                 "the .data file is truncated or does not belong to this model",
             )
+        return RawSlice(path, offset, length)
+
+    def _map_external(self) -> np.ndarray:
+        where = self.external_slice()
+        path, offset, length = where.path, where.offset, where.length
+        dtype = _np_dtype(self.dtype)
         if self.size == 0:
             return np.zeros(self.shape, dtype=dtype)
         if dtype.kind not in "biufc" or self.dtype in _CUSTOM_TYPES:

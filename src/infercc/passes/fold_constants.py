@@ -15,9 +15,11 @@ Exact because ONNX operators are pure functions of their inputs: a node whose in
 computes the same value at every run, so the value can stand for the node. Shape and Size read
 only the shape, which is fixed when every dimension is an integer. An If whose condition is a
 constant always runs the same branch, and the branch's nodes already read outer-scope values
-directly. Never folded: quantization nodes (the backend needs them), random ops (folding would
-freeze one sample), nodes of other domains, Loop/Scan and other subgraph-holding nodes, and any
-result over `ctx.fold_limit` bytes (checked before evaluating where the size is predictable).
+directly. Never folded: quantization nodes (the backend needs them), random ops and Dropout in
+training mode with a non-zero ratio (folding would freeze one sample), nodes of other domains,
+Loop/Scan and other subgraph-holding nodes, and any result over `ctx.fold_limit` bytes (checked
+before evaluating where the size is predictable). Ops that onnx defines by a function of the
+input types (GroupNormalization, ...) are evaluated with typed inputs.
 Graph outputs keep their names; no existing initializer is modified.
 """
 
@@ -123,7 +125,7 @@ class _Folder:
         return []
 
     def evaluate(self, graph: Graph, node: Node) -> None:
-        _check_foldable(node)
+        _check_foldable(node, self.opset)
         limit = self.ctx.fold_limit
         predicted = _predicted_nbytes(node)
         if predicted is not None and predicted > limit:
@@ -153,12 +155,24 @@ def _all_inputs_constant(node: Node) -> bool:
     return all(v.const is not None for v in node.inputs if v is not None)
 
 
-def _check_foldable(node: Node) -> None:
+def _check_foldable(node: Node, opset: int) -> None:
     reason = NEVER_FOLD.get(node.op_type)
     if reason is not None:
         raise _Refuse(reason)
+    if node.op_type == "Dropout" and _dropout_draws(node, opset):
+        raise _Refuse("Dropout in training mode is random: folding would freeze one sample")
     if node.subgraphs():
         raise _Refuse("control flow with subgraphs is not evaluated")
+
+
+def _dropout_draws(node: Node, opset: int) -> bool:
+    """True when a Dropout (all inputs constant) draws a random mask: training mode, ratio > 0."""
+    if opset < 7:
+        return node.attr("is_test", 0) != 1 and node.attr("ratio", 0.5) != 0
+    mode, ratio = node.input(2), node.input(1)
+    if mode is None or not bool(np.asarray(mode.numpy()).reshape(-1)[0]):
+        return False
+    return ratio is None or float(np.asarray(ratio.numpy()).reshape(-1)[0]) != 0.0
 
 
 def _shape_known(node: Node) -> bool:
@@ -267,7 +281,7 @@ def _reference(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[
     graph = onnx.helper.make_graph(
         [proto],
         "fold",
-        [onnx.ValueInfoProto(name=n) for n in feeds],
+        [_typed_input(n, v) for n, v in zip(feeds, _distinct(node), strict=True)],
         [onnx.ValueInfoProto(name=o) for o in outs if o],
     )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
@@ -276,6 +290,21 @@ def _reference(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[
     except Exception as e:
         raise _Refuse(f"evaluation failed: {type(e).__name__}: {_first_line(e)}") from None
     return [np.asarray(r) for r in results]
+
+
+def _distinct(node: Node) -> list[Value]:
+    """The node's present inputs, each value once, in first-use order (as `_feed_names`)."""
+    seen: dict[int, Value] = {}
+    for v in node.inputs:
+        if v is not None:
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+def _typed_input(name: str, v: Value) -> onnx.ValueInfoProto:
+    """A graph input with its element type: ops defined by a context-dependent function
+    (GroupNormalization, ...) build their body from the input types."""
+    return onnx.helper.make_tensor_value_info(name, v.dtype or 0, None)
 
 
 def _feed_names(

@@ -26,6 +26,8 @@ biases), so it stays exact even for -0.0.
 
 Guards: only standard-domain MatMuls reading X as input A, whose output is still read (the
 pass unlinks the MatMuls and Adds it replaced, so a rerun before DCE cannot fuse them again);
+when X is itself a projection fused earlier in the same run, its readers now read a Split
+output and wait for the next round;
 weight constant (initializer or Constant node, also seen through Identity and through a 2-D
 Transpose, so the pass works without fold-constants), 2-D, with the same K (= weight rows) and
 dtype as the rest of the group and as X when X's dtype is known; a MatMul reading X as both
@@ -74,6 +76,11 @@ def fuse_qkv(graph: Graph, ctx: PassContext) -> PassResult:
 def _fuse_graph(graph: Graph, ctx: PassContext, stats: dict[str, int]) -> None:
     order = {node: i for i, node in enumerate(graph)}
     for x, matmuls in _shared_inputs(graph).items():
+        # An earlier group's rewrite may have moved these MatMuls onto its Split's outputs
+        # (when x was one of its projections): they are fused on the next round, if at all.
+        matmuls = [m for m in matmuls if m.graph is graph and m.input(0) is x]
+        if len(matmuls) < 2:
+            continue
         for group in _groups(x, matmuls, ctx):
             group.sort(key=lambda m: order[m.matmul])
             if _rewrite(graph, x, group, ctx):
