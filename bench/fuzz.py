@@ -1,0 +1,111 @@
+"""A longer differential fuzzing run than the test suite's (the same generator and properties).
+
+    python bench/fuzz.py [--examples 2000] [--seed 0] [--idempotence-every 5]
+
+Runs `tests/test_fuzz.py`'s properties with many more examples and a seed of your choice:
+random graphs optimized with the default pipeline (cpu target and portable) must give
+onnxruntime's outputs of the original; every `--idempotence-every`-th example is also checked
+for determinism (two optimizes, byte-identical files) and idempotence (optimizing the result
+changes no byte). Prints the number of examples run, the ops they covered, how often each
+pass fired, and the first failure (hypothesis shrinks it) with its model in ONNX text.
+Exit status 1 on a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import onnx
+from hypothesis import HealthCheck, given, seed, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infercc.ir import import_model  # noqa: E402
+from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes  # noqa: E402
+from tests.test_fuzz import (  # noqa: E402  (after the path is set)
+    check_deterministic_and_idempotent,
+    check_outputs_match,
+    models,
+)
+
+
+class Tally:
+    """What the run covered."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+        self.idempotence = 0
+        self.ops: Counter[str] = Counter()
+        self.fired: Counter[str] = Counter()
+        self.last: onnx.ModelProto | None = None
+
+    def note(self, model: onnx.ModelProto) -> None:
+        self.examples += 1
+        self.last = model
+        self.ops.update(n.op_type for n in model.graph.node)
+        report = run_passes(import_model(model), PassContext(target="cpu"), DEFAULT_PIPELINE)
+        for name, stats in report.passes.items():
+            self.fired[name] += int(stats.changed > 0)
+            for key, n in stats.counts.items():
+                if n and key not in ("refused",):
+                    self.fired[f"  {name}: {key}"] += 1
+
+
+def run(examples: int, seed_value: int, every: int, tally: Tally) -> None:
+    @seed(seed_value)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(models())
+    def prop(case):
+        model, feeds = case
+        tally.note(model)
+        check_outputs_match(model, feeds)
+        if every and tally.examples % every == 0:
+            tally.idempotence += 1
+            check_deterministic_and_idempotent(model)
+
+    prop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--idempotence-every", type=int, default=5)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    tally = Tally()
+    t0 = time.perf_counter()
+    failure = None
+    try:
+        run(args.examples, args.seed, args.idempotence_every, tally)
+    except Exception as e:  # hypothesis re-raises the shrunk failure
+        failure = e
+    seconds = time.perf_counter() - t0
+    print(f"examples run: {tally.examples} (incl. shrinking), seed {args.seed}, {seconds:.0f} s")
+    print(f"determinism + idempotence checked on: {tally.idempotence}")
+    print("ops covered: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.ops.items())))
+    print("examples where a pass fired:")
+    for name, n in sorted(tally.fired.items(), key=lambda kv: kv[0].replace("  ", "~")):
+        print(f"  {name} {n}")
+    if failure is not None:
+        print(f"FAILED: {type(failure).__name__}: {str(failure)[:2000]}")
+        if tally.last is not None:
+            print(onnx.printer.to_text(tally.last))
+        return 1
+    print("no failure")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
