@@ -26,6 +26,7 @@ from infercc.memory import MemoryPlan, plan_memory
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
 from infercc.shapes import ShapeProfile
 from infercc.targets import get_target
+from infercc.util import first_line
 from infercc.validate import ValidationReport, validate
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,26 @@ def default_output(path: Path) -> Path:
     return path.with_name(f"{path.stem}.opt.onnx")
 
 
+def read_ranges(
+    source: str | os.PathLike[str] | Mapping[str, tuple[float, float]],
+) -> dict[str, tuple[float, float]]:
+    """Tensor ranges for `--fp16`: a calibrate `ranges.json` (name -> {min, max, ...}) or a
+    mapping name -> (min, max)."""
+    if isinstance(source, Mapping):
+        return {str(k): (float(v[0]), float(v[1])) for k, v in source.items()}
+    path = Path(source)
+    try:
+        data = json.loads(path.read_text())
+        return {str(k): (float(v["min"]), float(v["max"])) for k, v in data.items()}
+    except FileNotFoundError:
+        raise InferccError(f"ranges file {str(path)!r} does not exist", "check the path") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise InferccError(
+            f"cannot read ranges from {str(path)!r}: {first_line(exc)}",
+            "pass the ranges.json that `infercc calibrate` writes (name -> {min, max})",
+        ) from None
+
+
 def check_target(target: str) -> str:
     """The canonical name of a known target (unknown names raise with the list)."""
     return get_target(target).name if target.lower() != "cpu" else "cpu"
@@ -170,6 +191,7 @@ def optimize(
     fp16: bool = False,
     fp16_io: bool = False,
     keep_fp32: Sequence[str] = (),
+    fp16_ranges: str | os.PathLike[str] | Mapping[str, tuple[float, float]] | None = None,
     data: str | os.PathLike[str] | None = None,
     disable_passes: Iterable[str] = (),
     portable: bool = False,
@@ -184,6 +206,10 @@ def optimize(
     on_step: Callable[[str], None] | None = None,
 ) -> OptimizeReport:
     """Optimize an ONNX model file and write the result; returns the report.
+
+    `fp16_ranges` (with `fp16`): calibrated tensor ranges, a `ranges.json` written by
+    `infercc calibrate` or a mapping name -> (min, max); a tensor whose range overflows
+    float16 keeps its producer in float32.
 
     `backend_options` go to the backend (`CompileOptions.extra`; for `ort`:
     `save_optimized` writes onnxruntime's own optimized model for fast start).
@@ -208,6 +234,7 @@ def optimize(
     disabled = list(disable_passes)
     check_pass_names(disabled)
     target = check_target(target)
+    ranges = read_ranges(fp16_ranges) if fp16_ranges is not None else None
     build = _Build(src, out, target, backend)
     step = on_step or (lambda _s: None)
     step("loading")
@@ -227,6 +254,8 @@ def optimize(
     if fp16:
         precision = "fp16"
         ctx.options.update(fp16_io=fp16_io, keep_fp32=list(keep_fp32))
+        if ranges:
+            ctx.options["ranges"] = ranges
         lowered = run_passes(ir, ctx, FP16_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}"))
         pipe.passes.update(lowered.passes)
     tol = validation_tolerance(precision, atol, rtol, min_cosine)

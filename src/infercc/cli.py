@@ -160,6 +160,13 @@ def optimize(
             help="With --fp16: an op type or node name to keep in float32 (repeatable).",
         ),
     ] = None,
+    ranges: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --fp16: calibrated ranges (the ranges.json `infercc calibrate` "
+            "writes); a tensor whose range overflows float16 stays float32."
+        ),
+    ] = None,
     atol: Annotated[
         float | None,
         typer.Option(help="Validation absolute tolerance [default: 1e-4; none for fp16]."),
@@ -331,6 +338,7 @@ def optimize(
             fp16=fp16,
             fp16_io=fp16_io,
             keep_fp32=keep_fp32 or [],
+            fp16_ranges=ranges,
             alignment=align,
             on_step=step,
         )
