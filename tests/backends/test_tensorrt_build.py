@@ -129,6 +129,8 @@ def test_tensorrt_11_sets_no_precision_flags_and_refuses_an_fp32_graph_for_fp16(
     assert trt.names("build_serialized_network") == []
     section = compile_(trt, art, cache_dir=str(tmp_path))
     assert trt.names("set_flag") == [] and section["precision"]["builder_flags"] == []
+    # TensorRT 11's inspector JSON (split "Format"/"DataType") is read too.
+    assert section["precision"]["layers"] == {"fp32": 3}
 
 
 def test_fp16_engine_without_fp16_layers_is_an_error(art, tmp_path):
@@ -230,6 +232,14 @@ def test_version_compatible_engine_loads_on_a_newer_tensorrt(art, tmp_path):
     compile_(trt, art, cache_dir=str(tmp_path), version_compatible=True)
     newer = Fingerprint("10.4.0", "12.4", "550.54.15", "NVIDIA A100-SXM4-80GB", "8.0")
     assert build.open_engine(trt, art, hooks(trt, newer)).input_names == ["image"]
+    trt11 = Fingerprint("11.0.0", "12.4", "550.54.15", "NVIDIA A100-SXM4-80GB", "8.0")
+    assert build.open_engine(trt, art, hooks(trt, trt11)).input_names == ["image"]
+    # A version-compatible plan carries a lean runtime: TensorRT deserializes it only with
+    # engine_host_code_allowed, which the builder's inspection and the runner both set.
+    runtime = trt.Runtime(None)
+    assert runtime.deserialize_cuda_engine((art / build.PLAN_FILE).read_bytes()) is None
+    runtime.engine_host_code_allowed = True
+    assert runtime.deserialize_cuda_engine((art / build.PLAN_FILE).read_bytes()) is not None
 
 
 def test_api_optimize_and_bench_on_a_tensorrt_artifact(tmp_path, monkeypatch):

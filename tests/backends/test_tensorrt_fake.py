@@ -6,7 +6,17 @@ the same names and call shapes. The "network" is read from the ONNX file; the "e
 the CPU, reading inputs from and writing outputs to `HostMemory`, the fake device memory that
 `HostDevice` (the runner's allocator) hands out. Precision read-back: the inspector reports
 "Half" for every layer when the FP16 flag was set or the graph holds float16, else "Float"
-(`force_layer_type` overrides). No test lives here; the other test_tensorrt files import it.
+(`force_layer_type` overrides).
+
+Where the real API's behaviour matters, the stand-in copies it (checked against TensorRT's
+Python bindings, pyCore.cpp / pyOnnx.cpp / pyInt8.cpp, and the 10.x -> 11.x migration guide):
+`__version__` has four parts ("10.3.0.26"); `nptype` raises TypeError for types numpy lacks;
+`set_timing_cache` returns False for a cache it refuses (`refuse_timing_cache`); a
+version-compatible plan deserializes only with `Runtime.engine_host_code_allowed` set;
+TensorRT 11 has no FP16/BF16/INT8/FP8 builder flags, no calibrator classes, no
+`int8_calibrator` / `set_calibration_profile`, and its inspector JSON splits a tensor's
+`"Format/Datatype"` into `"Format"` and `"DataType"` and lists `"I/O Tensors"` instead of
+`"Bindings"`. No test lives here; the other test_tensorrt files import it.
 """
 
 from __future__ import annotations
@@ -91,22 +101,26 @@ class HostDevice:
 class FakeTrt:
     """The tensorrt module stand-in. `calls` records (what, details) in order."""
 
-    def __init__(self, version: str = "10.3.0", unsupported: tuple[str, ...] = ()):
+    def __init__(self, version: str = "10.3.0.26", unsupported: tuple[str, ...] = ()):
         self.__version__ = version
+        self.major = int(version.split(".")[0])
         self.calls: list[tuple[str, Any]] = []
         self.memory = HostMemory()
         self.unsupported = set(unsupported)
         self.force_layer_type: str | None = None
         self.build_fails = False
-        flags = ["FP16", "BF16", "INT8", "VERSION_COMPATIBLE", "REFIT"]
-        if int(version.split(".")[0]) >= 11:
-            flags = ["VERSION_COMPATIBLE", "REFIT"]
+        self.refuse_timing_cache = False
+        flags = ["FP16", "BF16", "INT8", "VERSION_COMPATIBLE", "REFIT", "TF32", "FP8"]
+        if self.major >= 11:  # the weak-typing flags are gone
+            flags = ["VERSION_COMPATIBLE", "REFIT", "TF32"]
         self.BuilderFlag = _Enum("BuilderFlag", flags)
         self.NetworkDefinitionCreationFlag = _Enum(
             "NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED"]
         )
         self.MemoryPoolType = _Enum("MemoryPoolType", ["WORKSPACE"])
-        self.ProfilingVerbosity = _Enum("ProfilingVerbosity", ["LAYER_NAMES_ONLY", "DETAILED"])
+        self.ProfilingVerbosity = _Enum(
+            "ProfilingVerbosity", ["LAYER_NAMES_ONLY", "DETAILED", "NONE"]
+        )
         self.HardwareCompatibilityLevel = _Enum(
             "HardwareCompatibilityLevel", ["NONE", "AMPERE_PLUS", "SAME_COMPUTE_CAPABILITY"]
         )
@@ -131,8 +145,9 @@ class FakeTrt:
             pass
 
         self.Logger = Logger
-        self.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
-        self.IInt8MinMaxCalibrator = IInt8MinMaxCalibrator
+        if self.major < 11:  # TensorRT 11 removed the calibrators
+            self.IInt8EntropyCalibrator2 = IInt8EntropyCalibrator2
+            self.IInt8MinMaxCalibrator = IInt8MinMaxCalibrator
 
     # -- module functions and classes --
 
@@ -141,7 +156,10 @@ class FakeTrt:
         return True
 
     def nptype(self, dtype: Any) -> type:
-        return dtype
+        """Like trt.nptype: the numpy type, TypeError for types numpy lacks."""
+        if isinstance(dtype, type) and issubclass(dtype, np.generic):
+            return dtype
+        raise TypeError("Could not resolve TensorRT datatype to an equivalent numpy datatype.")
 
     def Builder(self, logger: Any) -> FakeBuilder:  # noqa: N802 (TensorRT's name)
         self.calls.append(("Builder", None))
@@ -268,6 +286,8 @@ class FakeConfig:
         self._int8_calibrator = None
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "int8_calibrator" and self.trt.major >= 11:
+            raise AttributeError("TensorRT 11 removed IBuilderConfig.int8_calibrator")
         if name in (
             "builder_optimization_level",
             "hardware_compatibility_level",
@@ -289,6 +309,8 @@ class FakeConfig:
         return len(self.profiles) - 1
 
     def set_calibration_profile(self, profile: FakeProfile) -> None:
+        if self.trt.major >= 11:
+            raise AttributeError("TensorRT 11 removed IBuilderConfig.set_calibration_profile")
         self.trt.calls.append(("set_calibration_profile", self.profiles.index(profile)))
 
     def create_timing_cache(self, data: bytes) -> FakeTimingCache:
@@ -296,7 +318,10 @@ class FakeConfig:
         return FakeTimingCache(bytes(data))
 
     def set_timing_cache(self, cache: FakeTimingCache, ignore_mismatch: bool) -> bool:
+        """Like TensorRT: False (and the cache not set) for a cache it refuses."""
         self.trt.calls.append(("set_timing_cache", ignore_mismatch))
+        if self.trt.refuse_timing_cache and cache.entries and not ignore_mismatch:
+            return False
         self.timing_cache = cache
         return True
 
@@ -320,13 +345,21 @@ class FakeProfile:
 class FakeRuntime:
     def __init__(self, trt: FakeTrt):
         self.trt = trt
+        self.engine_host_code_allowed = False
 
     def deserialize_cuda_engine(self, data: bytes) -> FakeEngine | None:
+        """None for what TensorRT cannot deserialize, as the real one: not a plan, or a
+        version-compatible plan (it carries a lean runtime) without engine_host_code_allowed."""
         self.trt.calls.append(("deserialize_cuda_engine", len(data)))
         data = bytes(data)
         if not data.startswith(MAGIC):
             return None
-        return FakeEngine(self.trt, json.loads(data[len(MAGIC) :]))
+        header = json.loads(data[len(MAGIC) :])
+        if "BuilderFlag.VERSION_COMPATIBLE" in header["flags"] and not (
+            self.engine_host_code_allowed
+        ):
+            return None
+        return FakeEngine(self.trt, header)
 
 
 _ONNX_TO_NP = {
@@ -390,8 +423,15 @@ class FakeInspector:
         kind = trt.force_layer_type or ("Half" if half else "Float")
         if self.execution_context is None:
             kind = "N/A due to dynamic shapes"
-        layer = {"Inputs": [{"Format/Datatype": kind}], "Outputs": [{"Format/Datatype": kind}]}
-        return json.dumps({"Layers": [dict(layer, Name=f"layer{i}") for i in range(3)]})
+        names = [name for name, _, _ in self.engine.io]
+        if trt.major >= 11:  # "Format/Datatype" split in two; "Bindings" -> "I/O Tensors"
+            tensor = {"Format": "Row major linear format (kLINEAR)", "DataType": kind}
+            io_key, io = "I/O Tensors", [{"Name": n} for n in names]
+        else:
+            tensor, io_key, io = {"Format/Datatype": kind}, "Bindings", names
+        layer = {"Inputs": [tensor], "Outputs": [tensor]}
+        layers = [dict(layer, Name=f"layer{i}") for i in range(3)]
+        return json.dumps({"Layers": layers, io_key: io})
 
 
 class FakeContext:

@@ -137,6 +137,11 @@ def test_differences_fatal_and_relaxed():
     assert differences(A100, newer, version_compatible=True).fatal == []
     older = Fingerprint("10.2.0", "12.4", "550.54.15", "NVIDIA A100-SXM4-80GB", "8.0")
     assert differences(A100, older, version_compatible=True).fatal  # older runtime: no
+    # Version-compatible engines also run on the next major version (10 -> 11), not back.
+    trt11 = Fingerprint("11.0.0.1", "12.4", "550.54.15", "NVIDIA A100-SXM4-80GB", "8.0")
+    assert differences(A100, trt11).fatal
+    assert differences(A100, trt11, version_compatible=True).fatal == []
+    assert differences(trt11, A100, version_compatible=True).fatal
     assert differences(A100, H100).fatal and not differences(A100, H100, False, "ampere+").fatal
     assert differences(A100, H100, False, "same-cc").fatal
     a100_40 = Fingerprint("10.3.0", "12.4", "550.54.15", "NVIDIA A100-PCIE-40GB", "8.0")
@@ -233,6 +238,11 @@ def test_layer_precisions_from_inspector_json():
         ]
     }
     assert precision.layer_precisions(info) == {"fp16": 1, "fp32": 1, "int8": 1, "unknown": 1}
+    # TensorRT 11 split "Format/Datatype" into "Format" and "DataType"; DataType decides.
+    split = {"Format": "Row major linear format (kLINEAR)", "DataType": "Half"}
+    int32 = {"Format": "Row major linear FP32 format (kLINEAR)", "DataType": "Int32"}
+    trt11 = {"Layers": [{"Inputs": [split, int32], "Outputs": [int32]}, {"Inputs": [int32]}]}
+    assert precision.layer_precisions(trt11) == {"fp16": 1, "unknown": 1}
 
 
 def test_check_layers_refuses_an_engine_without_the_requested_precision():
@@ -299,6 +309,13 @@ def test_timing_cache_per_fingerprint_strict_and_saved(tmp_path):
     a100.path.write_bytes(b"corrupt")
     assert a100.load_into(config) == "unreadable"
     with pytest.raises(InferccError, match="cannot read the timing cache"):
+        a100.load_into(config, strict=True)
+    # set_timing_cache returning False (TensorRT refuses the cache) is no hit either.
+    a100.path.write_bytes(b"TIMING3")
+    trt.refuse_timing_cache = True
+    assert a100.load_into(config) == "unreadable"
+    assert config.get_timing_cache().entries == 0  # an empty cache is in place
+    with pytest.raises(InferccError, match="TensorRT refused it"):
         a100.load_into(config, strict=True)
 
 

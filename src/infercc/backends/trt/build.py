@@ -16,9 +16,11 @@ tests can hand in a recording stand-in):
 5. one optimization profile per resolved profile (`profiles.add_profiles`);
 6. the timing cache of this fingerprint loaded into the config (`caches.TimingCacheFile`);
 7. `build_serialized_network`; the timing cache saved back;
-8. the engine deserialized and inspected: layers per precision (`precision.layer_precisions`,
-   with an execution context at profile 0's opt shapes so dynamic shapes report formats),
-   which must include the requested precision (`precision.check_layers`), and its I/O tensors.
+8. the engine deserialized (with `engine_host_code_allowed` when built version-compatible,
+   which TensorRT requires for such engines) and inspected: layers per precision
+   (`precision.layer_precisions`, with an execution context at profile 0's opt shapes so
+   dynamic shapes report formats), which must include the requested precision
+   (`precision.check_layers`), and its I/O tensors.
 
 `compile_artifact` puts that together with the engine cache: fingerprint this machine, warn
 (or refuse, `strict_target`) when the GPU is not the target's, resolve profiles, look the
@@ -253,7 +255,7 @@ def build_engine(
         timing_info.update(path=str(timing.path), bytes=timing.save_from(config))
     data = caches.host_bytes(serialized)
     del parser
-    layers, io = inspect_engine(trt, logger, data, resolved)
+    layers, io = inspect_engine(trt, logger, data, resolved, settings.version_compatible)
     precision.check_layers(layers, settings.precision)
     return BuildResult(
         plan=data,
@@ -278,18 +280,30 @@ def _use_calibrator(
 
 
 def inspect_engine(
-    trt: Any, logger: Any, data: bytes, resolved: Sequence[profiles.Profile]
+    trt: Any,
+    logger: Any,
+    data: bytes,
+    resolved: Sequence[profiles.Profile],
+    host_code: bool = False,
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """(layers per precision, I/O tensors) of a serialized engine."""
-    engine = trt.Runtime(logger).deserialize_cuda_engine(data)
+    """(layers per precision, I/O tensors) of a serialized engine; `host_code` for
+    version-compatible engines (see `runner.make_runtime`)."""
+    from infercc.backends.trt.runner import make_runtime
+
+    engine = make_runtime(trt, logger, host_code).deserialize_cuda_engine(data)
     if engine is None:
         raise InferccError("TensorRT built an engine it cannot deserialize", "rebuild it")
     io = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
         is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
-        dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name))).name
-        io.append({"name": name, "mode": "input" if is_input else "output", "dtype": dtype})
+        io.append(
+            {
+                "name": name,
+                "mode": "input" if is_input else "output",
+                "dtype": _dtype_name(trt, engine.get_tensor_dtype(name)),
+            }
+        )
     inspector = engine.create_engine_inspector()
     context = engine.create_execution_context()
     if resolved and context is not None:
@@ -300,6 +314,15 @@ def inspect_engine(
         inspector.execution_context = context
     info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
     return precision.layer_precisions(info), io
+
+
+def _dtype_name(trt: Any, trt_dtype: Any) -> str:
+    """numpy's name for a TensorRT DataType; TensorRT's own name for those numpy lacks
+    (`trt.nptype` raises TypeError for bf16 and fp8)."""
+    try:
+        return np.dtype(trt.nptype(trt_dtype)).name
+    except TypeError:
+        return str(trt_dtype)
 
 
 # --------------------------------------------------------------------------- the artifact
@@ -472,7 +495,10 @@ def validate_engine(
     from infercc.validate import compare_outputs, run_model
 
     resolved = profiles.from_jsonable(config["profiles"])
-    runner = TrtRunner(trt, data, resolved, config["outputs"], device=hooks.device)
+    host_code = bool((config.get("builder_options") or {}).get("version_compatible"))
+    runner = TrtRunner(
+        trt, data, resolved, config["outputs"], device=hooks.device, host_code=host_code
+    )
     feeds = [
         make_inputs(proto, {n: r[1] for n, r in p.items()}, seed=int(options.extra.get("seed", 0)))
         for p in resolved
@@ -531,8 +557,12 @@ def open_engine(trt: Any, directory: Path, hooks: Hooks | None = None) -> Any:
     hooks = hooks or Hooks()
     config = read_config(directory)
     check_config(config, hooks.fingerprint(trt))
-    plugins = [p["path"] for p in (config.get("builder_options") or {}).get("plugins", [])]
+    options = config.get("builder_options") or {}
+    plugins = [p["path"] for p in options.get("plugins", [])]
     load_plugins(trt, trt.Logger(trt.Logger.WARNING), plugins, hooks.loader)
     data = (Path(directory) / config.get("plan", PLAN_FILE)).read_bytes()
     resolved = profiles.from_jsonable(config.get("profiles") or [])
-    return TrtRunner(trt, data, resolved, config.get("outputs"), device=hooks.device)
+    host_code = bool(options.get("version_compatible"))
+    return TrtRunner(
+        trt, data, resolved, config.get("outputs"), device=hooks.device, host_code=host_code
+    )

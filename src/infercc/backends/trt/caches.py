@@ -11,8 +11,9 @@ Timing cache. Tactic timings hold for one (TensorRT version, GPU, compute capabi
 version) only, so each such fingerprint has its own file and caches are never mixed: the file
 is loaded into the builder config before the build (`create_timing_cache(bytes)` then
 `set_timing_cache(cache, ignore_mismatch=False)`, so TensorRT itself also refuses a foreign
-cache) and the config's cache, now holding the build's new timings, is serialized back after
-it. A file TensorRT cannot read is replaced after a warning. With `strict` (CI builds that must
+cache: it returns False) and the config's cache (`get_timing_cache().serialize()`, an
+IHostMemory), now holding the build's new timings, is serialized back after it. A file
+TensorRT cannot read or refuses is replaced after a warning. With `strict` (CI builds that must
 be reproducible) a missing or unreadable file is an error before anything is built.
 
 Engine cache. A built engine is stored under the digest of (model sha256, resolved profiles,
@@ -83,17 +84,23 @@ class TimingCacheFile:
         """Give `config` this fingerprint's timing cache; returns "hit", "miss" or "unreadable"."""
         data = self._read(strict)
         status = "miss" if data is None else "hit"
+        why = ""
         try:
             cache = config.create_timing_cache(data or b"")
         except Exception as exc:  # TensorRT raises its own types for a bad cache
+            cache, why = None, str(exc)
+        # set_timing_cache returns False when TensorRT refuses the cache (a header of another
+        # TensorRT or device, with ignore_mismatch False); create_timing_cache may give None.
+        if cache is None or not config.set_timing_cache(cache, False):
+            why = why or "TensorRT refused it (another TensorRT version or device?)"
             if strict:
                 raise InferccError(
-                    f"TensorRT cannot read the timing cache {self.path}: {exc}",
+                    f"TensorRT cannot read the timing cache {self.path}: {why}",
                     "delete it and build once without --timing-cache-strict",
-                ) from exc
-            log.warning("timing cache %s unreadable (%s): starting an empty one", self.path, exc)
-            cache, status = config.create_timing_cache(b""), "unreadable"
-        config.set_timing_cache(cache, False)
+                )
+            log.warning("timing cache %s unreadable (%s): starting an empty one", self.path, why)
+            config.set_timing_cache(config.create_timing_cache(b""), False)
+            status = "unreadable"
         log.info("timing cache for %s: %s (%s)", self.describe(), status, self.path)
         return status
 

@@ -10,8 +10,12 @@ the file and line, not a TensorRT failure later; its method picks the calibrator
 (`EntropyCalibration2` -> `IInt8EntropyCalibrator2`, `MinMaxCalibration` ->
 `IInt8MinMaxCalibrator`) because TensorRT rejects a cache whose header names another
 calibrator. A cache written for another TensorRT version is used with a warning (TensorRT
-itself decides whether to accept it). TensorRT 11 has no calibrators: `precision.decide`
-refuses a calibration cache there.
+itself decides whether to accept it); `trt.__version__` has four parts ("10.16.0.72"), of
+which the tag uses three. The Python calibrator interface (pyInt8.cpp): `get_batch_size()`,
+`get_batch(names)` returning device pointers or None, `read_calibration_cache()` returning a
+buffer or None, `write_calibration_cache(cache)`; the base class `__init__` must be called.
+The calibrator API is deprecated since TensorRT 10.1. TensorRT 11 has no calibrators:
+`precision.decide` refuses a calibration cache there.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ def make_calibrator(trt: Any, cache_path: Path | str, trt_version: str) -> Any:
             f"calibration cache {str(path)!r} is of the legacy {cache.method!r} kind",
             "regenerate it with infercc calibrate (EntropyCalibration2 or MinMaxCalibration)",
         )
-    expected = trt_version_tag(trt_version)
+    try:
+        expected = trt_version_tag(trt_version)
+    except InferccError:  # an unusual version text only skips the comparison
+        expected = cache.version
     if cache.version != expected:
         log.warning(
             "calibration cache %s was written for TensorRT tag %d, this is %s (tag %d)",

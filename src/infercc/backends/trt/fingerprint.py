@@ -17,9 +17,11 @@ driver); the CUDA runtime version from cuda-python (`cudaRuntimeGetVersion`), el
 `differences(built, here, version_compatible, hardware_compat)` lists what differs, one phrase
 per field, and splits them into fatal ones and warnings:
 
-- `tensorrt`: fatal when different; with `version_compatible` only an older runtime (or another
-  major version) is fatal, since version-compatible engines run on later TensorRT of the same
-  major version.
+- `tensorrt`: fatal when different; with `version_compatible` only an older runtime is fatal,
+  since version-compatible engines run on any later TensorRT, the next major version included
+  (TensorRT's "Version Compatibility" docs: engines built with 8.6+ run on 9 and 10; built with
+  10, on 11). They need the runtime's `engine_host_code_allowed` (they carry a lean runtime),
+  which the runner sets for them.
 - `gpu` and `compute_capability`: fatal when different; `ampere+` hardware compatibility
   accepts any GPU of compute capability >= 8.0, `same-cc` any GPU of the same compute
   capability.
@@ -249,7 +251,7 @@ def _compare_tensorrt(built: Fingerprint, here: Fingerprint, vc: bool, found: Di
         return
     phrase = f"TensorRT {built.tensorrt} at build, {here.tensorrt} here"
     b, h = _version_tuple(built.tensorrt), _version_tuple(here.tensorrt)
-    if vc and b[:1] == h[:1] and h >= b:
+    if vc and h >= b:
         found.warnings.append(phrase + " (version-compatible engine)")
     else:
         found.fatal.append(phrase)

@@ -19,10 +19,12 @@ requested precision and the precisions the graph holds in, network and builder f
 
 After the build, `layer_precisions` reads the engine inspector's JSON (needs
 `ProfilingVerbosity.DETAILED`) and counts layers per precision: a layer's precision is the
-lowest of its input and output tensor types (`"Format/Datatype"`: "Row major linear FP16
-format", "Half", "Thirty-two wide channel vectorized row major Int8 format", "Float"...), so a
-convolution reading int8 and writing fp32 counts as int8. `check_layers` errors when none of
-the layers run in the requested precision.
+lowest of its input and output tensor types, so a convolution reading int8 and writing fp32
+counts as int8. TensorRT 10 writes a tensor's type in one field, `"Format/Datatype"` ("Row major
+linear FP16 format", "Half", "Thirty-two wide channel vectorized row major Int8 format",
+"Float"...); TensorRT 11 split it into `"Format"` and `"DataType"` (its migration guide,
+"Migrating IEngineInspector Usage from TensorRT 10.x to 11.x"), so `"DataType"` is read when
+present. `check_layers` errors when none of the layers run in the requested precision.
 """
 
 from __future__ import annotations
@@ -175,14 +177,21 @@ def tensor_precision(text: str) -> str | None:
     return None
 
 
+def tensor_type_text(tensor: Mapping[str, Any]) -> str:
+    """A tensor's type as the inspector writes it: TensorRT 11's `"DataType"` when present,
+    else TensorRT 10's combined `"Format/Datatype"` (or a lone `"Format"`)."""
+    if "DataType" in tensor:
+        return str(tensor["DataType"])
+    for key in ("Format/Datatype", "Format/DataType", "Format"):
+        if key in tensor:
+            return str(tensor[key])
+    return ""
+
+
 def layer_precision(layer: Mapping[str, Any]) -> str | None:
     """The lowest precision among a layer's input and output tensors (None if none known)."""
     tensors = [*(layer.get("Inputs") or []), *(layer.get("Outputs") or [])]
-    found = {
-        tensor_precision(str(t.get("Format/Datatype", "")))
-        for t in tensors
-        if isinstance(t, Mapping)
-    }
+    found = {tensor_precision(tensor_type_text(t)) for t in tensors if isinstance(t, Mapping)}
     found.discard(None)
     return min(found, key=_ORDER.index) if found else None
 

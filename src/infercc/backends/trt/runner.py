@@ -7,12 +7,15 @@ own CUDA runtime and a caching allocator, so repeated runs do not call cudaMallo
 is NVIDIA's own thin binding, a small install where PyTorch is absent. Both are optional: the
 tensorrt package itself allocates no tensors.
 
+The engine is deserialized with `engine_host_code_allowed` when it was built
+version-compatible (`host_code`), which TensorRT requires for such engines.
+
 Per run: the profile is `profiles.select_profile` of the feeds' shapes (switched with
-`set_optimization_profile_async` when it changes); every input is copied to the device and
-bound with `set_input_shape` + `set_tensor_address` (shape-tensor inputs, for which
-`engine.is_shape_inference_io` is true, stay in host memory as TensorRT requires); each output
-gets a buffer of `context.get_tensor_shape`; `execute_async_v3` runs on the device's stream,
-which is then synchronized and the outputs copied back in the model's output order.
+`set_optimization_profile_async(index, stream)` when it changes); every input is copied to
+the device and bound with `set_input_shape` + `set_tensor_address` (shape-tensor inputs, for
+which `engine.is_shape_inference_io` is true, stay in host memory as TensorRT requires); each
+output gets a buffer of `context.get_tensor_shape`; `execute_async_v3` runs on the device's
+stream, which is then synchronized and the outputs copied back in the model's output order.
 """
 
 from __future__ import annotations
@@ -148,7 +151,26 @@ def pick_device() -> Any:
 
 
 def numpy_dtype(trt: Any, trt_dtype: Any) -> np.dtype:
-    return np.dtype(trt.nptype(trt_dtype))
+    """numpy's dtype for a TensorRT DataType (`trt.nptype`, which raises TypeError for types
+    numpy lacks: bf16, fp8, fp4, int4)."""
+    try:
+        return np.dtype(trt.nptype(trt_dtype))
+    except TypeError:
+        raise InferccError(
+            f"the engine has an input or output of TensorRT type {trt_dtype}, which numpy "
+            "cannot hold",
+            "keep the model's inputs and outputs float32/float16/int8/int32/int64/bool/uint8",
+        ) from None
+
+
+def make_runtime(trt: Any, logger: Any, host_code: bool = False) -> Any:
+    """A trt.Runtime; `host_code` allows engines that carry host code, which every
+    version-compatible engine does (its lean runtime): TensorRT refuses to deserialize one
+    unless `engine_host_code_allowed` is set."""
+    runtime = trt.Runtime(logger)
+    if host_code:
+        runtime.engine_host_code_allowed = True
+    return runtime
 
 
 class TrtRunner:
@@ -161,10 +183,11 @@ class TrtRunner:
         profiles: Sequence[Profile],
         output_names: Sequence[str] | None = None,
         device: Any = None,
+        host_code: bool = False,
     ):
         self.trt = trt
         self._logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(self._logger)
+        self._runtime = make_runtime(trt, self._logger, host_code)
         self.engine = self._runtime.deserialize_cuda_engine(plan)
         if self.engine is None:
             raise InferccError(
@@ -222,7 +245,11 @@ class TrtRunner:
             self.context.set_tensor_address(name, array.ctypes.data)
             buffer: Any = array
         else:
-            self.context.set_input_shape(name, array.shape)
+            if not self.context.set_input_shape(name, array.shape):
+                raise InferccError(
+                    f"TensorRT refused shape {list(array.shape)} for input {name!r}",
+                    "feed shapes inside the engine's optimization profiles",
+                )
             buffer, ptr = self.device.to_device(array)
             self.context.set_tensor_address(name, ptr)
         return buffer
