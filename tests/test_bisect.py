@@ -204,3 +204,90 @@ def test_validate_bisect_on_an_artifact_names_a_broken_default_pass(
     assert b.reproduced and b.guilty_pass == "eliminate-dead-code"
     assert b.rewrite_node == "r2"
     assert (b.divergence.node, b.divergence.op_type) == ("r2", "Sigmoid")
+
+
+# -- real passes cut rewrite by rewrite --------------------------------------------------------
+
+FOLD_MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 8] x) => (float[1, 8] y) {
+  [c1] k1 = Constant <value = float[8] {1, 2, 3, 4, 5, 6, 7, 8}> ()
+  [c2] k2 = Constant <value = float[8] {0.5, 0.25, 2, 1, 3, 0.75, 1.5, 4}> ()
+  [m] m = Mul(k1, k2)
+  [s] s = Add(m, k1)
+  [add] a = Add(x, s)
+  [relu] y = Relu(a)
+}
+"""
+
+NO_OPS_MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 8] x) => (float[1, 8] y) {
+  [id1] a = Identity(x)
+  [relu] b = Relu(a)
+  [id2] c = Identity(b)
+  [neg] d = Neg(c)
+  [id3] e = Identity(d)
+  [add] y = Add(e, x)
+}
+"""
+
+
+def _save(text: str, path: Path) -> Path:
+    model = onnx.parser.parse_model(text)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
+def test_validate_bisect_names_the_rewrite_of_a_fold_constants_bug(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """fold-constants evaluates node 'm' wrongly (as a bug in one kernel would): the candidate
+    is built by `optimize` into an artifact, and `validate --bisect` cuts fold-constants
+    rewrite by rewrite (c1, c2, m, s) down to 'm'."""
+    from infercc.api import optimize
+    from infercc.passes import fold_constants
+    from infercc.validate_cli import validate_candidate
+
+    evaluate = fold_constants._evaluate
+
+    def broken(node, opset):
+        arrays = evaluate(node, opset)
+        return [a + 1 for a in arrays] if node.name == "m" else arrays
+
+    monkeypatch.setattr(fold_constants, "_evaluate", broken)
+    reference = _save(FOLD_MODEL, tmp_path / "ref.onnx")
+    art = tmp_path / "art"
+    built = optimize(reference, art, backend="ort", tune=False, run_validation=False)
+    assert built.artifact is not None
+    report = validate_candidate(art, reference, bisect=True)
+    assert not report.passed
+    b = report.bisect
+    assert b.reproduced and b.guilty_pass == "fold-constants"
+    assert b.granularity == "rewrite"
+    assert (b.total, b.first_bad) == (4, 3)
+    assert (b.rewrite_node, b.rewrite_op) == ("m", "Mul")
+    assert "'m'" in b.message
+
+
+def test_bisect_names_the_rewrite_of_an_eliminate_no_ops_bug(tmp_path: Path, monkeypatch) -> None:
+    """eliminate-no-ops forwards Identity 'id2' to the wrong value (the graph input, skipping
+    the Relu): bisection names rewrite 2 of 3, at 'id2', and the Neg reading it diverges."""
+    from infercc.passes import no_ops
+
+    forward = no_ops._forward
+
+    def broken(node, src, ctx, kind):
+        if node.name == "id2":
+            src = node.graph.inputs[0]
+        return forward(node, src, ctx, kind)
+
+    monkeypatch.setattr(no_ops, "_forward", broken)
+    reference = _save(NO_OPS_MODEL, tmp_path / "ref.onnx")
+    report = bisect(reference, reference_feeds(reference), PipelineConfig())
+    assert report.reproduced and report.guilty_pass == "eliminate-no-ops"
+    assert report.granularity == "rewrite"
+    assert (report.total, report.first_bad) == (3, 2)
+    assert (report.rewrite_node, report.rewrite_op) == ("id2", "Identity")
+    assert (report.divergence.node, report.divergence.op_type) == ("neg", "Neg")

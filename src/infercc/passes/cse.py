@@ -8,6 +8,10 @@ Small constants with equal dtype, shape and bytes are merged first, so that node
 equal copies of a constant become duplicates too. Excluded: random ops (each call draws anew),
 nodes with subgraphs, nodes of non-standard domains (their semantics are unknown), and nodes
 whose outputs are graph outputs (each output keeps its own name).
+
+Bisection (`ctx.allow_rewrite`): one rewrite is one duplicate node merged into the first (named
+by the duplicate) or one duplicate constant merged (named by its first reader, since a constant
+has no node).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ def eliminate_common_subexpressions(graph: Graph, ctx: PassContext) -> PassResul
     """Merge equal small constants, then nodes computing the same thing from the same inputs."""
     constants = nodes = 0
     for g in graphs_of(graph):
-        constants += _merge_constants(g)
-        nodes += _merge_nodes(g)
+        constants += _merge_constants(g, ctx)
+        nodes += _merge_nodes(g, ctx)
     return PassResult(constants + nodes > 0, {"constants": constants, "nodes": nodes})
 
 
@@ -44,7 +48,7 @@ def _constant_key(v: Value) -> tuple | None:
     return (t.dtype, t.shape, hashlib.sha256(arr.tobytes()).hexdigest())
 
 
-def _merge_constants(graph: Graph) -> int:
+def _merge_constants(graph: Graph, ctx: PassContext) -> int:
     outputs = {id(v) for v in graph.outputs}
     seen: dict[tuple, Value] = {}
     merged = 0
@@ -55,7 +59,7 @@ def _merge_constants(graph: Graph) -> int:
         if key is None:
             continue
         first = seen.setdefault(key, v)
-        if first is not v:
+        if first is not v and ctx.allow_rewrite(v.users()[0]):
             graph.replace_all_uses_with(v, first)
             merged += 1
     return merged
@@ -71,7 +75,7 @@ def _node_key(node: Node) -> tuple | None:
     return (node.domain, node.op_type, node.overload, len(node.outputs), inputs, attrs)
 
 
-def _merge_nodes(graph: Graph) -> int:
+def _merge_nodes(graph: Graph, ctx: PassContext) -> int:
     seen: dict[tuple, Node] = {}
     merged = 0
     for node in graph.nodes:
@@ -79,7 +83,7 @@ def _merge_nodes(graph: Graph) -> int:
         if key is None:
             continue
         first = seen.setdefault(key, node)
-        if first is node:
+        if first is node or not ctx.allow_rewrite(node):
             continue
         for old, new in zip(node.outputs, first.outputs, strict=True):
             graph.replace_all_uses_with(old, new)  # type: ignore[arg-type]

@@ -21,6 +21,9 @@ Loop/Scan and other subgraph-holding nodes, and any result over `ctx.fold_limit`
 before evaluating where the size is predictable). Ops that onnx defines by a function of the
 input types (GroupNormalization, ...) are evaluated with typed inputs.
 Graph outputs keep their names; no existing initializer is modified.
+
+Bisection (`ctx.allow_rewrite`): one rewrite is one node replaced by its value (a Constant, a
+Shape/Size, an evaluated node) or one If inlined, asked once the value is computed and checked.
 """
 
 from __future__ import annotations
@@ -109,20 +112,27 @@ class _Folder:
                 raise _Refuse(f"domain {node.domain!r} is not evaluated")
             return []
         if node.op_type == "Constant":
-            _substitute(graph, node, [_constant_tensor(node, self.model)])
-            self.stats["constants"] += 1
+            self.substitute(graph, node, [_constant_tensor(node, self.model)], "constants")
         elif node.op_type in ("Shape", "Size") and _shape_known(node):
-            _substitute(graph, node, [Tensor(_shape_value(node))])
-            self.stats["shapes"] += 1
+            self.substitute(graph, node, [Tensor(_shape_value(node))], "shapes")
         elif not _all_inputs_constant(node):
             return []
         elif node.op_type == "If":
-            moved = _inline_if(graph, node)
+            taken = _if_taken(node)
+            if not self.ctx.allow_rewrite(node):
+                return []
+            moved = _inline_if(graph, node, taken)
             self.stats["ifs"] += 1
             return moved
         else:
             self.evaluate(graph, node)
         return []
+
+    def substitute(self, graph: Graph, node: Node, tensors: list[Tensor | None], key: str) -> None:
+        """Replace the node by its computed values, unless bisection cuts the rewrite off."""
+        if self.ctx.allow_rewrite(node):
+            _substitute(graph, node, tensors)
+            self.stats[key] += 1
 
     def evaluate(self, graph: Graph, node: Node) -> None:
         _check_foldable(node, self.opset)
@@ -135,8 +145,7 @@ class _Folder:
         if size > limit:
             raise _Refuse(f"result is {size} bytes, over the fold limit of {limit}")
         tensors = [_conform(a, v) if v is not None else None for a, v in _pair(node, arrays)]
-        _substitute(graph, node, tensors)
-        self.stats["folded"] += 1
+        self.substitute(graph, node, tensors, "folded")
 
 
 # -- conditions --------------------------------------------------------------------------------
@@ -467,13 +476,18 @@ def _substitute(graph: Graph, node: Node, tensors: list[Tensor | None]) -> None:
 # -- If with a constant condition ---------------------------------------------------------------
 
 
-def _inline_if(graph: Graph, node: Node) -> list[Node]:
-    """Move the taken branch before the If, route its outputs to the If's readers."""
+def _if_taken(node: Node) -> bool:
+    """The constant condition of an If (True: the then branch runs)."""
     cond = node.input(0).numpy()  # type: ignore[union-attr]
     if cond.size != 1:
         raise _Refuse(f"If condition has {cond.size} elements")
-    taken = node.attr("then_branch" if bool(cond.reshape(-1)[0]) else "else_branch")
-    dropped = node.attr("else_branch" if bool(cond.reshape(-1)[0]) else "then_branch")
+    return bool(cond.reshape(-1)[0])
+
+
+def _inline_if(graph: Graph, node: Node, then: bool) -> list[Node]:
+    """Move the taken branch before the If, route its outputs to the If's readers."""
+    taken = node.attr("then_branch" if then else "else_branch")
+    dropped = node.attr("else_branch" if then else "then_branch")
     model = graph.model
     assert model is not None
     mapping: dict[int, Value] = {}

@@ -61,6 +61,11 @@ ctx.refuse, and ctx.options["fp16"] = {"kept_fp32": [{node, op, reason}], "conve
 Idempotent: after a run no float32 tensor is left in a convertible position (kept nodes are kept
 again for the same reasons, Casts are never converted), so a second run changes nothing and
 reports changed=False (with zero stats).
+
+Bisection (`ctx.allow_rewrite`): one rewrite is one node converted to float16 (with the casts
+and float16 weights it reads), asked once the node's plan is made; a node cut off keeps float32
+and is not recorded as kept. The Casts back to float32 follow from the conversions, and the
+fp16_io interface change is made whatever the limit.
 """
 
 from __future__ import annotations
@@ -194,7 +199,7 @@ def _visit(st: _State, node: Node) -> None:
         st.ctx.refuse(node, reason)
         st.kept.append({"node": node.name, "op": node.op_type, "reason": reason})
         st.stats["nodes_fp32_kept"] += 1
-    if plan is not None:
+    if plan is not None and st.ctx.allow_rewrite(node):
         _convert_node(st, node, plan)
 
 

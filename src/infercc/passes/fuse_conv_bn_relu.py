@@ -25,6 +25,10 @@ float32 2-D Conv whose output is read only by Relu, Clip (constant bounds), Leak
 HardSigmoid or Tanh becomes onnxruntime's com.microsoft FusedConv, which applies the same
 activation to the convolution result (activation / activation_params attributes). FusedConv is
 never matched again, so the pass is idempotent.
+
+Bisection (`ctx.allow_rewrite`): one rewrite is one BatchNormalization, Mul or Add folded into
+the node before it (named by the folded node), or one activation fused into a FusedConv (named
+by the activation), asked after every check.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ _ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh")
 _F32_MAX = float(np.finfo(np.float32).max)
 
 Stats = dict[str, int]
+# Returned instead of a refusal reason when bisection cut the rewrite off: not a refusal.
+_SKIPPED = "rewrite cut off by ctx.rewrite_limits"
 
 
 @register_pass("fuse-conv-bn-relu")
@@ -177,7 +183,9 @@ def _fold_bn(graph: Graph, bn: Node, ctx: PassContext, stats: Stats) -> None:
     if reason is None:
         scale, shift = _bn_affine(bn)
         fold = {"conv": _bn_into_conv, "gemm": _bn_into_gemm, "matmul": _bn_into_matmul}[target]
-        reason = fold(graph, p, bn, scale, shift)
+        reason = fold(graph, p, bn, scale, shift, ctx)
+    if reason is _SKIPPED:
+        return
     if reason is not None:
         ctx.refuse(bn, reason)
         return
@@ -258,18 +266,20 @@ def _rewrite_conv(
 
 
 def _bn_into_conv(
-    graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+    graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray, ctx: PassContext
 ) -> str | None:
     reason = _conv_reason(conv, len(scale))
     if reason is not None:
         return reason
+    if not ctx.allow_rewrite(bn):
+        return _SKIPPED
     _rewrite_conv(graph, conv, scale, shift)
     _replace_node(graph, bn, conv.output)
     return None
 
 
 def _bn_into_gemm(
-    graph: Graph, gemm: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+    graph: Graph, gemm: Node, bn: Node, scale: np.ndarray, shift: np.ndarray, ctx: PassContext
 ) -> str | None:
     b, c_val = _const(gemm.input(1)), gemm.input(2)
     c = _const(c_val)
@@ -280,6 +290,8 @@ def _bn_into_gemm(
         return "Gemm bias is not constant"
     if b.shape[0 if trans_b else 1] != len(scale):
         return "channel count does not match the Gemm's output columns"
+    if not ctx.allow_rewrite(bn):
+        return _SKIPPED
     cols = scale[:, None] if trans_b else scale[None, :]
     gemm.set_input(
         1, _new_const(graph, (b.astype(np.float64) * cols).astype(b.dtype), gemm.input(1), "B")
@@ -305,7 +317,7 @@ def _matmul_add(add: Node) -> tuple[Node, int] | None:
 
 
 def _bn_into_matmul(
-    graph: Graph, node: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+    graph: Graph, node: Node, bn: Node, scale: np.ndarray, shift: np.ndarray, ctx: PassContext
 ) -> str | None:
     """node is the MatMul, or the Add of a constant bias after it."""
     add, bias_i = (node, _matmul_add(node)[1]) if node.op_type == "Add" else (None, -1)
@@ -313,6 +325,8 @@ def _bn_into_matmul(
     reason = _matmul_reason(mm, add, bn, len(scale))
     if reason is not None:
         return reason
+    if not ctx.allow_rewrite(bn):
+        return _SKIPPED
     w_val = mm.input(1)
     w = _const(w_val)
     mm.set_input(1, _new_const(graph, (w.astype(np.float64) * scale).astype(w.dtype), w_val, "W"))
@@ -364,18 +378,22 @@ def _fold_mul_add(graph: Graph, node: Node, ctx: PassContext, stats: Stats) -> N
     if not p.is_standard or p.op_type not in (*_CONVS, "BatchNormalization"):
         return
     if p.op_type in _CONVS:
-        reason = _mul_add_into_conv(graph, p, node, c)
+        reason = _mul_add_into_conv(graph, p, node, c, ctx)
         key = "mul_into_conv" if node.op_type == "Mul" else "add_into_conv"
     else:
-        reason = _mul_add_into_bn(graph, p, node, c)
+        reason = _mul_add_into_bn(graph, p, node, c, ctx)
         key = "affine_into_bn"
+    if reason is _SKIPPED:
+        return
     if reason is not None:
         ctx.refuse(node, reason)
         return
     stats[key] += 1
 
 
-def _mul_add_into_conv(graph: Graph, conv: Node, node: Node, c: np.ndarray) -> str | None:
+def _mul_add_into_conv(
+    graph: Graph, conv: Node, node: Node, c: np.ndarray, ctx: PassContext
+) -> str | None:
     reason = _reader_reason(conv, node) or _conv_reason(conv)
     if reason is not None:
         return reason
@@ -385,13 +403,17 @@ def _mul_add_into_conv(graph: Graph, conv: Node, node: Node, c: np.ndarray) -> s
     vec = _per_channel(c, w.ndim, _out_channels(conv))
     if vec is None:
         return f"{node.op_type} constant does not broadcast per output channel"
+    if not ctx.allow_rewrite(node):
+        return _SKIPPED
     scale, shift = (vec, None) if node.op_type == "Mul" else (None, vec)
     _rewrite_conv(graph, conv, scale, shift)
     _replace_node(graph, node, conv.output)
     return None
 
 
-def _mul_add_into_bn(graph: Graph, bn: Node, node: Node, c: np.ndarray) -> str | None:
+def _mul_add_into_bn(
+    graph: Graph, bn: Node, node: Node, c: np.ndarray, ctx: PassContext
+) -> str | None:
     reason = _bn_reason(bn)
     if reason is None and not _sole_reader(bn.output, node):
         reason = "BatchNormalization output has other readers"
@@ -403,6 +425,8 @@ def _mul_add_into_bn(graph: Graph, bn: Node, node: Node, c: np.ndarray) -> str |
     vec = _per_channel(c, rank, len(gamma))
     if vec is None or c.dtype not in _FLOATS:
         return f"{node.op_type} constant does not broadcast per channel"
+    if not ctx.allow_rewrite(node):
+        return _SKIPPED
     g64, b64 = gamma.astype(np.float64), beta.astype(np.float64)
     if node.op_type == "Mul":
         g64, b64 = g64 * vec, b64 * vec
@@ -433,6 +457,8 @@ def _fuse_activations(graph: Graph, ctx: PassContext, stats: Stats) -> None:
             reason = params
         if reason is not None:
             ctx.refuse(act, reason)
+            continue
+        if not ctx.allow_rewrite(act):
             continue
         _make_fused_conv(graph, conv, act, params)
         stats["activation_fused"] += 1

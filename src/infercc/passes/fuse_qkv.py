@@ -33,6 +33,8 @@ Transpose, so the pass works without fold-constants), 2-D, with the same K (= we
 dtype as the rest of the group and as X when X's dtype is known; a MatMul reading X as both
 operands is never a member. Opsets below 11 need a non-negative Split axis, so there the rank of
 X must be known. Split takes its sizes as an input from opset 13 and as an attribute before.
+
+Bisection (`ctx.allow_rewrite`): one rewrite is one group fused, named by its first MatMul.
 """
 
 from __future__ import annotations
@@ -243,6 +245,8 @@ def _rewrite(graph: Graph, x: Value, group: list[_Member], ctx: PassContext) -> 
         ctx.refuse(group[0].matmul, "opset < 11 needs the activation's rank for the Split axis")
         return False
     anchor = group[0].matmul
+    if not ctx.allow_rewrite(anchor):
+        return False
     fused = _fused_matmul(graph, x, group, anchor)
     with_bias = all(m.add is not None for m in group)
     if with_bias:

@@ -35,6 +35,10 @@ A node whose output is a graph output stays when its input cannot take the outpu
 graph input, another graph output, an outer-scope value): replacing it would only add an
 Identity again and the pipeline would never reach a fixpoint. Nodes left dead by a rewrite of a
 pair are removed by eliminate-dead-code. Runs on every subgraph too.
+
+Bisection (`ctx.allow_rewrite`): one rewrite is one node forwarded to its input (removed when
+nothing reads it any more) or one pair merged (a Reshape or Transpose rewired past the one
+before it), asked after every check and named by the node rewritten.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ def _forward(node: Node, src: Value | None, ctx: PassContext, kind: str) -> str 
         return None
     if out.is_graph_output and not graph.can_take_output_name(src):
         ctx.refuse(node, "output is a graph output and its input cannot take the output's name")
+        return None
+    if not ctx.allow_rewrite(node):
         return None
     graph.replace_all_uses_with(out, src)
     if not any(v is not None and (v.uses() or v.is_graph_output) for v in node.outputs):
@@ -266,6 +272,8 @@ def _reshape_chain(
     if 0 in target and not allowzero:
         ctx.refuse(node, "shape has a 0 copying a dimension of the Reshape before it")
         return None
+    if not ctx.allow_rewrite(node):
+        return None
     node.set_input(0, first.input(0))
     return "reshape_chain"
 
@@ -350,6 +358,8 @@ def _transpose(node: Node, ctx: PassContext) -> str | None:
     composed = [p1[p] for p in perm]
     if composed == list(range(len(composed))):
         return _forward(node, first.input(0), ctx, "transpose_pair")
+    if not ctx.allow_rewrite(node):
+        return None
     node.set_input(0, first.input(0))
     node.set_attr("perm", composed)
     return "transpose_pair"
