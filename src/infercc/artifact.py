@@ -25,6 +25,7 @@ from infercc import __version__
 from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact, get_backend
 from infercc.errors import InferccError
 from infercc.shapes import ShapeProfile
+from infercc.util import read_schema_json
 
 SCHEMA = "infercc.manifest/1"
 
@@ -54,22 +55,13 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    path = Path(directory) / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InferccError(
-            f"{directory} has no {MANIFEST}: it is not an infercc artifact",
-            "build one with infercc optimize MODEL -o DIR",
-        ) from None
-    except (OSError, ValueError) as e:
-        raise InferccError(f"cannot read {path}: {e}", "rebuild the artifact") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise InferccError(
-            f"{path} is not an infercc manifest of schema {SCHEMA}",
-            "rebuild the artifact with this version of infercc",
-        )
-    return data
+    missing = (
+        f"{directory} has no {MANIFEST}: it is not an infercc artifact",
+        "build one with infercc optimize MODEL -o DIR",
+    )
+    return read_schema_json(
+        Path(directory) / MANIFEST, SCHEMA, missing, "rebuild the artifact with this infercc"
+    )
 
 
 def open_artifact(directory: Path) -> Artifact:

@@ -239,10 +239,10 @@ def open_runner(path: Path, *, spinning: bool = True) -> tuple[Runner, onnx.Mode
         runner = backend.load(artifact)
         if not spinning and hasattr(runner, "spinning"):
             runner.spinning = False
-        return runner, _skeleton(artifact.model_path)
+        return runner, read_skeleton(artifact.model_path)
     if not path.is_file():
         raise InferccError(f"{str(path)!r} does not exist", "pass an .onnx file or an artifact")
-    skeleton = _skeleton(path)
+    skeleton = read_skeleton(path)
     return _OrtRunner(path, spinning), skeleton
 
 
@@ -264,14 +264,16 @@ def _read_artifact(path: Path) -> Artifact:
     return artifact
 
 
-def _skeleton(model_path: Path) -> onnx.ModelProto:
+def read_skeleton(model_path: Path) -> onnx.ModelProto:
+    """The model without its weights (raw data left in the file), or one clear error."""
     if not model_path.is_file():
-        raise InferccError(f"{str(model_path)!r} does not exist", "rebuild the artifact")
+        raise InferccError(f"model file {str(model_path)!r} does not exist", "check the path")
     try:
         return read_model(model_path)[0]
     except Exception as exc:  # protobuf's DecodeError, WireError and friends
         raise InferccError(
-            f"cannot read ONNX model {str(model_path)!r}: {exc}", "is it an .onnx file?"
+            f"cannot read ONNX model {str(model_path)!r}: {first_line(exc)}",
+            "is it an .onnx file?",
         ) from exc
 
 

@@ -452,9 +452,10 @@ def _compile(spec: ModelSpec, result: ModelResult) -> None:
 
 
 def _require_qdq(path: Path) -> None:
-    from infercc.validate_cli import _skeleton, model_precision
+    from infercc.bench import read_skeleton
+    from infercc.validate_cli import model_precision
 
-    if model_precision(_skeleton(path)) != "int8":
+    if model_precision(read_skeleton(path)) != "int8":
         raise InferccError(
             "precision int8 needs an already-calibrated QDQ model",
             "run infercc calibrate MODEL --int8 --data DIR first and point path at it",

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import gc
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from infercc.errors import InferccError
 
 
 @contextmanager
@@ -42,3 +47,20 @@ def first_line(exc: BaseException, limit: int | None = None) -> str:
         return type(exc).__name__
     line = text.splitlines()[0]
     return line if limit is None else line[:limit]
+
+
+def read_schema_json(path: Path, schema: str, missing: tuple[str, str], rebuild: str) -> dict:
+    """A JSON object tagged `"schema": schema`, or one clear InferccError.
+
+    `missing` is the (message, hint) for a file that does not exist; `rebuild` is the hint for
+    one that cannot be read or is of another schema.
+    """
+    try:
+        data: Any = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InferccError(*missing) from None
+    except (OSError, ValueError) as exc:
+        raise InferccError(f"cannot read {path}: {first_line(exc)}", rebuild) from None
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        raise InferccError(f"{path} is not of schema {schema}", rebuild)
+    return data

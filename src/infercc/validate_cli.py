@@ -41,10 +41,10 @@ import numpy as np
 import onnx
 
 from infercc.backends.base import MANIFEST
+from infercc.bench import read_skeleton
 from infercc.errors import InferccError
 from infercc.inputs import input_dtype, load_samples, make_inputs, real_inputs
-from infercc.ir.wire import read_model
-from infercc.util import first_line
+from infercc.util import first_line, read_schema_json
 from infercc.validate import ValidationReport, compare_outputs, run_model
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def detect_precision(candidate: str | os.PathLike[str]) -> str:
     if path.is_dir():
         precision = str(_manifest(path).get("precision") or "fp32")
         return precision if precision in PRECISIONS else "fp32"
-    return model_precision(_skeleton(path))
+    return model_precision(read_skeleton(path))
 
 
 def model_precision(model: onnx.ModelProto) -> str:
@@ -211,17 +211,6 @@ def _manifest(directory: Path) -> dict[str, Any]:
     return read_manifest(directory)
 
 
-def _skeleton(path: Path) -> onnx.ModelProto:
-    if not path.is_file():
-        raise InferccError(f"model file {str(path)!r} does not exist", "check the path")
-    try:
-        return read_model(path)[0]
-    except Exception as exc:  # protobuf's DecodeError, WireError and friends
-        raise InferccError(
-            f"cannot read ONNX model {str(path)!r}: {first_line(exc)}", "is it an .onnx file?"
-        ) from exc
-
-
 # --------------------------------------------------------------------------- goldens
 
 
@@ -318,20 +307,11 @@ def load_golden(directory: str | os.PathLike[str]) -> tuple[Feeds, Outputs, dict
 
 
 def _golden_meta(root: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads((root / GOLDEN_FILE).read_text())
-    except FileNotFoundError:
-        raise InferccError(
-            f"{str(root)!r} has no {GOLDEN_FILE}: it is not a golden directory",
-            "write one with infercc validate --reference MODEL --save-golden DIR",
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise InferccError(f"cannot read {root / GOLDEN_FILE}: {exc}", "write it again") from None
-    if not isinstance(meta, dict) or meta.get("schema") != GOLDEN_SCHEMA:
-        raise InferccError(
-            f"{root / GOLDEN_FILE} is not of schema {GOLDEN_SCHEMA}", "write it again"
-        )
-    return meta
+    missing = (
+        f"{str(root)!r} has no {GOLDEN_FILE}: it is not a golden directory",
+        "write one with infercc validate --reference MODEL --save-golden DIR",
+    )
+    return read_schema_json(root / GOLDEN_FILE, GOLDEN_SCHEMA, missing, "write it again")
 
 
 def _load_npz_dir(directory: Path) -> list[dict[str, np.ndarray]]:
@@ -356,7 +336,7 @@ def reference_feeds(
     seed: int = 0,
 ) -> Feeds:
     """Feeds for the reference: the samples in `data`, else one random feed."""
-    model = _skeleton(Path(reference))
+    model = read_skeleton(Path(reference))
     if data is not None:
         return load_samples(data, model)
     return [make_inputs(model, shapes, seed)]

@@ -98,7 +98,7 @@ def test_none_backend_and_bad_manifest(tmp_path):
         "model.onnx",
     ]
     (tmp_path / "plain" / "manifest.json").write_text("{}")
-    with pytest.raises(InferccError, match="is not an infercc manifest"):
+    with pytest.raises(InferccError, match="is not of schema"):
         open_artifact(tmp_path / "plain")
 
 

@@ -52,6 +52,7 @@ from infercc.errors import InferccError, ValidationError
 from infercc.ir.wire import read_model
 from infercc.shapes import ShapeProfile
 from infercc.targets import Target
+from infercc.util import read_schema_json
 
 log = logging.getLogger(__name__)
 
@@ -524,21 +525,13 @@ def validate_engine(
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    path = Path(directory) / CONFIG_FILE
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InferccError(
-            f"{directory} has no {CONFIG_FILE}: it was not built by the tensorrt backend",
-            "rebuild it with infercc optimize MODEL -o DIR --backend tensorrt",
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise InferccError(f"cannot read {path}: {exc}", "rebuild the artifact") from exc
-    if not isinstance(config, dict) or config.get("schema") != SCHEMA:
-        raise InferccError(
-            f"{path} is not of schema {SCHEMA}", "rebuild the artifact with this infercc"
-        )
-    return config
+    missing = (
+        f"{directory} has no {CONFIG_FILE}: it was not built by the tensorrt backend",
+        "rebuild it with infercc optimize MODEL -o DIR --backend tensorrt",
+    )
+    return read_schema_json(
+        Path(directory) / CONFIG_FILE, SCHEMA, missing, "rebuild the artifact with this infercc"
+    )
 
 
 def check_config(config: Mapping[str, Any], here: Fingerprint) -> list[str]:
