@@ -210,3 +210,15 @@ def test_cli_save_golden_then_golden(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["golden"] == str(gold) and data["reference"] is None
+
+
+def test_a_candidate_with_other_inputs_is_named(tmp_path: Path) -> None:
+    r = run_cli(
+        "validate",
+        str(EXAMPLES / "small_cnn.onnx"),
+        "--reference",
+        str(EXAMPLES / "tiny_encoder.onnx"),
+    )
+    assert r.returncode == 2
+    assert "the candidate takes input(s) 'image' that the reference does not provide" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.backends.base import MANIFEST
+from infercc.backends.base import MANIFEST, MODEL_FILE
 from infercc.bench import read_skeleton
 from infercc.errors import InferccError
 from infercc.inputs import input_dtype, load_samples, make_inputs, real_inputs
@@ -378,6 +378,7 @@ def validate_candidate(
         saved = str(save_golden(save_golden_to, feeds_list, expected, reference))
     if candidate is None:
         return CandidateReport(None, _str(reference), _str(golden), "fp32", None, saved)
+    _check_same_inputs(candidate, feeds_list[0] if feeds_list else {})
     precision = detect_precision(candidate)
     tol = default_tolerance(precision, atol, rtol, min_cosine)
     step("running the candidate")
@@ -392,6 +393,22 @@ def validate_candidate(
         step("bisecting the pipeline")
         result.bisect = _bisect(candidate, reference, feeds_list, tol, tolerances, target)
     return result
+
+
+def _check_same_inputs(candidate: str | os.PathLike[str], feeds: Mapping[str, Any]) -> None:
+    """The candidate must take the inputs the reference (or the goldens) provide."""
+    path = Path(candidate)
+    model_path = path / MODEL_FILE if path.is_dir() else path
+    if not model_path.is_file():
+        return  # run_candidate names what is missing
+    names = [vi.name for vi in real_inputs(read_skeleton(model_path))]
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise InferccError(
+            f"the candidate takes input(s) {', '.join(map(repr, missing))} that the reference "
+            f"does not provide (it has {', '.join(map(repr, feeds)) or 'none'})",
+            "validate a model against the original it was built from",
+        )
 
 
 def _check_sources(
