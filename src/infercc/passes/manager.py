@@ -2,8 +2,9 @@
 
 A pass is a function `(graph, ctx) -> PassResult`, registered by name. The manager runs the
 pipeline in order, repeatedly, until no pass changes the graph (a fixpoint) or the step cap is
-reached; it times each pass, sums its statistics, re-infers shapes after a change, lints the
-graph after every pass under `verify`, and names the pass in any error.
+reached, then the `final` passes (reordering only: schedule-memory) once; it times each pass,
+sums its statistics, re-infers shapes after a change, lints the graph after every pass under
+`verify`, and names the pass in any error.
 
 Bisection hooks (used by `infercc validate --bisect`): a pass that calls
 `ctx.allow_rewrite(node)` before each rewrite gets its rewrites counted and can be cut off
@@ -100,15 +101,20 @@ class PassInfo:
     name: str
     fn: PassFn
     doc: str
+    final: bool = False  # runs once after the fixpoint: it only reorders, shapes stay valid
 
 
 REGISTRY: dict[str, PassInfo] = {}
 
 
-def register_pass(name: str) -> Callable[[PassFn], PassFn]:
+def register_pass(name: str, *, final: bool = False) -> Callable[[PassFn], PassFn]:
+    """Register a pass. `final`: a pass that only reorders nodes (no value, type or shape
+    changes, nothing another pass could act on) runs once, after the others reach their
+    fixpoint, and its change neither re-infers shapes nor starts another round."""
+
     def deco(fn: PassFn) -> PassFn:
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassInfo(name, fn, doc)
+        REGISTRY[name] = PassInfo(name, fn, doc, final)
         return fn
 
     return deco
@@ -172,13 +178,15 @@ def run_passes(
     disabled = set(disabled)
     check_pass_names([*pipeline, *disabled])
     stats = {name: PassStats() for name in pipeline if name not in disabled}
+    rounds = [name for name in stats if not REGISTRY[name].final]
+    finals = [name for name in stats if REGISTRY[name].final]
     infer_shapes(model)
     iterations = 0
     fixpoint = False
     while iterations < max_iterations:
         iterations += 1
         changed_round = False
-        for name in stats:
+        for name in rounds:
             if stats[name].runs >= ctx.run_limits.get(name, max_iterations):
                 continue
             if on_pass is not None:
@@ -190,6 +198,12 @@ def run_passes(
         if not changed_round:
             fixpoint = True
             break
+    for name in finals:
+        if ctx.run_limits.get(name, 1) < 1:
+            continue
+        if on_pass is not None:
+            on_pass(name)
+        _run_one(name, model, ctx, stats[name])
     return PipelineReport(stats, iterations, fixpoint, ctx.refusals)
 
 

@@ -34,7 +34,7 @@ from infercc.passes.manager import PassContext, PassResult, register_pass
 log = logging.getLogger(__name__)
 
 
-@register_pass("schedule-memory")
+@register_pass("schedule-memory", final=True)
 def schedule_memory(graph: Graph, ctx: PassContext) -> PassResult:
     """Reorder nodes to lower the peak of live intermediate bytes (greedy list scheduling)."""
     model = graph.model
