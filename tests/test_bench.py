@@ -17,6 +17,7 @@ import pytest
 
 from infercc import bench as bench_module
 from infercc.backends import base
+from infercc.backends.ort import default_runner
 from infercc.bench import LatencyStats, bench, compare, open_runner
 from infercc.errors import InferccError
 
@@ -160,7 +161,7 @@ class _FakeBackend:
 
     def load(self, artifact: base.Artifact) -> base.Runner:
         self.loads += 1
-        return bench_module._OrtRunner(artifact.model_path)
+        return default_runner(artifact.model_path)
 
 
 def make_artifact(tmp_path: Path, backend: str) -> Path:
@@ -296,3 +297,16 @@ def test_pinned_batch_is_kept_without_batch_option():
     assert [r.batch for r in report.results] == [4]
     assert report.results[0].shapes["hidden_states"] == (4, 16, 64)
     assert report.results[0].notes == []
+
+
+def test_onnxruntime_errors_become_one_line_errors(tmp_path: Path) -> None:
+    runner, _ = open_runner(CNN)
+    with pytest.raises(InferccError, match="onnxruntime failed to run the model"):
+        runner.run({"image": np.zeros((1, 5, 32, 32), np.float32)})  # 5 channels, not 3
+    bad = tmp_path / "bad.onnx"
+    model = onnx.load(CNN)
+    model.graph.node[0].op_type = "NoSuchOp"
+    onnx.save(model, bad)
+    runner, _ = open_runner(bad)
+    with pytest.raises(InferccError, match="onnxruntime cannot load"):
+        runner.run({"image": np.zeros((1, 3, 32, 32), np.float32)})

@@ -56,6 +56,7 @@ from infercc.backends.base import (
     get_backend,
     require_available,
 )
+from infercc.backends.ort import default_runner
 from infercc.errors import InferccError
 from infercc.inputs import declared_dims, input_dtype, make_inputs, real_inputs
 from infercc.ir.wire import read_model
@@ -194,36 +195,6 @@ class CompareReport:
 # --------------------------------------------------------------------------- opening
 
 
-class _OrtRunner:
-    """A plain .onnx file on onnxruntime's CPU provider with default session options."""
-
-    def __init__(self, path: Path, spinning: bool = True):
-        options = ort.SessionOptions()
-        options.log_severity_level = 3  # quiet; does not change what runs
-        if not spinning:
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        try:
-            self.session = ort.InferenceSession(
-                str(path), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise InferccError(
-                f"onnxruntime cannot load {str(path)!r}: {first_line(exc)}",
-                "check the model with onnx.checker.check_model",
-            ) from exc
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_names = [o.name for o in self.session.get_outputs()]
-
-    def run(self, feeds: Feeds) -> list[np.ndarray]:
-        try:
-            return self.session.run(self.output_names, feeds)
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise InferccError(
-                f"onnxruntime failed to run the model: {first_line(exc)}",
-                "check the input shapes (--shape) and the batch size (--batch)",
-            ) from exc
-
-
 def open_runner(path: Path, *, spinning: bool = True) -> tuple[Runner, onnx.ModelProto]:
     """A runner for an artifact directory or an .onnx file, and the model's skeleton.
 
@@ -243,7 +214,9 @@ def open_runner(path: Path, *, spinning: bool = True) -> tuple[Runner, onnx.Mode
     if not path.is_file():
         raise InferccError(f"{str(path)!r} does not exist", "pass an .onnx file or an artifact")
     skeleton = read_skeleton(path)
-    return _OrtRunner(path, spinning), skeleton
+    runner = default_runner(path)
+    runner.spinning = spinning
+    return runner, skeleton
 
 
 def backend_name(path: Path) -> str:

@@ -905,7 +905,13 @@ class OrtRunner:
                 "feed every input the model declares",
             )
         session = self._session(self.points[self.select(feeds)])
-        return session.run(None, {name: feeds[name] for name in self.input_names})
+        try:
+            return session.run(None, {name: feeds[name] for name in self.input_names})
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise InferccError(
+                f"onnxruntime failed to run the model: {first_line(exc)}",
+                "check the input shapes (--shape) and the batch size (--batch)",
+            ) from exc
 
     def _session(self, point: Mapping[str, Any]) -> Any:
         model, config = self._source(point)
@@ -916,7 +922,13 @@ class OrtRunner:
             }
         key = config_key({"model": str(model), **config})
         if key not in self._sessions:
-            session = _create_session(model, config)
+            try:
+                session = _create_session(model, config)
+            except Exception as exc:  # onnxruntime raises its own exception types
+                raise InferccError(
+                    f"onnxruntime cannot load {str(model)!r}: {first_line(exc)}",
+                    "check the model with onnx.checker.check_model",
+                ) from exc
             if point.get("tuning_results"):
                 session.set_tuning_results(point["tuning_results"], error_on_invalid=False)
             self._sessions[key] = session
