@@ -1,0 +1,112 @@
+"""TensorRT engines for the light_* models and BERT-base: build, validate, rebuild, bench.
+
+For a machine with an NVIDIA GPU, the `tensorrt` package and PyTorch with CUDA (or
+cuda-python). Elsewhere it prints why it cannot run (the backend's `available()` reason) and
+exits 2.
+
+For each model (the light_* models onnx ships, with random weights and calibrated BatchNorm
+statistics from tests/zoo.py, at their shipped input shape; BERT-base from bench/.cache at
+batch 1, sequence 128 when present) and each precision (fp32, fp16):
+
+1. build a TensorRT artifact with `infercc.optimize(..., backend="tensorrt")` into a fresh
+   cache directory: the engine is validated against onnxruntime on the CPU (the report's
+   validation) and the engine inspector's layer precisions are read back;
+2. build it again into a second directory with the engine cache off (`tune=False`) and the
+   same timing cache: the timing cache must be a hit, and the rebuild time is printed;
+3. bench the engine (`infercc.bench`) and onnxruntime's CPU provider on the original model,
+   and print both p50 latencies.
+
+    python bench/tensorrt_models.py [--models resnet50,squeezenet] [--target h100] [--no-bert]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import onnx  # noqa: E402
+
+import infercc  # noqa: E402
+from infercc.backends.tensorrt import TensorRTBackend  # noqa: E402
+from infercc.bench import bench  # noqa: E402
+from infercc.shapes import ShapeProfile  # noqa: E402
+from tests.zoo import SMALL, light_path, randomize  # noqa: E402
+
+BERT = Path(__file__).resolve().parent / ".cache" / "bert_base_sdpa_ts.onnx"
+BERT_SHAPES = {n: (1, 128) for n in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def profiles(shapes: dict[str, tuple[int, ...]] | None) -> list[ShapeProfile]:
+    return [ShapeProfile(k, v, v, v) for k, v in (shapes or {}).items()]
+
+
+def build(src: Path, out: Path, cache: Path, target: str, fp16: bool, shapes, tune: bool):
+    t0 = time.perf_counter()
+    report = infercc.optimize(
+        src,
+        out,
+        target=target,
+        backend="tensorrt",
+        profiles=profiles(shapes),
+        cache_dir=cache,
+        tune=tune,
+        fp16=fp16,
+        backend_options={"cache_dir": str(cache)},
+    )
+    return report, time.perf_counter() - t0
+
+
+def row(name: str, src: Path, shapes, target: str, fp16: bool, tmp: Path) -> str:
+    tag = f"{name}-{'fp16' if fp16 else 'fp32'}"
+    cache = tmp / f"{tag}-cache"
+    first, t_first = build(src, tmp / f"{tag}-a", cache, target, fp16, shapes, tune=True)
+    again, t_again = build(src, tmp / f"{tag}-b", cache, target, fp16, shapes, tune=False)
+    section, rebuilt = first.artifact["backend"], again.artifact["backend"]
+    layers = section["precision"].get("layers", {})
+    trt = bench(tmp / f"{tag}-a", shapes=shapes, batches=None, warmup=10, iters=100)
+    cpu = bench(src, shapes=shapes, batches=None, warmup=5, iters=30)
+    return (
+        f"| {tag} | {'yes' if first.passed else 'NO'} | "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(layers.items()))} | {t_first:.1f} | "
+        f"{t_again:.1f} ({rebuilt['timing_cache']['status']}) | "
+        f"{trt.results[0].p50_ms:.3f} | {cpu.results[0].p50_ms:.3f} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(SMALL))
+    ap.add_argument("--target", default="a100", help="recorded; a different GPU only warns")
+    ap.add_argument("--no-bert", action="store_true")
+    args = ap.parse_args(argv)
+    ok, why = TensorRTBackend().available()
+    if not ok:
+        print(f"cannot run here: {why}", file=sys.stderr)
+        return 2
+    print(
+        "| model | validated | layer precisions | build s | rebuild s (timing cache) "
+        "| TensorRT p50 ms | onnxruntime CPU p50 ms |"
+    )
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory(prefix="infercc-trt-") as tmp_name:
+        tmp = Path(tmp_name)
+        cases: list[tuple[str, Path, dict | None]] = []
+        for name in [m for m in args.models.split(",") if m]:
+            path = tmp / f"{name}.onnx"
+            onnx.save(randomize(onnx.load(light_path(name))), path)
+            cases.append((name, path, None))
+        if not args.no_bert and BERT.exists():
+            cases.append(("bert-base", BERT, BERT_SHAPES))
+        for name, path, shapes in cases:
+            for fp16 in (False, True):
+                print(row(name, path, shapes, args.target, fp16, tmp), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
