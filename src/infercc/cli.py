@@ -534,6 +534,43 @@ class _bar:
             self.progress.__exit__(*exc)
 
 
+class _steps_bar:
+    """One line on stderr: the current step, with a bar while calibration samples stream
+    (silent under --json or without a TTY). Yields (on_step, on_progress)."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet or not err.is_terminal
+        self.progress = None
+
+    def __enter__(self):
+        if self.quiet:
+            return (lambda _msg: None), None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
+
+        self.progress = Progress(
+            SpinnerColumn(),
+            "{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+        )
+        self.progress.__enter__()
+        task = self.progress.add_task("starting", total=None)
+
+        def step(msg: str) -> None:
+            self.progress.update(task, description=msg, completed=0, total=None)
+
+        def tick(done: int, total: int | None) -> None:
+            self.progress.update(task, completed=done, total=total)
+
+        return step, tick
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
 @app.command()
 def calibrate(
     model: Annotated[Path, typer.Argument(help="The fp32 ONNX model to quantize.")],
@@ -638,7 +675,7 @@ def calibrate(
 
     if not int8:
         raise InferccError("calibrate builds int8 models only", "pass --int8")
-    with _progress(as_json) as step:
+    with _steps_bar(as_json) as (step, tick):
         report = run(
             model,
             data,
@@ -657,9 +694,7 @@ def calibrate(
             max_trials=max_trials,
             speed_check=speed_check,
             on_step=step,
-            on_progress=lambda done, total: step(
-                f"calibrating: sample {done}" + (f"/{total}" if total else "")
-            ),
+            on_progress=tick,
         )
     if as_json:
         out.print_json(json.dumps(report.to_dict()))

@@ -542,3 +542,26 @@ def test_fake_quantize_and_noise_combination():
     assert calibrate_module._combine_db([10.0, 10.0]) == pytest.approx(10 - 10 * np.log10(2))
     assert calibrate_module._combine_db([math.inf, 20.0]) == pytest.approx(20.0)
     assert calibrate_module._combine_db([-math.inf, 20.0]) == -math.inf
+
+
+def test_an_embedding_output_gets_no_top1(tmp_path):
+    """[batch, dims] made by an L2 normalization is an embedding, not class scores."""
+    rng = np.random.default_rng(2)
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        oh.make_node("ReduceL2", ["h"], ["n"], keepdims=1, axes=[1]),
+        oh.make_node("Div", ["h", "n"], ["emb"]),
+    ]
+    model = _save_model(
+        nodes,
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [oh.make_tensor_value_info("emb", TensorProto.FLOAT, [4, 8])],
+        {"w": rng.standard_normal((16, 8)) * 0.3},
+        tmp_path / "emb.onnx",
+    )
+    arrays = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(4)]
+    data = _save_samples(tmp_path / "samples", arrays)
+    report = calibrate(model, data, tmp_path / "out", speed_check=False)
+    assert report.outputs["emb"].top1_agreement is None and report.outputs["emb"].cosine > 0.99
+    with pytest.raises(InferccError, match="classifier-like output"):
+        calibrate(model, data, tmp_path / "top1", max_top1_drop=1.0)

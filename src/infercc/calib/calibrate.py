@@ -29,8 +29,9 @@
    (optimizations on, so onnxruntime fuses Q/DQ into int8 kernels) run on the evaluation
    samples. Per output: cosine similarity (the minimum over samples), max abs error (the
    maximum), and for classifier-like float outputs ([batch, classes] with classes >= 2, or a
-   1-D score vector) the top-1 agreement with fp32 over every row of every sample. Sample files
-   carry no labels, so agreement with fp32 is the accuracy proxy:
+   1-D score vector, not made by Div, LpNormalization, ReduceMean/Sum/L2 or
+   LayerNormalization: those are embeddings) the top-1 agreement with fp32 over every row of
+   every sample. Sample files carry no labels, so agreement with fp32 is the accuracy proxy:
    top1_drop = 100 * (1 - agreement), in points, the worst over classifier outputs.
 6. **Accuracy target.** When `min_cosine` (on the worst output) or `max_top1_drop` is given
    and not met, nodes move back to float one at a time. Each round ranks the nodes still in
@@ -537,6 +538,7 @@ class _Job:
         self.activation_inputs: dict[str, list[str]] = {}  # node -> its activation inputs
         self.calibration: Samples = []
         self.exhausted = False
+        self.not_scores: frozenset[str] = frozenset()
 
     def prepare_fp32(self, ir: Model, exclude: Sequence[str]) -> None:
         """Run the portable fp32 pipeline, name the targets, save the fp32 reference."""
@@ -552,6 +554,7 @@ class _Job:
             )
         self.sqnr = node_weight_sqnr(ir)
         self.activation_inputs = _activation_inputs(ir)
+        self.not_scores = _embedding_outputs(ir)
         self.fp32_files = save_model(ir, self.fp32_path)
 
     def calibrate(
@@ -564,7 +567,8 @@ class _Job:
         self.calibration = samples[:SQNR_SAMPLES]
         self.step("running fp32 on the evaluation samples")
         self.reference = run_model(self.fp32_path, self.samples)
-        if self.targets.max_top1_drop is not None and not _classifier_outputs(self.reference):
+        scores = _classifier_outputs(self.reference) - self.not_scores
+        if self.targets.max_top1_drop is not None and not scores:
             raise InferccError(
                 "max_top1_drop needs a classifier-like output ([batch, classes] or 1-D scores)",
                 "use min_cosine for this model",
@@ -589,7 +593,7 @@ class _Job:
             for f in files:
                 f.unlink(missing_ok=True)
         self.trials += 1
-        return _Trial(exclude, report, evaluate(self.reference, actual))
+        return _Trial(exclude, report, evaluate(self.reference, actual, self.not_scores))
 
     def search(self, exclude: tuple[str, ...]) -> _Trial:
         """Quantize, evaluate, and move nodes to float until the target holds (module doc 6)."""
@@ -795,16 +799,35 @@ def node_weight_sqnr(ir: Model) -> dict[str, float]:
 # --------------------------------------------------------------------------- evaluation
 
 
-def evaluate(reference: Outputs, actual: Outputs) -> Evaluation:
-    """Cosine, max abs error and (classifier-like outputs) top-1 agreement per output."""
+def evaluate(
+    reference: Outputs, actual: Outputs, not_scores: frozenset[str] = frozenset()
+) -> Evaluation:
+    """Cosine, max abs error and (classifier-like outputs) top-1 agreement per output.
+
+    `not_scores` names outputs that are shaped like scores but are not (an embedding)."""
     inf = math.inf
     compared = compare_outputs(reference, actual, atol=inf, rtol=inf, min_cosine=0.0)
-    classifiers = _classifier_outputs(reference)
+    classifiers = _classifier_outputs(reference) - not_scores
     outputs = {}
     for name, metrics in compared.outputs.items():
         agreement = _top1_agreement(reference, actual, name) if name in classifiers else None
         outputs[name] = OutputQuality(name, metrics.cosine, metrics.max_abs, agreement)
     return Evaluation(outputs)
+
+
+# An output made by these is an embedding or a normalized feature, not class scores.
+EMBEDDING_OPS = frozenset(
+    {"Div", "LpNormalization", "ReduceMean", "ReduceSum", "ReduceL2", "LayerNormalization"}
+)
+
+
+def _embedding_outputs(ir: Model) -> frozenset[str]:
+    """Graph outputs produced by a normalization or pooling op: no top-1 for them."""
+    return frozenset(
+        v.name
+        for v in ir.graph.outputs
+        if v.producer is not None and v.producer.op_type in EMBEDDING_OPS
+    )
 
 
 def _classifier_outputs(reference: Outputs) -> set[str]:
