@@ -393,7 +393,7 @@ def render_ci(report, console: Console) -> None:
 
     t = Table(title=f"infercc ci {report.config}", title_justify="left")
     t.add_column("model", no_wrap=True)
-    t.add_column("status")
+    t.add_column("status", no_wrap=True)
     for col in ("precision", "nodes", "max abs", "cosine", "p50 ms"):
         t.add_column(col, justify="right", no_wrap=True)
     for m in report.models:
