@@ -164,18 +164,28 @@ def main(argv: list[str] | None = None) -> int:
         if not report.passed:
             print(f"calibration failed: {report.message}", file=sys.stderr)
             return 1
-        fp32_model = out / "model_fp32.onnx"
         reference = embed(session(model), held)
         candidates = {"infercc calibrate": out / INT8_FILE}
         if not args.no_baselines:
+            plain = tmp / "int8-no-split"
+            run_calibrate(
+                model,
+                data,
+                plain,
+                method=args.method,
+                percentile=args.percentile,
+                holdout=args.holdout,
+                min_cosine=args.min_cosine,
+                outlier_channels=False,
+                speed_check=False,
+            )
+            candidates["infercc --no-outlier-channels"] = plain / INT8_FILE
             candidates.update(ort_baselines(model, calib, tmp))
         results = {}
         for name, path in candidates.items():
             results[name] = {
                 "cosine": summary(cosines(reference, embed(session(path), held))),
-                "speed": race(
-                    fp32_model if name.startswith("infercc") else model, path, held, args.iters
-                ),
+                "speed": race(model, path, held, args.iters),
             }
         data_out = {
             "model": str(model),

@@ -667,6 +667,13 @@ def calibrate(
             help="Race int8 against fp32 on this host (interleaved) and say when int8 is slower."
         ),
     ] = True,
+    outlier_channels: Annotated[
+        bool,
+        typer.Option(
+            help="Split a transformer projection whose input has a few huge channels: those "
+            "channels stay float, the rest int8 (exact; a Mul, Gather, small MatMul and Add)."
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
@@ -693,6 +700,7 @@ def calibrate(
             activation_matmuls=activation_matmuls,
             max_trials=max_trials,
             speed_check=speed_check,
+            outlier_channels=outlier_channels,
             on_step=step,
             on_progress=tick,
         )

@@ -324,8 +324,18 @@ def render_calibration(report, console: Console) -> None:
             "-" if agree is None else f"{agree:.2%}",
         )
     console.print(t)
+    split = d.get("outlier_channels") or {}
+    if split:
+        channels = sum(len(v) for v in split.values())
+        console.print(
+            f"outlier channels: {len(split)} projection(s) split, {channels} channel(s) kept "
+            "float beside their int8 MatMul",
+            highlight=False,
+        )
     by_reason: dict[str, list[str]] = {}
     for k in d["kept_float"]:
+        if k["cause"] == "outliers":
+            continue
         if k["cause"] == "sensitivity":
             console.print(f"kept in float: {k['node']}: {k['reason']}", highlight=False)
         else:

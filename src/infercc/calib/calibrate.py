@@ -15,7 +15,10 @@
    `PassContext(portable=True)`: constants are folded, BatchNormalization is folded into the
    Conv before it, and no onnxruntime contrib op (FusedConv, ...) appears, so the Q/DQ model stays
    standard ONNX that TensorRT also reads. Quantizable nodes (Conv, MatMul, Gemm) without a name
-   get one (`exclude` and the report need names). The result, `model_fp32.onnx`, is the
+   get one (`exclude` and the report need names). With `outlier_channels` (default), the
+   channel maxima of transformer projections' inputs are measured on the calibration samples
+   and a projection whose input has a few outlier channels is split exactly, those channels
+   kept float (`infercc.calib.outliers`). The result, `model_fp32.onnx`, is the
    reference for the ranges and for the evaluation, and it is written to `out_dir` too:
    `ranges.json` and `calibration.cache` name tensors of *this* graph (a fused Conv takes its
    BatchNormalization's output name, folded constants disappear), which is the graph a
@@ -77,6 +80,7 @@ import onnx
 
 from infercc import passes as _passes
 from infercc.artifact import publish, staging_dir
+from infercc.calib import outliers
 from infercc.calib.observers import (
     DEFAULT_PERCENTILE,
     Calibrator,
@@ -101,7 +105,7 @@ from infercc.calib.quantize import (
 from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
 from infercc.errors import InferccError
 from infercc.inputs import iter_samples
-from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir import Model, export_model, infer_shapes, load_model, save_model
 from infercc.passes.manager import PassContext, run_passes
 from infercc.util import json_float
 from infercc.validate import compare_outputs, run_model
@@ -114,6 +118,7 @@ RANGES_FILE = "ranges.json"
 CACHE_FILE = "calibration.cache"
 REPORT_FILE = "calibration_report.json"
 _TRIAL_FILE = ".trial.onnx"
+_PROBE_FILE = ".outlier_probe.onnx"
 
 SENSITIVITY_CANDIDATES = 8
 DEFAULT_MAX_TRIALS = 64
@@ -218,6 +223,7 @@ class CalibrationReport:
     seconds: float = 0.0
     activations: str = "int8"
     speed: SpeedCheck | None = None
+    outlier_channels: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def quantized_nodes(self) -> int:
@@ -244,6 +250,7 @@ class CalibrationReport:
             "ranges": self.ranges,
             "sensitivity_trials": self.trials,
             "activations": self.activations,
+            "outlier_channels": {k: list(v) for k, v in self.outlier_channels.items()},
             "speed": None if self.speed is None else self.speed.to_dict(),
             "seconds": round(self.seconds, 4),
         }
@@ -355,6 +362,7 @@ def calibrate(
     activation_matmuls: bool = False,
     max_trials: int = DEFAULT_MAX_TRIALS,
     speed_check: bool = True,
+    outlier_channels: bool = True,
     on_step: Callable[[str], None] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> CalibrationReport:
@@ -381,12 +389,13 @@ def calibrate(
     try:
         job = _Job(stage, targets, evaluation_set, step)
         job.options = _QuantOptions(activations, activation_matmuls, max_trials)
-        job.prepare_fp32(ir, exclude)
+        job.prepare_fp32(ir, exclude, calib if outlier_channels else ())
         del ir
         job.calibrate(calib, method, percentile, on_progress)
         final = job.search(tuple(exclude))
         report = _report(src, dest, method, percentile, job, final, exclude)
         report.activations = activations
+        report.outlier_channels = dict(job.outlier_channels)
         report.samples = {
             "calibration": len(calib),
             "holdout": len(evaluation_set) if on_holdout else 0,
@@ -397,7 +406,7 @@ def calibrate(
             report.files = job.write(dest, final.exclude, method, trt_version)
             if speed_check:
                 step("racing int8 against fp32")
-                report.speed = job.speed_check()
+                report.speed = job.speed_check(src)
                 log = logger.warning if report.speed.slower else logger.info
                 log("%s", report.speed.message)
             report.seconds = time.perf_counter() - t0
@@ -539,13 +548,18 @@ class _Job:
         self.calibration: Samples = []
         self.exhausted = False
         self.not_scores: frozenset[str] = frozenset()
+        self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
+        self.outlier_channels: dict[str, list[int]] = {}
 
-    def prepare_fp32(self, ir: Model, exclude: Sequence[str]) -> None:
-        """Run the portable fp32 pipeline, name the targets, save the fp32 reference."""
+    def prepare_fp32(self, ir: Model, exclude: Sequence[str], samples: Samples = ()) -> None:
+        """Run the portable fp32 pipeline, name the targets, split outlier channels (when
+        `samples` are given), save the fp32 reference."""
         self.step("optimizing fp32")
         run_passes(ir, PassContext(portable=True), _passes.DEFAULT_PIPELINE)
         _name_targets(ir)
         _check_exclude(ir, exclude)
+        if samples:
+            self.split_outliers(ir, samples)
         self.tensors = calibration_tensors(ir)
         if not self.tensors:
             raise InferccError(
@@ -556,6 +570,30 @@ class _Job:
         self.activation_inputs = _activation_inputs(ir)
         self.not_scores = _embedding_outputs(ir)
         self.fp32_files = save_model(ir, self.fp32_path)
+
+    def split_outliers(self, ir: Model, samples: Samples) -> None:
+        """Measure the candidates' channel maxima on `samples` and split the MatMuls whose
+        inputs have outlier channels (`infercc.calib.outliers`)."""
+        found = outliers.candidates(ir)
+        if not found:
+            return
+        self.step("looking for outlier channels")
+        probe = self.stage / _PROBE_FILE
+        files = save_model(ir, probe)
+        try:
+            amax = outliers.channel_absmax(probe, samples, list(found.values()))
+        finally:
+            for f in files:
+                f.unlink(missing_ok=True)
+        channels = {}
+        for node, tensor in found.items():
+            idx = outliers.outlier_channels(amax[tensor]) if tensor in amax else []
+            if idx:
+                channels[node] = idx
+        self.float_nodes = outliers.split(ir, channels)
+        self.outlier_channels = {node: list(map(int, idx)) for node, idx in channels.items()}
+        if channels:
+            infer_shapes(ir)
 
     def calibrate(
         self, samples: Samples, method: Method, percentile: float, on_progress: ProgressFn | None
@@ -579,7 +617,7 @@ class _Job:
         report = quantize_qdq(
             ir,
             self.ranges,
-            exclude=exclude,
+            exclude=(*exclude, *self.float_nodes),
             activations=self.options.activations,
             activation_matmuls=self.options.activation_matmuls,
         )
@@ -665,13 +703,14 @@ class _Job:
             figures += [_db(signal[t], noise[t]) for t in inputs if t in noise]
             self.sqnr[node] = _combine_db(figures)
 
-    def speed_check(self) -> SpeedCheck:
-        """Race the int8 model against fp32 (onnxruntime defaults), interleaved, one sample."""
+    def speed_check(self, original: Path) -> SpeedCheck:
+        """Race the int8 model against the original fp32 model (onnxruntime defaults, which
+        optimize it too), interleaved, on one evaluation sample."""
         from infercc.bench import race
         from infercc.targets import host_cpu_info
 
         stats = race(
-            self.fp32_path,
+            original,
             self.stage / INT8_FILE,
             self.samples[0],
             warmup=SPEED_WARMUP,
@@ -868,7 +907,7 @@ def _report(
     final: _Trial,
     user_exclude: Sequence[str],
 ) -> CalibrationReport:
-    kept = _kept_float(final.quantized, job.sensitivity, set(user_exclude))
+    kept = _kept_float(final.quantized, job.sensitivity, set(user_exclude), job.float_nodes)
     passed, message = _verdict(job.targets, final, job.trials)
     return CalibrationReport(
         model=str(src),
@@ -888,12 +927,19 @@ def _report(
 
 
 def _kept_float(
-    quantized: QuantizeReport, sensitivity: Mapping[str, KeptFloat], user: set[str]
+    quantized: QuantizeReport,
+    sensitivity: Mapping[str, KeptFloat],
+    user: set[str],
+    split_from: Mapping[str, str] | None = None,
 ) -> list[KeptFloat]:
     """User and quantizer reasons in graph order, then the sensitivity moves in round order."""
     kept = []
+    split_from = split_from or {}
     for node, reason in quantized.kept_float.items():
-        if node in user:
+        if node in split_from:
+            reason = f"the outlier channels of {split_from[node]}, kept float by design"
+            kept.append(KeptFloat(node, reason, "outliers"))
+        elif node in user:
             kept.append(KeptFloat(node, "excluded by the user", "user"))
         elif node not in sensitivity:
             kept.append(KeptFloat(node, f"quantize_qdq: {reason}", "quantizer"))

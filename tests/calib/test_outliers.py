@@ -1,0 +1,123 @@
+"""Outlier channels: detection, the exact split, and what calibrate does with it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+
+from infercc.calib import outliers
+from infercc.calib.calibrate import INT8_FILE, calibrate
+from infercc.ir import export_model, import_model, infer_shapes
+
+K, N = 96, 32
+OUTLIER = 7  # the channel that is 40x the others
+
+
+def projection(tmp: Path) -> tuple[Path, onnx.ModelProto]:
+    """x [batch, seq, K] -> scale channels (one huge) -> MatMul W [K, N] -> + b."""
+    rng = np.random.default_rng(4)
+    gain = np.ones(K, np.float32)
+    gain[OUTLIER] = 40.0
+    weights = {
+        "gain": gain,
+        "w": (rng.standard_normal((K, N)) * 0.2).astype(np.float32),
+        "b": (rng.standard_normal(N) * 0.1).astype(np.float32),
+    }
+    nodes = [
+        oh.make_node("Mul", ["x", "gain"], ["h"]),
+        oh.make_node("MatMul", ["h", "w"], ["p"], name="proj"),
+        oh.make_node("Add", ["p", "b"], ["y"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp / "proj.onnx"
+    onnx.save(model, path)
+    return path, model
+
+
+def _samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((1, 16, K)).astype(np.float32)} for _ in range(n)]
+
+
+def _run(model: onnx.ModelProto | Path, feeds: dict) -> np.ndarray:
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_outlier_detection():
+    amax = np.ones(K)
+    assert outliers.outlier_channels(amax) == []
+    amax[[3, 50]] = 10.0
+    assert outliers.outlier_channels(amax) == [3, 50]
+    many = np.ones(K)
+    many[:12] = 10.0  # 12 large channels: not a few outliers
+    assert outliers.outlier_channels(many) == []
+    assert outliers.outlier_channels(np.ones(8) * [1, 1, 1, 1, 1, 1, 1, 50]) == []  # K < 64
+
+
+def test_split_is_exact_and_only_for_projections(tmp_path):
+    path, proto = projection(tmp_path)
+    model = import_model(proto)
+    infer_shapes(model)
+    found = outliers.candidates(model)
+    assert found == {"proj": "h"}
+    amax = outliers.channel_absmax(path, _samples(3), ["h"])
+    assert outliers.outlier_channels(amax["h"]) == [OUTLIER]
+    made = outliers.split(model, {"proj": [OUTLIER]})
+    assert list(made.values()) == ["proj"]
+    model.graph.lint()
+    out = export_model(model)
+    onnx.checker.check_model(out, full_check=True)
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops == {"Mul": 2, "Gather": 1, "MatMul": 2, "Add": 2}
+    feeds = _samples(1, seed=9)[0]
+    np.testing.assert_allclose(_run(out, feeds), _run(proto, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_calibrate_splits_and_keeps_the_outliers_float(tmp_path):
+    path, proto = projection(tmp_path)
+    data = tmp_path / "samples"
+    data.mkdir()
+    for i, sample in enumerate(_samples(8, seed=1)):
+        np.savez(data / f"{i}.npz", **sample)
+    split = calibrate(path, data, tmp_path / "split", speed_check=False)
+    plain = calibrate(path, data, tmp_path / "plain", speed_check=False, outlier_channels=False)
+    assert split.outlier_channels == {"proj": [OUTLIER]} and plain.outlier_channels == {}
+    assert split.quantized == ["proj"] and plain.quantized == ["proj"]
+    kept = [k for k in split.kept_float if k.cause == "outliers"]
+    assert len(kept) == 1 and "outlier channels of proj" in kept[0].reason
+    assert split.to_dict()["outlier_channels"] == {"proj": [OUTLIER]}
+    # the split keeps int8's error on the other channels small
+    assert split.outputs["y"].cosine > plain.outputs["y"].cosine
+    assert split.outputs["y"].max_abs < plain.outputs["y"].max_abs
+    ops = Counter(n.op_type for n in onnx.load(tmp_path / "split" / INT8_FILE).graph.node)
+    assert ops["Gather"] == 1 and ops["QuantizeLinear"] == 1
+
+
+def test_a_2d_matmul_is_not_a_candidate():
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), "w")
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, K])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [4, N])],
+        [w],
+    )
+    model = import_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    infer_shapes(model)
+    assert outliers.candidates(model) == {}
