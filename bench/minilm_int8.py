@@ -148,10 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     samples = load_samples(data)
     calib, held, _ = split_samples(samples, args.holdout)
     tmp = Path(tempfile.mkdtemp(prefix="infercc-minilm-"))
-    try:
-        out = tmp / "int8"
-        t0 = time.perf_counter()
-        report = run_calibrate(
+
+    def calibrate_into(out: Path, **extra):
+        return run_calibrate(
             model,
             data,
             out,
@@ -159,7 +158,13 @@ def main(argv: list[str] | None = None) -> int:
             percentile=args.percentile,
             holdout=args.holdout,
             min_cosine=args.min_cosine,
+            **extra,
         )
+
+    try:
+        out = tmp / "int8"
+        t0 = time.perf_counter()
+        report = calibrate_into(out)
         seconds = time.perf_counter() - t0
         if not report.passed:
             print(f"calibration failed: {report.message}", file=sys.stderr)
@@ -168,17 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         candidates = {"infercc calibrate": out / INT8_FILE}
         if not args.no_baselines:
             plain = tmp / "int8-no-split"
-            run_calibrate(
-                model,
-                data,
-                plain,
-                method=args.method,
-                percentile=args.percentile,
-                holdout=args.holdout,
-                min_cosine=args.min_cosine,
-                outlier_channels=False,
-                speed_check=False,
-            )
+            calibrate_into(plain, outlier_channels=False, speed_check=False)
             candidates["infercc --no-outlier-channels"] = plain / INT8_FILE
             candidates.update(ort_baselines(model, calib, tmp))
         results = {}
