@@ -58,3 +58,10 @@ def test_read_ranges_errors(tmp_path):
     bad.write_text('{"a": [1, 2]}')
     with pytest.raises(InferccError, match="cannot read ranges"):
         read_ranges(bad)
+
+
+def test_ranges_without_fp16_are_refused(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    with pytest.raises(InferccError, match="ranges are for --fp16 only"):
+        optimize(src, tmp_path / "o.onnx", fp16_ranges={"h": (0.0, 1.0)})
+    assert not (tmp_path / "o.onnx").exists()

@@ -234,6 +234,8 @@ def optimize(
     disabled = list(disable_passes)
     check_pass_names(disabled)
     target = check_target(target)
+    if fp16_ranges is not None and not fp16:
+        raise InferccError("ranges are for --fp16 only", "add --fp16, or drop --ranges")
     ranges = read_ranges(fp16_ranges) if fp16_ranges is not None else None
     build = _Build(src, out, target, backend)
     step = on_step or (lambda _s: None)
