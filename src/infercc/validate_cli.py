@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.backends.base import MANIFEST, MODEL_FILE
+from infercc.backends.base import MANIFEST
 from infercc.bench import read_skeleton
 from infercc.errors import InferccError
 from infercc.inputs import input_dtype, load_samples, make_inputs, real_inputs
@@ -96,13 +96,16 @@ class CandidateReport:
 # --------------------------------------------------------------------------- precision
 
 
-def detect_precision(candidate: str | os.PathLike[str]) -> str:
-    """fp32, fp16 or int8: the artifact manifest's precision, or read from the model."""
+def detect_precision(
+    candidate: str | os.PathLike[str], skeleton: onnx.ModelProto | None = None
+) -> str:
+    """fp32, fp16 or int8: the artifact manifest's precision, or read from the model (its
+    `skeleton` when the caller has read it already)."""
     path = Path(candidate)
     if path.is_dir():
         precision = str(_manifest(path).get("precision") or "fp32")
         return precision if precision in PRECISIONS else "fp32"
-    return model_precision(read_skeleton(path))
+    return model_precision(skeleton if skeleton is not None else read_skeleton(path))
 
 
 def model_precision(model: onnx.ModelProto) -> str:
@@ -378,8 +381,10 @@ def validate_candidate(
         saved = str(save_golden(save_golden_to, feeds_list, expected, reference))
     if candidate is None:
         return CandidateReport(None, _str(reference), _str(golden), "fp32", None, saved)
-    _check_same_inputs(candidate, feeds_list[0] if feeds_list else {})
-    precision = detect_precision(candidate)
+    skeleton = _candidate_skeleton(candidate)
+    if skeleton is not None:
+        _check_same_inputs(skeleton, feeds_list[0] if feeds_list else {})
+    precision = detect_precision(candidate, skeleton)
     tol = default_tolerance(precision, atol, rtol, min_cosine)
     step("running the candidate")
     actual = run_candidate(candidate, feeds_list)
@@ -395,13 +400,16 @@ def validate_candidate(
     return result
 
 
-def _check_same_inputs(candidate: str | os.PathLike[str], feeds: Mapping[str, Any]) -> None:
+def _candidate_skeleton(candidate: str | os.PathLike[str]) -> onnx.ModelProto | None:
+    """The candidate model's skeleton; None when its file is missing (run_candidate then
+    names what is missing)."""
+    model_path = candidate_model_path(candidate)
+    return read_skeleton(model_path) if model_path.is_file() else None
+
+
+def _check_same_inputs(skeleton: onnx.ModelProto, feeds: Mapping[str, Any]) -> None:
     """The candidate must take the inputs the reference (or the goldens) provide."""
-    path = Path(candidate)
-    model_path = path / MODEL_FILE if path.is_dir() else path
-    if not model_path.is_file():
-        return  # run_candidate names what is missing
-    names = [vi.name for vi in real_inputs(read_skeleton(model_path))]
+    names = [vi.name for vi in real_inputs(skeleton)]
     missing = [n for n in names if n not in feeds]
     if missing:
         raise InferccError(

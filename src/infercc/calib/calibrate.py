@@ -546,7 +546,6 @@ class _Job:
         self.options = _QuantOptions()
         self.activation_inputs: dict[str, list[str]] = {}  # node -> its activation inputs
         self.calibration: Samples = []
-        self.exhausted = False
         self.not_scores: frozenset[str] = frozenset()
         self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
         self.outlier_channels: dict[str, list[int]] = {}
@@ -585,13 +584,13 @@ class _Job:
         finally:
             for f in files:
                 f.unlink(missing_ok=True)
-        channels = {}
+        channels: dict[str, list[int]] = {}
         for node, tensor in found.items():
             idx = outliers.outlier_channels(amax[tensor]) if tensor in amax else []
             if idx:
                 channels[node] = idx
         self.float_nodes = outliers.split(ir, channels)
-        self.outlier_channels = {node: list(map(int, idx)) for node, idx in channels.items()}
+        self.outlier_channels = channels
         if channels:
             infer_shapes(ir)
 
@@ -605,7 +604,7 @@ class _Job:
         self.calibration = samples[:SQNR_SAMPLES]
         self.step("running fp32 on the evaluation samples")
         self.reference = run_model(self.fp32_path, self.samples)
-        scores = _classifier_outputs(self.reference) - self.not_scores
+        scores = _classifier_outputs(self.reference, self.not_scores)
         if self.targets.max_top1_drop is not None and not scores:
             raise InferccError(
                 "max_top1_drop needs a classifier-like output ([batch, classes] or 1-D scores)",
@@ -646,7 +645,6 @@ class _Job:
             if not current.quantized.quantized:
                 break
             if self.trials >= self.options.max_trials:
-                self.exhausted = True
                 break
             round_ += 1
             self.step(f"sensitivity round {round_}: {self.targets.describe(current.evaluation)}")
@@ -846,7 +844,7 @@ def evaluate(
     `not_scores` names outputs that are shaped like scores but are not (an embedding)."""
     inf = math.inf
     compared = compare_outputs(reference, actual, atol=inf, rtol=inf, min_cosine=0.0)
-    classifiers = _classifier_outputs(reference) - not_scores
+    classifiers = _classifier_outputs(reference, not_scores)
     outputs = {}
     for name, metrics in compared.outputs.items():
         agreement = _top1_agreement(reference, actual, name) if name in classifiers else None
@@ -869,9 +867,10 @@ def _embedding_outputs(ir: Model) -> frozenset[str]:
     )
 
 
-def _classifier_outputs(reference: Outputs) -> set[str]:
-    """Float outputs shaped [batch, classes >= 2] or 1-D with >= 2 scores, in every sample."""
-    names = set(reference[0]) if reference else set()
+def _classifier_outputs(reference: Outputs, not_scores: frozenset[str] = frozenset()) -> set[str]:
+    """Float outputs shaped [batch, classes >= 2] or 1-D with >= 2 scores, in every sample,
+    but for the embeddings in `not_scores`."""
+    names = (set(reference[0]) - not_scores) if reference else set()
     for sample in reference:
         names &= {name for name, a in sample.items() if _looks_like_scores(a)}
     return names

@@ -225,15 +225,7 @@ def _write_tensor(t: TensorProto | Tensor, f) -> None:
     assert src is not None and t.proto is not None
     f.write(t.proto.SerializeToString())
     f.write(_RAW_TAG + _varint(src.length))
-    with open(src.path, "rb") as fin:
-        fin.seek(src.offset)
-        left = src.length
-        while left:
-            chunk = fin.read(min(left, _CHUNK))
-            if not chunk:
-                raise OSError(f"{src.path} was truncated while being copied")
-            f.write(chunk)
-            left -= len(chunk)
+    _copy_slice(src, src.length, f)
 
 
 def _inline(value: Value) -> TensorProto | Tensor:
