@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import infercc.passes.schedule  # noqa: F401  (registers schedule-memory)
+from infercc.analysis.memory import check_plan, plan_memory
 from infercc.api import optimize
 from infercc.ir import load_model
-from infercc.memory import check_plan, plan_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

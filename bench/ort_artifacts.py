@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import onnx  # noqa: E402
 
 import infercc  # noqa: E402
-from infercc.bench import compare  # noqa: E402
-from infercc.shapes import ShapeProfile  # noqa: E402
+from infercc.data.profiles import ShapeProfile  # noqa: E402
+from infercc.runtime.bench import compare  # noqa: E402
 from tests.zoo import LARGE, SMALL, light_path, randomize  # noqa: E402
 
 BERT = Path(__file__).resolve().parent / ".cache" / "bert_base_sdpa_ts.onnx"

@@ -18,8 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from infercc.ir import import_model
-from infercc.memory import (
+from infercc.analysis.memory import (
     BY_BREADTH,
     BY_SIZE,
     check_plan,
@@ -29,6 +28,7 @@ from infercc.memory import (
     tensor_lifetimes,
     value_sizes,
 )
+from infercc.ir import import_model
 
 WIDTH = 256
 

@@ -13,7 +13,7 @@ batch 1, sequence 128 when present) and each precision (fp32, fp16):
    validation) and the engine inspector's layer precisions are read back;
 2. build it again into a second directory with the engine cache off (`tune=False`) and the
    same timing cache: the timing cache must be a hit, and the rebuild time is printed;
-3. bench the engine (`infercc.bench`) and onnxruntime's CPU provider on the original model,
+3. bench the engine (`infercc.runtime.bench`) and onnxruntime's CPU provider on the original model,
    and print both p50 latencies.
 
     python bench/tensorrt_models.py [--models resnet50,squeezenet] [--target h100] [--no-bert]
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import onnx  # noqa: E402
 
 import infercc  # noqa: E402
-from infercc.backends.tensorrt import TensorRTBackend  # noqa: E402
-from infercc.bench import bench  # noqa: E402
-from infercc.shapes import ShapeProfile  # noqa: E402
+from infercc.backends.trt.backend import TensorRTBackend  # noqa: E402
+from infercc.data.profiles import ShapeProfile  # noqa: E402
+from infercc.runtime.bench import bench  # noqa: E402
 from tests.zoo import SMALL, light_path, randomize  # noqa: E402
 
 BERT = Path(__file__).resolve().parent / ".cache" / "bert_base_sdpa_ts.onnx"

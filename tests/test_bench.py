@@ -1,4 +1,4 @@
-"""infercc.bench: latency reports per batch size, and interleaved A/B comparison.
+"""infercc.runtime.bench: latency reports per batch size, and interleaved A/B comparison.
 
 Nothing here asserts on time: structure, counts, shapes, order of calls and equalities only.
 """
@@ -15,11 +15,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from infercc import bench as bench_module
-from infercc.backends import base
+from infercc.backends import base, registry
 from infercc.backends.ort import default_runner
-from infercc.bench import LatencyStats, bench, compare, open_runner
 from infercc.errors import InferccError
+from infercc.runtime import bench as bench_module
+from infercc.runtime.bench import LatencyStats, bench, compare, open_runner
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CNN = EXAMPLES / "small_cnn.onnx"
@@ -177,7 +177,7 @@ def test_artifact_runs_on_the_backend_its_manifest_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = _FakeBackend()
-    monkeypatch.setitem(base._REGISTRY, "fake", fake)
+    monkeypatch.setitem(registry._REGISTRY, "fake", fake)
     report = bench(make_artifact(tmp_path, "fake"), batches=(2,), **FAST)
     assert fake.loads == 1 and report.backend == "fake"
     assert report.results[0].shapes == {"image": (2, 3, 32, 32)}
@@ -191,7 +191,7 @@ def test_artifact_with_unknown_backend_names_it(tmp_path: Path) -> None:
 def test_artifact_with_unavailable_backend_names_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(base._REGISTRY, "fake", _FakeBackend(ok=False))
+    monkeypatch.setitem(registry._REGISTRY, "fake", _FakeBackend(ok=False))
     with pytest.raises(InferccError, match="'fake'.*fake accelerator"):
         open_runner(make_artifact(tmp_path, "fake"))
 
@@ -291,7 +291,7 @@ def test_faster_side_from_the_ratio_interval(ratios: list[float], faster: str) -
 
 
 def test_pinned_batch_is_kept_without_batch_option():
-    from infercc.bench import bench
+    from infercc.runtime.bench import bench
 
     report = bench(ENCODER, shapes={"hidden_states": (4, 16, 64)}, batches=None, warmup=1, iters=2)
     assert [r.batch for r in report.results] == [4]

@@ -1,5 +1,5 @@
-"""`infercc.bisect`: deliberately broken test passes, registered for these tests only, must be
-named, with the rewrite and the node where outputs first diverge."""
+"""`infercc.check.bisection`: deliberately broken test passes, registered for these tests only,
+must be named, with the rewrite and the node where outputs first diverge."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from infercc.bisect import PipelineConfig, bisect, first_divergence
+from infercc.check.bisection import PipelineConfig, bisect, first_divergence
 from infercc.ir import export_model, import_model
 from infercc.passes import DEFAULT_PIPELINE, REGISTRY, PassContext, PassResult, run_passes
 from infercc.passes.manager import register_pass

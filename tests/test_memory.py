@@ -11,10 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infercc.api import optimize
-from infercc.inputs import resolve_shapes
-from infercc.ir import import_model, load_model
-from infercc.memory import (
+from infercc.analysis.memory import (
     BY_BREADTH,
     BY_SIZE,
     Interval,
@@ -29,6 +26,9 @@ from infercc.memory import (
     tensor_lifetimes,
     value_sizes,
 )
+from infercc.api import optimize
+from infercc.inputs import resolve_shapes
+from infercc.ir import import_model, load_model
 from tests.helpers import parse
 from tests.zoo import SMALL, light_path
 

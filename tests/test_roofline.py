@@ -10,10 +10,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from infercc.errors import InferccError
-from infercc.ir import import_model, load_model
-from infercc.ir.shapes import concrete_types
-from infercc.roofline import (
+from infercc.analysis.roofline import (
     analyze,
     default_workspace,
     largest_batch,
@@ -21,10 +18,13 @@ from infercc.roofline import (
     node_cost,
     plot_roofline,
 )
+from infercc.errors import InferccError
+from infercc.ir import import_model, load_model
+from infercc.ir.shapes import concrete_types
 from tests.helpers import parse
 from tests.zoo import light_path
 
-targets = pytest.importorskip("infercc.targets")
+targets = pytest.importorskip("infercc.analysis.targets")
 Target = targets.Target
 
 F = 4  # bytes per float32

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from infercc.data.profiles import parse_shape, parse_shapes
 from infercc.errors import InferccError
-from infercc.shapes import parse_shape, parse_shapes
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_parse_shape_round_trip(name: str, dims: list[int]) -> None:
 
 
 def test_range_profile():
-    from infercc.shapes import parse_profile, parse_profiles
+    from infercc.data.profiles import parse_profile, parse_profiles
 
     p = parse_profile("input_ids=1x128:8x128:32x512")
     assert (p.name, p.min, p.opt, p.max) == ("input_ids", (1, 128), (8, 128), (32, 512))
@@ -74,7 +74,7 @@ def test_range_profile():
     ],
 )
 def test_bad_range_profiles(spec, message):
-    from infercc.shapes import parse_profile
+    from infercc.data.profiles import parse_profile
 
     with pytest.raises(InferccError) as e:
         parse_profile(spec)

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from infercc import targets
-from infercc.errors import InferccError
-from infercc.targets import (
+from infercc.analysis import targets
+from infercc.analysis.targets import (
     TARGET_NAMES,
     CpuInfo,
     cpu_peaks,
@@ -19,6 +18,7 @@ from infercc.targets import (
     parse_cpuinfo,
     parse_meminfo,
 )
+from infercc.errors import InferccError
 
 GPU_NAMES = [n for n in TARGET_NAMES if n != "cpu"]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from infercc import tuning
 from infercc.errors import InferccError
-from infercc.tuning import (
+from infercc.runtime import tuning
+from infercc.runtime.tuning import (
     CacheKey,
     TuningCache,
     default_cache_dir,
@@ -111,7 +111,7 @@ def test_show_by_prefix(cache):
 @pytest.mark.parametrize("garbage", [b"this is not sqlite at all " * 200, b"\x00\xff" * 3000])
 def test_garbage_database_is_moved_aside(tmp_path, caplog, garbage):
     (tmp_path / "tuning.sqlite").write_bytes(garbage)
-    with caplog.at_level(logging.WARNING, logger="infercc.tuning"):
+    with caplog.at_level(logging.WARNING, logger="infercc.runtime.tuning"):
         c = TuningCache(tmp_path)
     (moved,) = moved_files(tmp_path)
     assert (tmp_path / moved).read_bytes() == garbage
@@ -223,7 +223,7 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from infercc.tuning import CacheKey, TuningCache
+    from infercc.runtime.tuning import CacheKey, TuningCache
 
     directory, tag = Path(sys.argv[1]), sys.argv[2]
     shapes = CacheKey.canonical_shapes({"x": [1, 8]})

@@ -9,15 +9,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from infercc import validate as validate_module
-from infercc.errors import InferccError
-from infercc.validate import (
+from infercc.check import compare as validate_module
+from infercc.check.compare import (
     OutputMetrics,
     ValidationReport,
     compare_models,
     run_model,
     validate,
 )
+from infercc.errors import InferccError
 
 NO_FEEDS: list[dict[str, np.ndarray]] = [{}]
 
@@ -228,7 +228,7 @@ def test_shape_and_dtype_differences_fail() -> None:
 
 
 def test_float_dtype_change_allowed_when_declared() -> None:
-    from infercc.validate import compare_outputs
+    from infercc.check.compare import compare_outputs
 
     ref = [{"z": np.linspace(-1, 1, 8).astype(np.float32), "i": np.arange(3)}]
     cand = [{"z": ref[0]["z"].astype(np.float16), "i": np.arange(3).astype(np.int32)}]

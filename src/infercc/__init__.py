@@ -19,7 +19,7 @@ def __getattr__(name: str):
 
         return optimize
     if name == "inspect_model":
-        from infercc.inspect import inspect_model
+        from infercc.analysis.model_info import inspect_model
 
         return inspect_model
     if name == "calibrate":
@@ -27,7 +27,7 @@ def __getattr__(name: str):
 
         return calibrate
     if name == "validate":
-        from infercc.validate import validate
+        from infercc.check.compare import validate
 
         return validate
     raise AttributeError(name)

@@ -16,18 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from infercc import passes as _passes
-from infercc.artifact import check_destination, publish, staging_dir, write_manifest
-from infercc.artifact import manifest as artifact_manifest
-from infercc.backends.base import MODEL_FILE, CompileOptions, get_backend, require_available
+from infercc.analysis.memory import MemoryPlan, plan_memory
+from infercc.analysis.targets import get_target
+from infercc.backends.base import MODEL_FILE, CompileOptions
+from infercc.backends.registry import get_backend, require_available
+from infercc.check.compare import ValidationReport, validate
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.tensor import external_info
-from infercc.memory import MemoryPlan, plan_memory
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
-from infercc.shapes import ShapeProfile
-from infercc.targets import get_target
+from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
+from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.util import first_line
-from infercc.validate import ValidationReport, validate
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +369,7 @@ class _Build:
         memory: dict[str, Any] | None,
         validation: ValidationReport | None,
     ) -> dict[str, Any]:
-        from infercc.tuning import TuningCache, file_sha256, host_fingerprint
+        from infercc.runtime.tuning import TuningCache, file_sha256, host_fingerprint
 
         if options.on_step is not None:
             options.on_step(f"compiling with {self.backend_name}")

@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infercc.data.profiles import ShapeProfile, parse_profile
 from infercc.errors import InferccError
-from infercc.shapes import ShapeProfile, parse_profile
 from infercc.util import first_line, json_float
 
 log = logging.getLogger(__name__)
@@ -452,7 +452,7 @@ def _compile(spec: ModelSpec, result: ModelResult) -> None:
 
 
 def _require_qdq(path: Path) -> None:
-    from infercc.bench import read_skeleton
+    from infercc.runtime.bench import read_skeleton
     from infercc.validate_cli import model_precision
 
     if model_precision(read_skeleton(path)) != "int8":
@@ -487,7 +487,7 @@ def _failed_outputs(validation: Any) -> str:
 
 def bench_model(spec: ModelSpec, output: str) -> dict[str, Any]:
     """Median latency against the budget, and the ratio to the baseline; `reason` on failure."""
-    from infercc import bench
+    from infercc.runtime import bench
 
     shapes = {p.name: p.opt for p in spec.profiles}
     latency: dict[str, Any] = {"reason": None}
@@ -511,7 +511,7 @@ def bench_model(spec: ModelSpec, output: str) -> dict[str, Any]:
 def _against_baseline(
     spec: ModelSpec, output: str, shapes: dict[str, tuple[int, ...]], latency: dict[str, Any]
 ) -> None:
-    from infercc import bench
+    from infercc.runtime import bench
 
     pair = bench.compare(spec.baseline, output, shapes, None, spec.warmup, spec.iters).results[0]
     latency.update(
@@ -656,7 +656,7 @@ def write_reports(
         Path(json_report).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     text = None
     if markdown is not None or (step_summary and os.environ.get("GITHUB_STEP_SUMMARY")):
-        from infercc.report import ci_markdown
+        from infercc.cli.render import ci_markdown
 
         text = ci_markdown(report)
     if markdown is not None:

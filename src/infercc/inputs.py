@@ -336,7 +336,7 @@ def iter_samples(
 
     `path` is a `.npz` file, a directory of `.npz` files (keyed by input name), a directory of
     `<input_name>.npy` files (together one sample), or images (a directory of jpg/png/bmp/webp
-    files, or one) turned into tensors by the `preprocess` spec (`infercc.calib.images`).
+    files, or one) turned into tensors by the `preprocess` spec (`infercc.data.images`).
     Files are read in name order with `allow_pickle=False`. In a `.npz` file (or the `.npy`
     set) an array of the input's rank is one sample; when every array has rank + 1, the file
     stacks N samples along axis 0 and all must agree on N.
@@ -358,7 +358,7 @@ def iter_samples(
 
 
 def _is_image(file: Path) -> bool:
-    from infercc.calib.images import is_image
+    from infercc.data.images import is_image
 
     return is_image(file)
 
@@ -370,7 +370,7 @@ def _image_samples(
     preprocess: str | None,
     inputs: list[onnx.ValueInfoProto],
 ) -> Iterator[dict[str, np.ndarray]]:
-    from infercc.calib.images import PRESETS, iter_image_samples
+    from infercc.data.images import PRESETS, iter_image_samples
 
     if preprocess is None:
         raise InferccError(

@@ -1,7 +1,7 @@
 """The engine of `infercc validate`: check a candidate against a reference model or goldens.
 
 The candidate is an optimized `.onnx` file (run on onnxruntime's CPU provider with its graph
-optimizations off, as `infercc.validate` does) or an artifact directory (run through the
+optimizations off, as `infercc.check.compare` does) or an artifact directory (run through the
 runner of the backend that built it, so what is checked is what will be deployed).
 
 What it is compared with:
@@ -19,8 +19,8 @@ fp16 when it holds float16 initializers or Casts to float16, else fp32. fp32: at
 rtol 1e-3, cosine >= 0.9999; fp16: cosine >= 0.999 only; int8: cosine >= 0.99 only. Options
 given by the user win, and `tolerances` sets atol/rtol for named outputs.
 
-With `bisect=True` a failing candidate is handed to `infercc.bisect`, which rebuilds it from
-the reference and names the pass, the rewrite and the node where outputs first diverge.
+With `bisect=True` a failing candidate is handed to `infercc.check.bisection`, which rebuilds
+it from the reference and names the pass, the rewrite and the node where outputs first diverge.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ import numpy as np
 import onnx
 
 from infercc.backends.base import MANIFEST
-from infercc.bench import read_skeleton
+from infercc.check.compare import ValidationReport, compare_outputs, run_model
 from infercc.errors import InferccError
 from infercc.inputs import input_dtype, load_samples, make_inputs, real_inputs
+from infercc.runtime.bench import read_skeleton
 from infercc.util import first_line, read_schema_json
-from infercc.validate import ValidationReport, compare_outputs, run_model
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class CandidateReport:
     precision: str
     validation: ValidationReport | None
     saved_golden: str | None = None
-    bisect: Any = None  # infercc.bisect.BisectReport
+    bisect: Any = None  # infercc.check.bisection.BisectReport
 
     @property
     def passed(self) -> bool:
@@ -164,7 +164,7 @@ def run_candidate(candidate: str | os.PathLike[str], feeds_list: Feeds) -> Outpu
     path = Path(candidate)
     if not path.is_dir():
         return run_model(path, feeds_list)
-    from infercc.bench import open_runner
+    from infercc.runtime.bench import open_runner
 
     runner, skeleton = open_runner(path)
     dtypes = {vi.name: input_dtype(vi) for vi in real_inputs(skeleton)}
@@ -204,7 +204,7 @@ def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
 
 
 def _manifest(directory: Path) -> dict[str, Any]:
-    from infercc.artifact import read_manifest
+    from infercc.runtime.artifact import read_manifest
 
     if not (directory / MANIFEST).is_file():
         raise InferccError(
@@ -449,7 +449,7 @@ def _bisect(
     tolerances: Mapping[str, tuple[float, float]] | None,
     target: str | None,
 ) -> Any:
-    from infercc.bisect import bisect, config_for_candidate
+    from infercc.check.bisection import bisect, config_for_candidate
 
     config = config_for_candidate(candidate, reference, target)
     return bisect(

@@ -14,9 +14,9 @@ import onnxruntime as ort
 import pytest
 
 from infercc import api
-from infercc.artifact import load_artifact, open_artifact
+from infercc.data.profiles import parse_profiles
 from infercc.errors import InferccError
-from infercc.shapes import parse_profiles
+from infercc.runtime.artifact import load_artifact, open_artifact
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENCODER = EXAMPLES / "tiny_encoder.onnx"
@@ -140,7 +140,7 @@ def test_entry_point_backend_from_a_package(tmp_path):
 
 def test_compare_turns_spinning_off_for_artifact_runners(tmp_path):
     from infercc.backends.ort import session_options
-    from infercc.bench import open_runner
+    from infercc.runtime.bench import open_runner
 
     build(tmp_path / "art", tmp_path / "cache", tune=False)
     assert open_runner(tmp_path / "art")[0].spinning is True

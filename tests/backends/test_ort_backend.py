@@ -12,12 +12,16 @@ import onnx
 import onnxruntime
 import pytest
 
-from infercc.backends import ort as ob
-from infercc.backends.base import Artifact, CompileOptions, ShapeProfile, get_backend
+from infercc.analysis.targets import get_target
+from infercc.backends.base import Artifact, CompileOptions, ShapeProfile
+from infercc.backends.ort import backend as obk
+from infercc.backends.ort import config as oc
+from infercc.backends.ort import runner as orn
+from infercc.backends.ort import tuner as ot
+from infercc.backends.registry import get_backend
 from infercc.errors import InferccError
 from infercc.inputs import make_inputs
-from infercc.targets import get_target
-from infercc.tuning import TuningCache
+from infercc.runtime.tuning import TuningCache
 from tests.helpers import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,29 +63,31 @@ def cache(tmp_path: Path):
 def counts(monkeypatch) -> dict[str, list]:
     """Records every session created (its config) and every timing call."""
     seen: dict[str, list] = {"sessions": [], "timed": []}
-    create, time_runs = ob._create_session, ob._time_runs
+    create, time_runs = oc._create_session, oc._time_runs
 
     def counting_create(model, config, save_to=None):
-        seen["sessions"].append(json.loads(ob.config_key(config)))
+        seen["sessions"].append(json.loads(oc.config_key(config)))
         return create(model, config, save_to)
 
     def counting_time(session, feeds, warmup, iters):
         seen["timed"].append(iters)
         return time_runs(session, feeds, warmup, iters)
 
-    monkeypatch.setattr(ob, "_create_session", counting_create)
-    monkeypatch.setattr(ob, "_time_runs", counting_time)
+    monkeypatch.setattr(ot, "_create_session", counting_create)
+
+    monkeypatch.setattr(orn, "_create_session", counting_create)
+    monkeypatch.setattr(ot, "_time_runs", counting_time)
     return seen
 
 
 def compile_cnn(out: Path, cache, profiles=(FIXED,), **extra: Any) -> dict[str, Any]:
-    return ob.OrtBackend().compile(
+    return obk.OrtBackend().compile(
         out / "model.onnx", get_target("cpu"), list(profiles), options(**extra), cache, out
     )
 
 
 def ort_config(out: Path) -> dict[str, Any]:
-    return json.loads((out / ob.CONFIG_FILE).read_text())
+    return json.loads((out / oc.CONFIG_FILE).read_text())
 
 
 def default_session_outputs(model: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -96,35 +102,35 @@ def default_session_outputs(model: Path, feeds: dict[str, np.ndarray]) -> list[n
 
 def test_registered_and_available() -> None:
     backend = get_backend("ort")
-    assert isinstance(backend, ob.OrtBackend)
+    assert isinstance(backend, obk.OrtBackend)
     assert backend.available() == (True, "")
     assert backend.version() == onnxruntime.__version__
 
 
 def test_precisions_on_the_cpu() -> None:
     cpu = get_target("cpu")
-    got = ob.OrtBackend().precisions(cpu)
+    got = obk.OrtBackend().precisions(cpu)
     assert got[0] == "fp32" and "fp16" in got and "int8" in got
     assert ("bf16" in got) == ("bf16" in cpu.precisions)
 
 
 def test_precisions_on_a100_without_onnxruntime_gpu(monkeypatch) -> None:
-    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    assert ob.OrtBackend().precisions(get_target("a100")) == ()
-    assert ob.gpu_reason() == 'onnxruntime-gpu is not installed (pip install "infercc[gpu]")'
+    monkeypatch.setattr(oc.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert obk.OrtBackend().precisions(get_target("a100")) == ()
+    assert obk.gpu_reason() == 'onnxruntime-gpu is not installed (pip install "infercc[gpu]")'
 
 
 def test_precisions_on_a100_with_the_cuda_provider(monkeypatch) -> None:
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: providers)
-    assert ob.gpu_reason() == ""
-    assert ob.OrtBackend().precisions(get_target("a100")) == ("fp32", "fp16", "bf16", "int8")
+    monkeypatch.setattr(oc.ort, "get_available_providers", lambda: providers)
+    assert obk.gpu_reason() == ""
+    assert obk.OrtBackend().precisions(get_target("a100")) == ("fp32", "fp16", "bf16", "int8")
 
 
 def test_compile_for_a_gpu_without_onnxruntime_gpu_says_why(cnn_dir: Path, monkeypatch) -> None:
-    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    monkeypatch.setattr(oc.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     with pytest.raises(InferccError, match="onnxruntime-gpu is not installed"):
-        ob.OrtBackend().compile(
+        obk.OrtBackend().compile(
             cnn_dir / "model.onnx", get_target("a100"), [FIXED], options(), None, cnn_dir
         )
 
@@ -133,66 +139,66 @@ def test_compile_for_a_gpu_without_onnxruntime_gpu_says_why(cnn_dir: Path, monke
 
 
 def test_candidates_dedupe_and_cover_every_knob() -> None:
-    configs = ob.candidate_configs([ob.CPU], cores=2)
-    keys = [ob.config_key(c) for c in configs]
+    configs = oc.candidate_configs([oc.CPU], cores=2)
+    keys = [oc.config_key(c) for c in configs]
     assert len(keys) == len(set(keys))
-    assert configs[0] == ob.default_config(ob.CPU)
+    assert configs[0] == oc.default_config(oc.CPU)
     sessions = [c["session_options"] for c in configs]
-    assert {s["graph_optimization_level"] for s in sessions} == set(ob.LEVELS)
+    assert {s["graph_optimization_level"] for s in sessions} == set(oc.LEVELS)
     # 1, half of 2 cores (= 1), 2 cores, 0: deduplicated to three values
     assert sorted({s["intra_op_num_threads"] for s in sessions}) == [0, 1, 2]
     assert {(s["execution_mode"], s["inter_op_num_threads"]) for s in sessions} == {
         ("ORT_SEQUENTIAL", 0),
         ("ORT_PARALLEL", 2),
     }
-    assert len(configs) == ob.candidate_count([ob.CPU], cores=2) == 6
+    assert len(configs) == oc.candidate_count([oc.CPU], cores=2) == 6
 
 
 def test_thread_counts_and_single_core() -> None:
-    assert ob.thread_counts(8) == [1, 4, 8, 0]
-    assert ob.thread_counts(1) == [1, 0]
-    single = ob.candidate_configs([ob.CPU], cores=1)
+    assert oc.thread_counts(8) == [1, 4, 8, 0]
+    assert oc.thread_counts(1) == [1, 0]
+    single = oc.candidate_configs([oc.CPU], cores=1)
     assert all(c["session_options"]["execution_mode"] == "ORT_SEQUENTIAL" for c in single)
-    assert ob.candidate_count([ob.CPU], cores=8) == 7
+    assert oc.candidate_count([oc.CPU], cores=8) == 7
 
 
 def test_providers_by_target_kind() -> None:
-    present = [ob.TENSORRT, ob.CUDA, ob.CPU]
-    assert ob.candidate_providers("cpu", present) == [ob.CPU]
-    assert ob.candidate_providers("gpu", present) == [ob.TENSORRT, ob.CUDA]
-    assert ob.candidate_providers("gpu", [ob.CPU]) == []
+    present = [oc.TENSORRT, oc.CUDA, oc.CPU]
+    assert oc.candidate_providers("cpu", present) == [oc.CPU]
+    assert oc.candidate_providers("gpu", present) == [oc.TENSORRT, oc.CUDA]
+    assert oc.candidate_providers("gpu", [oc.CPU]) == []
 
 
 def test_gpu_candidates_from_a_fake_provider_list() -> None:
-    configs = ob.candidate_configs([ob.CUDA, ob.TENSORRT], cores=4)
-    cuda = [c for c in configs if c["provider"] == ob.CUDA]
+    configs = oc.candidate_configs([oc.CUDA, oc.TENSORRT], cores=4)
+    cuda = [c for c in configs if c["provider"] == oc.CUDA]
     searches = {c["provider_options"]["cudnn_conv_algo_search"] for c in cuda}
     assert searches == {"EXHAUSTIVE", "HEURISTIC", "DEFAULT"}
     tunable = [c for c in cuda if c["provider_options"]["tunable_op_enable"] == "1"]
     assert tunable and tunable[0]["provider_options"]["tunable_op_tuning_enable"] == "1"
-    assert any(c["provider"] == ob.TENSORRT for c in configs)
+    assert any(c["provider"] == oc.TENSORRT for c in configs)
     # CUDA options never leak onto TensorRT configurations
-    assert all(not c["provider_options"] for c in configs if c["provider"] == ob.TENSORRT)
-    assert ob.candidate_count([ob.CUDA], cores=8) == 10
+    assert all(not c["provider_options"] for c in configs if c["provider"] == oc.TENSORRT)
+    assert oc.candidate_count([oc.CUDA], cores=8) == 10
 
 
 def test_session_options_from_a_config() -> None:
-    config = ob.apply_patch(
-        ob.default_config(ob.CUDA),
+    config = oc.apply_patch(
+        oc.default_config(oc.CUDA),
         {
             "provider_options.cudnn_conv_algo_search": "HEURISTIC",
             "session_options.graph_optimization_level": "ORT_ENABLE_BASIC",
             "session_options.intra_op_num_threads": 3,
         },
     )
-    so, providers = ob.session_options(config)
+    so, providers = oc.session_options(config)
     assert so.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     assert so.intra_op_num_threads == 3
     assert so.execution_mode == onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     name, provider_options = providers[0]
-    assert name == ob.CUDA and provider_options["cudnn_conv_algo_search"] == "HEURISTIC"
-    assert providers[1:] == [ob.CPU]
-    assert ob.session_options(ob.default_config())[1] == [ob.CPU]
+    assert name == oc.CUDA and provider_options["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert providers[1:] == [oc.CPU]
+    assert oc.session_options(oc.default_config())[1] == [oc.CPU]
 
 
 def test_coordinate_descent_sweeps_one_knob_at_a_time() -> None:
@@ -206,12 +212,12 @@ def test_coordinate_descent_sweeps_one_knob_at_a_time() -> None:
         ms -= 2 * (so["intra_op_num_threads"] == 1) - 5 * (so["execution_mode"] == "ORT_PARALLEL")
         return {"config": config, "knob": knob, "median_ms": ms}
 
-    start = ob.default_config(ob.CPU)
-    best, records = ob.coordinate_descent(start, ob.knobs([ob.CPU], 8), evaluate)
+    start = oc.default_config(oc.CPU)
+    best, records = ot.coordinate_descent(start, oc.knobs([oc.CPU], 8), evaluate)
     assert best is not None and best["median_ms"] == 5.0
     assert best["config"]["session_options"]["graph_optimization_level"] == "ORT_ENABLE_BASIC"
     assert best["config"]["session_options"]["intra_op_num_threads"] == 1
-    assert len(evaluated) == len(records) == ob.candidate_count([ob.CPU], 8) == 7  # not 3x4x2
+    assert len(evaluated) == len(records) == oc.candidate_count([oc.CPU], 8) == 7  # not 3x4x2
 
 
 def test_coordinate_descent_keeps_defaults_for_gains_within_noise() -> None:
@@ -224,8 +230,8 @@ def test_coordinate_descent_keeps_defaults_for_gains_within_noise() -> None:
         ms -= 1.0 * (so["intra_op_num_threads"] == 1)
         return {"config": config, "knob": knob, "median_ms": ms}
 
-    start = ob.default_config(ob.CPU)
-    best, _ = ob.coordinate_descent(start, ob.knobs([ob.CPU], 8), evaluate)
+    start = oc.default_config(oc.CPU)
+    best, _ = ot.coordinate_descent(start, oc.knobs([oc.CPU], 8), evaluate)
     so = best["config"]["session_options"]
     assert so["graph_optimization_level"] == start["session_options"]["graph_optimization_level"]
     assert so["intra_op_num_threads"] == 1 and best["median_ms"] == 9.0
@@ -235,7 +241,7 @@ def test_coordinate_descent_skips_failures_and_reports_none_when_all_fail() -> N
     def fail(config: dict, knob: str) -> dict:
         return {"config": config, "knob": knob, "skipped": "session failed: no"}
 
-    best, records = ob.coordinate_descent(ob.default_config(), ob.knobs([ob.CPU], 2), fail)
+    best, records = ot.coordinate_descent(oc.default_config(), oc.knobs([oc.CPU], 2), fail)
     assert best is None and len(records) == 6
     assert all(r["skipped"] == "session failed: no" for r in records)
 
@@ -247,7 +253,7 @@ def test_compile_writes_ort_config(cnn_dir: Path, cache) -> None:
     steps: list[str] = []
     opts = options()
     opts.on_step = steps.append
-    section = ob.OrtBackend().compile(
+    section = obk.OrtBackend().compile(
         cnn_dir / "model.onnx", get_target("cpu"), [FIXED], opts, cache, cnn_dir
     )
     config = ort_config(cnn_dir)
@@ -256,7 +262,7 @@ def test_compile_writes_ort_config(cnn_dir: Path, cache) -> None:
     assert config["default"] == 0 and len(config["points"]) == 1
     point = config["points"][0]
     assert point["name"] == "opt" and point["shapes"] == {"image": [2, 3, 32, 32]}
-    assert point["provider"] == ob.CPU and point["cache"] == "miss"
+    assert point["provider"] == oc.CPU and point["cache"] == "miss"
     assert set(point["session_options"]) == {
         "graph_optimization_level",
         "intra_op_num_threads",
@@ -264,7 +270,7 @@ def test_compile_writes_ort_config(cnn_dir: Path, cache) -> None:
         "execution_mode",
     }
     assert point["median_ms"] > 0
-    total = ob.candidate_count([ob.CPU], ob._host_cores())
+    total = oc.candidate_count([oc.CPU], obk._host_cores())
     assert len(point["candidates"]) == total
     assert all(("median_ms" in c) != ("skipped" in c) for c in point["candidates"])
     assert {c["knob"] for c in point["candidates"]} >= {"default", "graph_optimization_level"}
@@ -272,19 +278,19 @@ def test_compile_writes_ort_config(cnn_dir: Path, cache) -> None:
     confirmation = point.get("confirmation")
     if confirmation is not None and not confirmation["kept"]:
         # the sweep's winner lost the head-to-head: the defaults stay
-        assert point["session_options"] == ob.DEFAULT_SESSION_OPTIONS
+        assert point["session_options"] == oc.DEFAULT_SESSION_OPTIONS
     else:
         # no candidate beats the choice by more than the gain needed to move off the defaults
-        assert best >= point["median_ms"] * (1 - ob.MIN_GAIN)
+        assert best >= point["median_ms"] * (1 - ot.MIN_GAIN)
     assert f"tuning opt shape: 3/{total} candidates" in steps
-    assert (cnn_dir / ob.OPTIMIZED_FILE).is_file()
+    assert (cnn_dir / oc.OPTIMIZED_FILE).is_file()
     assert (
         config["optimized_model"]["graph_optimization_level"]
         == (point["session_options"]["graph_optimization_level"])
     )
     assert section["name"] == "ort" and section["version"] == onnxruntime.__version__
-    assert section["files"] == [ob.CONFIG_FILE, ob.OPTIMIZED_FILE]
-    assert section["providers"] == [ob.CPU]
+    assert section["files"] == [oc.CONFIG_FILE, oc.OPTIMIZED_FILE]
+    assert section["providers"] == [oc.CPU]
     assert section["points"][0] == {
         k: point[k] for k in ("name", "shapes", "provider", "session_options", "median_ms", "cache")
     }
@@ -319,7 +325,7 @@ def test_without_a_cache_every_point_is_tuned(cnn_dir: Path, counts) -> None:
     compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
     compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
     assert ort_config(cnn_dir)["points"][0]["cache"] == "miss"
-    total = ob.candidate_count([ob.CPU], ob._host_cores())
+    total = oc.candidate_count([oc.CPU], obk._host_cores())
     assert len(counts["timed"]) == 2 * total
 
 
@@ -333,22 +339,23 @@ def test_winner_must_beat_the_defaults_head_to_head(
         threads = session.get_session_options().intra_op_num_threads
         return (8.0 if threads == 1 else 10.0), session.run(None, feeds)
 
-    monkeypatch.setattr(ob, "_time_runs", fake_time)
-    monkeypatch.setattr(ob, "_interleaved_medians", lambda *a: head_to_head)
+    monkeypatch.setattr(ot, "_time_runs", fake_time)
+    monkeypatch.setattr(ot, "_interleaved_medians", lambda *a: head_to_head)
     compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
     point = ort_config(cnn_dir)["points"][0]
     assert point["confirmation"]["kept"] is kept
     threads = point["session_options"]["intra_op_num_threads"]
-    assert threads == (1 if kept else ob.DEFAULT_SESSION_OPTIONS["intra_op_num_threads"])
+    assert threads == (1 if kept else oc.DEFAULT_SESSION_OPTIONS["intra_op_num_threads"])
 
 
 def test_tune_false_takes_the_defaults_untimed(cnn_dir: Path, counts) -> None:
     opts = options(save_optimized=False)
     opts.tune = False
-    ob.OrtBackend().compile(cnn_dir / "model.onnx", get_target("cpu"), [FIXED], opts, None, cnn_dir)
+    backend = obk.OrtBackend()
+    backend.compile(cnn_dir / "model.onnx", get_target("cpu"), [FIXED], opts, None, cnn_dir)
     point = ort_config(cnn_dir)["points"][0]
     assert point["cache"] == "untuned" and point["median_ms"] is None
-    assert point["session_options"] == ob.DEFAULT_SESSION_OPTIONS
+    assert point["session_options"] == oc.DEFAULT_SESSION_OPTIONS
     assert counts["timed"] == [] and counts["sessions"] == []
 
 
@@ -370,7 +377,7 @@ def test_points_with_equal_shapes_are_tuned_once(cnn_dir: Path) -> None:
 def test_unprofiled_inputs_follow_shared_symbols(tmp_path: Path) -> None:
     onnx.save(parse(TWO_INPUTS), tmp_path / "model.onnx")
     profile = ShapeProfile("x", (2, 4), (5, 4), (9, 4))
-    ob.OrtBackend().compile(
+    obk.OrtBackend().compile(
         tmp_path / "model.onnx", get_target("cpu"), [profile], options(), None, tmp_path
     )
     points = ort_config(tmp_path)["points"]
@@ -383,7 +390,7 @@ def test_unprofiled_inputs_follow_shared_symbols(tmp_path: Path) -> None:
 
 def test_no_profile_uses_default_shapes(tmp_path: Path) -> None:
     onnx.save(parse(TWO_INPUTS), tmp_path / "model.onnx")
-    ob.OrtBackend().compile(
+    obk.OrtBackend().compile(
         tmp_path / "model.onnx", get_target("cpu"), [], options(), None, tmp_path
     )
     points = ort_config(tmp_path)["points"]
@@ -401,14 +408,16 @@ class Perturbed:
 
 
 def test_a_candidate_with_wrong_outputs_is_rejected(cnn_dir: Path, monkeypatch) -> None:
-    create = ob._create_session
+    create = oc._create_session
 
     def perturb_one_thread(model, config, save_to=None):
         session = create(model, config, save_to)
         one = config["session_options"]["intra_op_num_threads"] == 1
         return Perturbed(session) if one else session
 
-    monkeypatch.setattr(ob, "_create_session", perturb_one_thread)
+    monkeypatch.setattr(ot, "_create_session", perturb_one_thread)
+
+    monkeypatch.setattr(orn, "_create_session", perturb_one_thread)
     compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
     point = ort_config(cnn_dir)["points"][0]
     rejected = [c for c in point["candidates"] if "skipped" in c]
@@ -422,14 +431,16 @@ def test_a_candidate_with_wrong_outputs_is_rejected(cnn_dir: Path, monkeypatch) 
 def test_a_candidate_that_fails_to_load_is_skipped_with_the_reason(
     cnn_dir: Path, monkeypatch
 ) -> None:
-    create = ob._create_session
+    create = oc._create_session
 
     def refuse_basic(model, config, save_to=None):
         if config["session_options"]["graph_optimization_level"] == "ORT_ENABLE_BASIC":
             raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : no\nsecond line")
         return create(model, config, save_to)
 
-    monkeypatch.setattr(ob, "_create_session", refuse_basic)
+    monkeypatch.setattr(ot, "_create_session", refuse_basic)
+
+    monkeypatch.setattr(orn, "_create_session", refuse_basic)
     compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
     point = ort_config(cnn_dir)["points"][0]
     skipped = [c["skipped"] for c in point["candidates"] if "skipped" in c]
@@ -437,9 +448,9 @@ def test_a_candidate_that_fails_to_load_is_skipped_with_the_reason(
 
 
 def test_tolerance_follows_the_graph_precision() -> None:
-    assert ob.tolerance(CompileOptions()) == (1e-4, 1e-3, 0.9999)
-    assert ob.tolerance(CompileOptions(precision="fp16"))[:2] == (1e-2, 1e-2)
-    assert ob.tolerance(CompileOptions(extra={"atol": 0.5}))[0] == 0.5
+    assert ot.tolerance(CompileOptions()) == (1e-4, 1e-3, 0.9999)
+    assert ot.tolerance(CompileOptions(precision="fp16"))[:2] == (1e-2, 1e-2)
+    assert ot.tolerance(CompileOptions(extra={"atol": 0.5}))[0] == 0.5
 
 
 # --------------------------------------------------------------------------- GPU branch, faked
@@ -466,13 +477,13 @@ class FakeGpuSession:
 
 def test_gpu_branch_with_a_fake_cuda_provider(cnn_dir: Path, monkeypatch) -> None:
     """The CUDA knobs are swept, TunableOp's results are kept and handed back at load."""
-    providers = [ob.CUDA, ob.CPU]
-    monkeypatch.setattr(ob.ort, "get_available_providers", lambda: providers)
-    create = ob._create_session
+    providers = [oc.CUDA, oc.CPU]
+    monkeypatch.setattr(oc.ort, "get_available_providers", lambda: providers)
+    create = oc._create_session
     made: list[FakeGpuSession] = []
 
     def fake_create(model, config, save_to=None):
-        cpu = {**config, "provider": ob.CPU, "provider_options": {}}
+        cpu = {**config, "provider": oc.CPU, "provider_options": {}}
         made.append(FakeGpuSession(create(model, cpu, save_to), config))
         return made[-1]
 
@@ -482,18 +493,20 @@ def test_gpu_branch_with_a_fake_cuda_provider(cnn_dir: Path, monkeypatch) -> Non
         ms -= 2 * (options["tunable_op_enable"] == "1")
         return ms, session.run(None, feeds)
 
-    monkeypatch.setattr(ob, "_create_session", fake_create)
-    monkeypatch.setattr(ob, "_time_runs", fake_time)
+    monkeypatch.setattr(ot, "_create_session", fake_create)
+
+    monkeypatch.setattr(orn, "_create_session", fake_create)
+    monkeypatch.setattr(ot, "_time_runs", fake_time)
     monkeypatch.setattr(
-        ob,
+        ot,
         "_interleaved_medians",
         lambda sessions, feeds, *_: tuple(fake_time(s, feeds, 0, 1)[0] for s in sessions),
     )
-    ob.OrtBackend().compile(
+    obk.OrtBackend().compile(
         cnn_dir / "model.onnx", get_target("a100"), [FIXED], options(), None, cnn_dir
     )
     point = ort_config(cnn_dir)["points"][0]
-    assert point["provider"] == ob.CUDA
+    assert point["provider"] == oc.CUDA
     assert point["provider_options"] == {
         "cudnn_conv_algo_search": "HEURISTIC",
         "tunable_op_enable": "1",
@@ -507,7 +520,7 @@ def test_gpu_branch_with_a_fake_cuda_provider(cnn_dir: Path, monkeypatch) -> Non
     assert searched == {"EXHAUSTIVE", "HEURISTIC", "DEFAULT"}
 
     made.clear()
-    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    runner = obk.OrtBackend().load(Artifact(cnn_dir, {}))
     runner.run(make_inputs(onnx.load(SMALL_CNN), {"image": FIXED.opt}))
     assert len(made) == 1 and made[0].applied == [FakeGpuSession.tuning]
 
@@ -517,7 +530,7 @@ def test_gpu_branch_with_a_fake_cuda_provider(cnn_dir: Path, monkeypatch) -> Non
 
 def test_load_runs_like_onnxruntime_on_model_onnx(cnn_dir: Path, cache) -> None:
     compile_cnn(cnn_dir, cache, (FIXED,))
-    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    runner = obk.OrtBackend().load(Artifact(cnn_dir, {}))
     assert list(runner.input_names) == ["image"] and list(runner.output_names) == ["logits"]
     feeds = make_inputs(onnx.load(SMALL_CNN), {"image": FIXED.opt}, seed=3)
     got = runner.run(feeds)
@@ -525,15 +538,15 @@ def test_load_runs_like_onnxruntime_on_model_onnx(cnn_dir: Path, cache) -> None:
     assert len(got) == len(want) == 1
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     # it ran from onnxruntime's saved optimized model, made on this host
-    assert runner._source(runner.points[0])[0].name == ob.OPTIMIZED_FILE
+    assert runner._source(runner.points[0])[0].name == oc.OPTIMIZED_FILE
 
 
 def test_optimized_model_from_another_host_is_not_used(cnn_dir: Path) -> None:
     compile_cnn(cnn_dir, None, (FIXED,))
     config = ort_config(cnn_dir)
     config["optimized_model"]["fingerprint"] = "another-host"
-    (cnn_dir / ob.CONFIG_FILE).write_text(json.dumps(config))
-    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    (cnn_dir / oc.CONFIG_FILE).write_text(json.dumps(config))
+    runner = obk.OrtBackend().load(Artifact(cnn_dir, {}))
     model, session_config = runner._source(runner.points[0])
     assert model.name == "model.onnx"
     assert session_config["session_options"] == config["points"][0]["session_options"]
@@ -543,7 +556,7 @@ def test_optimized_model_from_another_host_is_not_used(cnn_dir: Path) -> None:
 
 
 def test_no_optimized_model_by_default(cnn_dir: Path) -> None:
-    ob.OrtBackend().compile(
+    obk.OrtBackend().compile(
         cnn_dir / "model.onnx",
         get_target("cpu"),
         [FIXED],
@@ -551,14 +564,14 @@ def test_no_optimized_model_by_default(cnn_dir: Path) -> None:
         None,
         cnn_dir,
     )
-    assert not (cnn_dir / ob.OPTIMIZED_FILE).exists()
+    assert not (cnn_dir / oc.OPTIMIZED_FILE).exists()
     assert ort_config(cnn_dir)["optimized_model"] is None
 
 
 def test_no_optimized_model_when_asked_not_to(cnn_dir: Path) -> None:
     section = compile_cnn(cnn_dir, None, (FIXED,), save_optimized=False)
-    assert not (cnn_dir / ob.OPTIMIZED_FILE).exists()
-    assert section["files"] == [ob.CONFIG_FILE]
+    assert not (cnn_dir / oc.OPTIMIZED_FILE).exists()
+    assert section["files"] == [oc.CONFIG_FILE]
     assert ort_config(cnn_dir)["optimized_model"] is None
 
 
@@ -574,16 +587,16 @@ def test_no_optimized_model_when_external_data_is_too_large(tmp_path: Path, monk
         size_threshold=0,
     )
     assert (tmp_path / "model.data").stat().st_size == 48
-    monkeypatch.setattr(ob, "EXTERNAL_DATA_LIMIT", 47)
-    ob.OrtBackend().compile(
+    monkeypatch.setattr(ot, "EXTERNAL_DATA_LIMIT", 47)
+    obk.OrtBackend().compile(
         tmp_path / "model.onnx", get_target("cpu"), [], options(), None, tmp_path
     )
-    assert not (tmp_path / ob.OPTIMIZED_FILE).exists()
-    monkeypatch.setattr(ob, "EXTERNAL_DATA_LIMIT", 48)
-    ob.OrtBackend().compile(
+    assert not (tmp_path / oc.OPTIMIZED_FILE).exists()
+    monkeypatch.setattr(ot, "EXTERNAL_DATA_LIMIT", 48)
+    obk.OrtBackend().compile(
         tmp_path / "model.onnx", get_target("cpu"), [], options(), None, tmp_path
     )
-    assert (tmp_path / ob.OPTIMIZED_FILE).is_file()
+    assert (tmp_path / oc.OPTIMIZED_FILE).is_file()
 
 
 def test_runner_picks_the_point_by_feed_shape(cnn_dir: Path, monkeypatch) -> None:
@@ -592,16 +605,18 @@ def test_runner_picks_the_point_by_feed_shape(cnn_dir: Path, monkeypatch) -> Non
     # give each point its own thread count so that each has its own session
     for point, threads in zip(config["points"], (1, 2, 3), strict=True):
         point["session_options"]["intra_op_num_threads"] = threads
-    (cnn_dir / ob.CONFIG_FILE).write_text(json.dumps(config))
-    runner = ob.OrtBackend().load(Artifact(cnn_dir, {}))
+    (cnn_dir / oc.CONFIG_FILE).write_text(json.dumps(config))
+    runner = obk.OrtBackend().load(Artifact(cnn_dir, {}))
     created: list[int] = []
-    create = ob._create_session
+    create = oc._create_session
 
     def recording(model, cfg, save_to=None):
         created.append(cfg["session_options"]["intra_op_num_threads"])
         return create(model, cfg, save_to)
 
-    monkeypatch.setattr(ob, "_create_session", recording)
+    monkeypatch.setattr(ot, "_create_session", recording)
+
+    monkeypatch.setattr(orn, "_create_session", recording)
     proto = onnx.load(SMALL_CNN)
     for batch, threads in ((8, 3), (1, 1), (4, 2), (8, 3), (5, 2)):
         feeds = make_inputs(proto, {"image": (batch, 3, 32, 32)})
@@ -613,7 +628,7 @@ def test_runner_picks_the_point_by_feed_shape(cnn_dir: Path, monkeypatch) -> Non
 
 def test_default_runner_matches_onnxruntime(tmp_path: Path) -> None:
     onnx.save(parse(TWO_INPUTS), tmp_path / "m.onnx")
-    runner = ob.default_runner(tmp_path / "m.onnx")
+    runner = orn.default_runner(tmp_path / "m.onnx")
     assert list(runner.input_names) == ["x", "y"] and list(runner.output_names) == ["z"]
     feeds = make_inputs(parse(TWO_INPUTS), {"x": (3, 4)})
     want = default_session_outputs(tmp_path / "m.onnx", feeds)
@@ -625,7 +640,7 @@ def test_default_runner_matches_onnxruntime(tmp_path: Path) -> None:
 def test_missing_ort_config_is_a_clear_error(tmp_path: Path) -> None:
     shutil.copy(SMALL_CNN, tmp_path / "model.onnx")
     with pytest.raises(InferccError) as info:
-        ob.OrtBackend().load(Artifact(tmp_path, {}))
+        obk.OrtBackend().load(Artifact(tmp_path, {}))
     assert str(info.value.message) == f"{tmp_path} has no ort_config.json: " + (
         "it was not built by the ort backend"
     )
@@ -634,6 +649,6 @@ def test_missing_ort_config_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_another_schema_is_a_clear_error(tmp_path: Path) -> None:
     shutil.copy(SMALL_CNN, tmp_path / "model.onnx")
-    (tmp_path / ob.CONFIG_FILE).write_text(json.dumps({"schema": "infercc.ort_config/9"}))
+    (tmp_path / oc.CONFIG_FILE).write_text(json.dumps({"schema": "infercc.ort_config/9"}))
     with pytest.raises(InferccError, match="schema 'infercc.ort_config/9'"):
-        ob.OrtBackend().load(Artifact(tmp_path, {}))
+        obk.OrtBackend().load(Artifact(tmp_path, {}))

@@ -13,18 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infercc.backends import tensorrt as trt_backend
+from infercc.analysis.targets import get_target
 from infercc.backends.base import Artifact, CompileOptions
+from infercc.backends.trt import backend as trt_backend
 from infercc.backends.trt import build
 from infercc.backends.trt.fingerprint import Fingerprint
 from infercc.calib.trt_cache import write_calibration_cache
+from infercc.check.compare import run_model
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.inputs import make_inputs
 from infercc.ir.wire import read_model
-from infercc.shapes import ShapeProfile
-from infercc.targets import get_target
-from infercc.tuning import TuningCache
-from infercc.validate import run_model
+from infercc.runtime.tuning import TuningCache
 from tests.backends.test_tensorrt_fake import A100, FakeTrt, HostDevice
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,8 +245,8 @@ def test_version_compatible_engine_loads_on_a_newer_tensorrt(art, tmp_path):
 def test_api_optimize_and_bench_on_a_tensorrt_artifact(tmp_path, monkeypatch):
     """The whole path through infercc.optimize and infercc bench, with the stand-in at the
     GPU boundary: the tensorrt import, available(), and the device probe/allocator."""
-    from infercc import bench
     from infercc.api import optimize
+    from infercc.runtime import bench
 
     trt = FakeTrt()
     monkeypatch.setattr(trt_backend, "_tensorrt", lambda: trt)

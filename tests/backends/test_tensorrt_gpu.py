@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infercc.backends.tensorrt import TensorRTBackend
+from infercc.backends.trt.backend import TensorRTBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CNN = ROOT / "examples" / "small_cnn.onnx"
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _ok, reason=f"TensorRT unu
 
 def _optimize(out: Path, cache: Path, **kwargs):
     from infercc.api import optimize
-    from infercc.shapes import parse_profiles
+    from infercc.data.profiles import parse_profiles
 
     kwargs.setdefault("target", "a100")
     options = {"cache_dir": str(cache), "workspace": "1GiB", **kwargs.pop("options", {})}
@@ -62,7 +62,7 @@ def test_fp16_engine_runs_fp16_layers(tmp_path):
 
 
 def test_bench_runs_the_engine(tmp_path):
-    from infercc import bench
+    from infercc.runtime import bench
 
     _optimize(tmp_path / "a", tmp_path / "cache")
     report = bench.bench(tmp_path / "a", batches=[1, 8], iters=5, warmup=2)

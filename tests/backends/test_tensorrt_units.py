@@ -21,9 +21,9 @@ from infercc.backends.trt.fingerprint import (
     target_mismatch,
 )
 from infercc.calib.trt_cache import write_calibration_cache
+from infercc.data.profiles import ShapeProfile, parse_profile
 from infercc.errors import InferccError
-from infercc.shapes import ShapeProfile, parse_profile
-from infercc.tuning import TuningCache
+from infercc.runtime.tuning import TuningCache
 from tests.backends.test_tensorrt_fake import A100, FakeTrt
 from tests.helpers import parse
 

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from infercc.calib import calibrate as calibrate_module
 from infercc.calib.calibrate import read_samples
-from infercc.calib.images import (
+from infercc.data.images import (
     AUTO,
     PRESETS,
     Preprocess,

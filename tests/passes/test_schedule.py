@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 
 import infercc.passes.schedule  # noqa: F401  (registers schedule-memory)
+from infercc.analysis.memory import peak_live, value_sizes
 from infercc.ir import export_model, import_model
-from infercc.memory import peak_live, value_sizes
 from infercc.passes import PassContext
 from infercc.passes.schedule import greedy_order, relink, schedule_memory
 from tests.helpers import assert_same_outputs, optimize_proto, parse

@@ -10,6 +10,8 @@ from infercc.backends.base import (
     CompileOptions,
     Runner,
     ShapeProfile,
+)
+from infercc.backends.registry import (
     backend_names,
     get_backend,
     register_backend,

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from infercc import __version__
-from infercc.backends.base import Artifact, CompileOptions, Runner, register_backend
-from infercc.shapes import ShapeProfile
-from infercc.targets import PRECISIONS, Target
+from infercc.analysis.targets import PRECISIONS, Target
+from infercc.backends.base import Artifact, CompileOptions, Runner
+from infercc.data.profiles import ShapeProfile
 
 
 class NoneBackend:
@@ -44,5 +44,3 @@ class NoneBackend:
 
         return default_runner(artifact.model_path)
 
-
-register_backend(NoneBackend())

@@ -4,7 +4,7 @@
 
 1. **Samples.** `infercc.inputs.iter_samples` reads them (a .npz file, a directory of .npz files
    or of <input>.npy files, one .npz of stacked samples (every array has rank + 1: N samples on
-   axis 0), or images with a `preprocess` spec (`infercc.calib.images`)) and checks every
+   axis 0), or images with a `preprocess` spec (`infercc.data.images`)) and checks every
    input's presence, dtype and declared dims; pickled (object) arrays are refused.
    `num_samples` keeps the first N in file-name order (files past them are never opened). The
    last `holdout` fraction of them (rounded, at least one when holdout > 0 and there are two or
@@ -79,7 +79,6 @@ import numpy as np
 import onnx
 
 from infercc import passes as _passes
-from infercc.artifact import publish, staging_dir
 from infercc.calib import outliers
 from infercc.calib.observers import (
     DEFAULT_PERCENTILE,
@@ -103,12 +102,13 @@ from infercc.calib.quantize import (
     weight_sqnr,
 )
 from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
+from infercc.check.compare import compare_outputs, run_model
 from infercc.errors import InferccError
 from infercc.inputs import iter_samples
 from infercc.ir import Model, export_model, infer_shapes, load_model, save_model
 from infercc.passes.manager import PassContext, run_passes
+from infercc.runtime.artifact import publish, staging_dir
 from infercc.util import json_float
-from infercc.validate import compare_outputs, run_model
 
 logger = logging.getLogger(__name__)
 
@@ -421,7 +421,7 @@ def calibrate(
 def resolve_activations(activations: str, target: str) -> str:
     """`auto`: uint8 (asymmetric) for the CPU, int8 (symmetric) for GPU targets (TensorRT)."""
     if activations == "auto":
-        from infercc.targets import get_target
+        from infercc.analysis.targets import get_target
 
         return "int8" if get_target(target).kind == "gpu" else "uint8"
     if activations not in ACTIVATION_TYPES:
@@ -704,8 +704,8 @@ class _Job:
     def speed_check(self, original: Path) -> SpeedCheck:
         """Race the int8 model against the original fp32 model (onnxruntime defaults, which
         optimize it too), interleaved, on one evaluation sample."""
-        from infercc.bench import race
-        from infercc.targets import host_cpu_info
+        from infercc.analysis.targets import host_cpu_info
+        from infercc.runtime.bench import race
 
         stats = race(
             original,

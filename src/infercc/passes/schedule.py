@@ -9,11 +9,11 @@ Method: a greedy list scheduler. Among the ready nodes (all producers already sc
 picks the one with the smallest net increase of live bytes: the bytes of the tensors it
 produces minus the bytes of the inputs it is the last reader of (graph outputs are never
 freed); ties go to the earlier node of the current order. The peak of live bytes
-(`infercc.memory.peak_live`) of the new order is compared with the current one, and the new
+(`infercc.analysis.memory.peak_live`) of the new order is compared with the current one, and the new
 order is adopted only when its peak is strictly lower, so an already scheduled graph is left
 alone and the pipeline reaches a fixpoint.
 
-Sizes come from `infercc.memory.value_sizes` at the shape profile `ctx.options["shapes"]`
+Sizes come from `infercc.analysis.memory.value_sizes` at the shape profile `ctx.options["shapes"]`
 (defaults of `infercc.inputs.resolve_shapes` for inputs it does not pin); a value of unknown
 size counts as 0 bytes. The peak figures go to `ctx.options["schedule"]` (the manager sums
 stats over rounds, which would make byte figures meaningless there).
@@ -24,11 +24,11 @@ from __future__ import annotations
 import heapq
 import logging
 
+from infercc.analysis.memory import peak_live, value_sizes
 from infercc.errors import InferccError
 from infercc.inputs import resolve_shapes
 from infercc.ir.exporter import export_model
 from infercc.ir.graph import Graph, IRError, Node, Value, _free_inputs, _local_producer
-from infercc.memory import peak_live, value_sizes
 from infercc.passes.manager import PassContext, PassResult, register_pass
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""TensorRT engine building for infercc's tensorrt backend (`infercc.backends.tensorrt`).
+"""TensorRT engine building for infercc's tensorrt backend (`infercc.backends.trt.backend`).
 
 Modules: `settings` (builder options from `CompileOptions.extra`), `fingerprint` (what an
 engine is tied to), `profiles` (optimization profiles), `precision` (TensorRT 10 vs 11 and

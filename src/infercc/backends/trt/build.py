@@ -44,14 +44,14 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infercc.analysis.targets import Target
 from infercc.backends.base import CompileOptions
 from infercc.backends.trt import caches, precision, profiles
 from infercc.backends.trt.fingerprint import Fingerprint, check_loadable, detect, target_mismatch
 from infercc.backends.trt.settings import BuildSettings, read_settings
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError, ValidationError
 from infercc.ir.wire import read_model
-from infercc.shapes import ShapeProfile
-from infercc.targets import Target
 from infercc.util import read_schema_json
 
 log = logging.getLogger(__name__)
@@ -343,7 +343,7 @@ def model_digest(model: Path, proto: onnx.ModelProto) -> str:
     """sha256 over the model file and the external data files it names."""
     import hashlib
 
-    from infercc.tuning import file_sha256
+    from infercc.runtime.tuning import file_sha256
 
     parts = [file_sha256(model)]
     locations = sorted(
@@ -426,7 +426,7 @@ def compile_artifact(
 
 
 def _cache_dir(settings: BuildSettings) -> Path:
-    from infercc.tuning import default_cache_dir
+    from infercc.runtime.tuning import default_cache_dir
 
     return Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
 
@@ -492,8 +492,8 @@ def validate_engine(
     """Compare the engine with onnxruntime (CPU) at each profile's opt shapes; ValidationError
     when an output differs beyond the precision's tolerance."""
     from infercc.backends.trt.runner import TrtRunner
+    from infercc.check.compare import compare_outputs, run_model
     from infercc.inputs import make_inputs
-    from infercc.validate import compare_outputs, run_model
 
     resolved = profiles.from_jsonable(config["profiles"])
     host_code = bool((config.get("builder_options") or {}).get("version_compatible"))

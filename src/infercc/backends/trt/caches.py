@@ -4,7 +4,7 @@
 <cache>/trt/timing/<fingerprint digest>.cache   serialized ITimingCache
 <cache>/trt/timing/<fingerprint digest>.json    the fingerprint it belongs to (for people)
 <cache>/trt/engines/<key digest>.plan           serialized engines
-<cache>/tuning.sqlite                           the engine index (infercc.tuning.TuningCache)
+<cache>/tuning.sqlite                           the engine index (runtime.tuning.TuningCache)
 ```
 
 Timing cache. Tactic timings hold for one (TensorRT version, GPU, compute capability, CUDA
@@ -149,7 +149,7 @@ def engine_key(
     fingerprint: Fingerprint,
 ) -> Any:
     """The CacheKey of an engine (see the module doc)."""
-    from infercc.tuning import CacheKey
+    from infercc.runtime.tuning import CacheKey
 
     return CacheKey(
         model_hash=model_hash,

@@ -31,9 +31,9 @@ from typing import Any
 
 import onnx
 
+from infercc.data.profiles import ShapeProfile, parse_profiles
 from infercc.errors import InferccError
 from infercc.inputs import resolve_shapes
-from infercc.shapes import ShapeProfile, parse_profiles
 
 Shape = tuple[int, ...]
 Range = tuple[Shape, Shape, Shape]

@@ -7,7 +7,7 @@ Keys of `extra` (the CLI's `optimize` options in brackets):
 - `workspace` [--workspace]: the builder's workspace pool limit, bytes or a size such as
   `512MiB` / `4GiB` / `2GB`. Default: the target's memory budget, that is its memory less the
   weights and activation arena of the memory plan (`memory_plan.json` in the artifact) and
-  512 MiB for the CUDA context, and never below `infercc.roofline.default_workspace`.
+  512 MiB for the CUDA context, and never below `infercc.analysis.roofline.default_workspace`.
 - `opt_level` [--opt-level 0-5]: `builder_optimization_level` (TensorRT's default is 3; higher
   builds slower and may run faster).
 - `hw_compat` [--hw-compat none|ampere+|same-cc]: `HardwareCompatibilityLevel`.
@@ -75,7 +75,7 @@ def parse_size(text: str | int) -> int:
 
 def default_workspace(target_memory: int, weights: int, arena: int) -> int:
     """The target's memory budget for scratch: memory - weights - arena - CUDA context."""
-    from infercc.roofline import default_workspace as floor
+    from infercc.analysis.roofline import default_workspace as floor
 
     return max(floor(weights, arena), target_memory - weights - arena - CONTEXT_RESERVE)
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from infercc import __version__
-from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact, get_backend
+from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact
+from infercc.backends.registry import get_backend
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
-from infercc.shapes import ShapeProfile
 from infercc.util import read_schema_json
 
 SCHEMA = "infercc.manifest/1"

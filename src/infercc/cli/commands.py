@@ -295,8 +295,8 @@ def optimize(
     Exit codes: 0 success, 1 validation failed (nothing written), 2 bad input.
     """
     from infercc.api import optimize as run
-    from infercc.report import render_optimize
-    from infercc.shapes import parse_profiles
+    from infercc.cli.render import render_optimize
+    from infercc.data.profiles import parse_profiles
 
     with _progress(as_json) as step:
         report = run(
@@ -398,9 +398,9 @@ def inspect(
     roofline time; the ten slowest nodes; the total roofline latency (a lower bound for one
     inference); and the memory budget (weights + activation arena + workspace), with the
     largest batch that fits when the batch dimension is symbolic."""
-    from infercc.inspect import inspect_model
-    from infercc.report import render_inspect
-    from infercc.shapes import parse_shapes
+    from infercc.analysis.model_info import inspect_model
+    from infercc.cli.render import render_inspect
+    from infercc.data.profiles import parse_shapes
 
     report = inspect_model(model, parse_shapes(shape), target=target, plot=plot)
     if as_json:
@@ -432,8 +432,8 @@ def targets(
 
     The cpu target is this host, detected (cores, vector features, memory; bandwidth measured
     once, or set with INFERCC_CPU_BANDWIDTH_GBS)."""
-    from infercc.report import render_targets
-    from infercc.targets import list_targets
+    from infercc.analysis.targets import list_targets
+    from infercc.cli.render import render_targets
 
     items = list_targets()
     if as_json:
@@ -468,9 +468,9 @@ def bench(
 ) -> None:
     """Measure latency (p50/p90/p99/mean) and throughput per batch size, or compare two
     models/artifacts run interleaved so the comparison holds on a noisy machine."""
-    from infercc import bench as engine
-    from infercc.report import render_bench, render_compare
-    from infercc.shapes import parse_shapes
+    from infercc.cli.render import render_bench, render_compare
+    from infercc.data.profiles import parse_shapes
+    from infercc.runtime import bench as engine
 
     batches = _parse_batches(batch)
     shapes = parse_shapes(shape)
@@ -707,7 +707,7 @@ def calibrate(
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
     else:
-        from infercc.report import render_calibration
+        from infercc.cli.render import render_calibration
 
         render_calibration(report, out)
     if not report.passed:
@@ -776,8 +776,8 @@ def validate(
     candidate's precision (from its manifest, or read from the model).
 
     Exit codes: 0 passed, 1 failed, 2 bad input."""
-    from infercc.report import render_candidate
-    from infercc.shapes import parse_shapes
+    from infercc.cli.render import render_candidate
+    from infercc.data.profiles import parse_shapes
     from infercc.validate_cli import parse_tolerances, validate_candidate
 
     with _progress(as_json) as step:
@@ -836,7 +836,7 @@ def ci(
 
     Exit codes: 0 all passed, 1 a model failed (each named with its reason), 2 bad manifest."""
     from infercc.ci import run_ci
-    from infercc.report import render_ci
+    from infercc.cli.render import render_ci
 
     with _ci_progress(as_json) as on_event:
         report = run_ci(
@@ -907,8 +907,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 @cache_app.command("ls")
 def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
     """List the cache's entries (digest, backend, provider, shapes, hits)."""
-    from infercc.report import render_cache_entries
-    from infercc.tuning import TuningCache
+    from infercc.cli.render import render_cache_entries
+    from infercc.runtime.tuning import TuningCache
 
     with TuningCache(cache_dir) as cache:
         entries = cache.entries()
@@ -924,7 +924,7 @@ def cache_show(
     cache_dir: CacheDirOpt = None,
 ) -> None:
     """Print the entries whose digest starts with DIGEST, with their tuning choices (JSON)."""
-    from infercc.tuning import TuningCache
+    from infercc.runtime.tuning import TuningCache
 
     with TuningCache(cache_dir) as cache:
         found = cache.show(digest)
@@ -936,7 +936,7 @@ def cache_show(
 @cache_app.command("clear")
 def cache_clear(cache_dir: CacheDirOpt = None) -> None:
     """Remove every entry."""
-    from infercc.tuning import TuningCache
+    from infercc.runtime.tuning import TuningCache
 
     with TuningCache(cache_dir) as cache:
         n = cache.clear()
@@ -949,7 +949,7 @@ def cache_export(
     cache_dir: CacheDirOpt = None,
 ) -> None:
     """Write every entry to a JSON file (to share tuning results across machines of one kind)."""
-    from infercc.tuning import TuningCache
+    from infercc.runtime.tuning import TuningCache
 
     with TuningCache(cache_dir) as cache:
         n = cache.export(path)
@@ -962,7 +962,7 @@ def cache_import(
     cache_dir: CacheDirOpt = None,
 ) -> None:
     """Merge entries from an exported file (the newer entry wins on conflicts)."""
-    from infercc.tuning import TuningCache
+    from infercc.runtime.tuning import TuningCache
 
     with TuningCache(cache_dir) as cache:
         n = cache.import_(path)

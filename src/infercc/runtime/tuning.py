@@ -129,12 +129,12 @@ def fingerprint_hash(d: Mapping[str, Any]) -> str:
 def host_fingerprint() -> dict[str, Any]:
     """What about this host can change a tuning answer, as JSON-able data.
 
-    CPU model, features and cores come from `infercc.targets`' cached host detection (not
+    CPU model, features and cores come from `infercc.analysis.targets`' cached host detection (not
     `detect_cpu()`, which would also measure memory bandwidth). The clock is left out (it
     drifts between reads of /proc/cpuinfo), and so is the kernel release (it changes with every
     update and not the kernels' behaviour).
     """
-    from infercc import targets
+    from infercc.analysis import targets
 
     info, cores = targets.host_cpu_info()
     return {

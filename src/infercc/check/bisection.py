@@ -42,12 +42,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infercc.check.compare import compare_outputs, run_model
 from infercc.errors import InferccError
 from infercc.ir import export_model, load_model
 from infercc.passes import DEFAULT_PIPELINE
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, run_passes
 from infercc.util import first_line
-from infercc.validate import compare_outputs, run_model
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def config_for_candidate(
 
 
 def _from_manifest(config: PipelineConfig, directory: Path) -> None:
-    from infercc.artifact import read_manifest
+    from infercc.runtime.artifact import read_manifest
 
     manifest = read_manifest(directory)
     config.target = str(manifest.get("target", {}).get("name") or config.target)

@@ -2,9 +2,9 @@
 
 Without a target: inputs, outputs, opsets, op histogram, parameters, and the FLOPs of the
 matrix ops (Conv, ConvTranspose, MatMul, Gemm and their fused forms) at a shape profile.
-With `target`: the roofline analysis of every node (`infercc.roofline`), the total roofline
+With `target`: the roofline analysis of every node (`infercc.analysis.roofline`), the total roofline
 latency, and the memory budget on the target: weights + activation arena (planned by
-`infercc.memory`) + workspace, and the largest batch that fits when the batch is symbolic.
+`infercc.analysis.memory`) + workspace, and the largest batch that fits when the batch is symbolic.
 
 The shape profile: `shapes` pins inputs; other symbolic dimensions take the defaults of
 `infercc.inputs.resolve_shapes` (1 for the first axis, 8 for others), the same as validation.
@@ -20,13 +20,13 @@ from typing import Any
 
 import onnx
 
+from infercc.analysis.memory import plan_memory
+from infercc.analysis.roofline import analyze, largest_batch, memory_budget, node_cost
+from infercc.analysis.targets import Target, get_target
 from infercc.api import check_shape_names, model_files_size, op_histogram, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, Value, load_model
 from infercc.ir.shapes import concrete_types
-from infercc.memory import plan_memory
-from infercc.roofline import analyze, largest_batch, memory_budget, node_cost
-from infercc.targets import Target, get_target
 
 MATRIX_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul")
 
@@ -154,7 +154,7 @@ def _add_target_analysis(
     profile: dict[str, tuple[int, ...]],
     plot: str | os.PathLike[str] | None,
 ) -> None:
-    from infercc.roofline import plot_roofline
+    from infercc.analysis.roofline import plot_roofline
 
     roof = analyze(model, target, profile)
     plan = plan_memory(model, profile)

@@ -53,7 +53,7 @@ from infercc.ir import Model, Node
 from infercc.ir.shapes import concrete_types
 
 if TYPE_CHECKING:
-    from infercc.targets import Target
+    from infercc.analysis.targets import Target
 
 log = logging.getLogger(__name__)
 

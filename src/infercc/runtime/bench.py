@@ -47,20 +47,19 @@ import onnx
 import onnxruntime as ort
 
 from infercc import __version__
-from infercc.artifact import open_artifact
+from infercc.analysis.targets import parse_cpuinfo
 from infercc.backends.base import (
     MANIFEST,
     Artifact,
     Feeds,
     Runner,
-    get_backend,
-    require_available,
 )
 from infercc.backends.ort import default_runner
+from infercc.backends.registry import get_backend, require_available
 from infercc.errors import InferccError
 from infercc.inputs import declared_dims, input_dtype, make_inputs, real_inputs
 from infercc.ir.wire import read_model
-from infercc.targets import parse_cpuinfo
+from infercc.runtime.artifact import open_artifact
 from infercc.util import first_line, gc_paused, json_float
 
 log = logging.getLogger(__name__)

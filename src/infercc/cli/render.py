@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from infercc.analysis.model_info import InspectReport
 from infercc.api import OptimizeReport
-from infercc.inspect import InspectReport
-from infercc.validate import ValidationReport
+from infercc.check.compare import ValidationReport
 
 
 def human_bytes(n: float) -> str:

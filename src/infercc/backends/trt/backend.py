@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infercc.backends.base import Artifact, CompileOptions, Runner, register_backend
+from infercc.analysis.targets import Target
+from infercc.backends.base import Artifact, CompileOptions, Runner
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
-from infercc.shapes import ShapeProfile
-from infercc.targets import Target
 
 INSTALL_HINT = 'pip install "infercc[tensorrt]"'
 _DRIVER_FILE = Path("/proc/driver/nvidia/version")
@@ -106,5 +106,3 @@ def _tensorrt() -> Any:
         raise InferccError(f"the tensorrt package cannot be imported: {exc}", INSTALL_HINT) from exc
     return tensorrt
 
-
-register_backend(TensorRTBackend())

@@ -1,0 +1,1 @@
+"""Running built models: artifact directories, timing and `bench`, and the tuning cache."""
