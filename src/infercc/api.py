@@ -225,7 +225,7 @@ def optimize(
     place only after validation passes (a failed validation leaves nothing behind; the report
     says why). `profiles` (from `--shape NAME=MIN:OPT:MAX`) are what the backend tunes for;
     validation and the memory plan use one concrete shape per input: `shapes`, else a
-    profile's opt, else the defaults of `infercc.inputs.resolve_shapes`.
+    profile's opt, else the defaults of `infercc.data.signature.resolve_shapes`.
     """
     t0 = time.perf_counter()
     src = Path(model)
@@ -432,7 +432,7 @@ def shape_profile(
     model: Model, shapes: Mapping[str, tuple[int, ...]] | None
 ) -> dict[str, tuple[int, ...]] | None:
     """Concrete input shapes for planning (the ones validation uses), or None if unresolvable."""
-    from infercc.inputs import resolve_shapes
+    from infercc.data.signature import resolve_shapes
 
     try:
         return resolve_shapes(export_model(model, with_weights=False), dict(shapes or {}))

@@ -19,8 +19,8 @@ from infercc.backends.ort import config as oc
 from infercc.backends.ort import runner as orn
 from infercc.backends.ort import tuner as ot
 from infercc.backends.registry import get_backend
+from infercc.data.feeds import make_inputs
 from infercc.errors import InferccError
-from infercc.inputs import make_inputs
 from infercc.runtime.tuning import TuningCache
 from tests.helpers import parse
 

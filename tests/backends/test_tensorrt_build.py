@@ -20,9 +20,9 @@ from infercc.backends.trt import build
 from infercc.backends.trt.fingerprint import Fingerprint
 from infercc.calib.trt_cache import write_calibration_cache
 from infercc.check.compare import run_model
+from infercc.data.feeds import make_inputs
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
-from infercc.inputs import make_inputs
 from infercc.ir.wire import read_model
 from infercc.runtime.tuning import TuningCache
 from tests.backends.test_tensorrt_fake import A100, FakeTrt, HostDevice

@@ -7,7 +7,7 @@ latency, and the memory budget on the target: weights + activation arena (planne
 `infercc.analysis.memory`) + workspace, and the largest batch that fits when the batch is symbolic.
 
 The shape profile: `shapes` pins inputs; other symbolic dimensions take the defaults of
-`infercc.inputs.resolve_shapes` (1 for the first axis, 8 for others), the same as validation.
+`data.signature.resolve_shapes` (1 for the first axis, 8 for others), the same as validation.
 """
 
 from __future__ import annotations

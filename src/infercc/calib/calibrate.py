@@ -2,7 +2,7 @@
 
 `calibrate(model, data, out_dir)` is the Python API under `infercc calibrate --int8`:
 
-1. **Samples.** `infercc.inputs.iter_samples` reads them (a .npz file, a directory of .npz files
+1. **Samples.** `data.samples.iter_samples` reads them (a .npz file, a directory of .npz files
    or of <input>.npy files, one .npz of stacked samples (every array has rank + 1: N samples on
    axis 0), or images with a `preprocess` spec (`infercc.data.images`)) and checks every
    input's presence, dtype and declared dims; pickled (object) arrays are refused.
@@ -103,8 +103,8 @@ from infercc.calib.quantize import (
 )
 from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
 from infercc.check.compare import compare_outputs, run_model
+from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
-from infercc.inputs import iter_samples
 from infercc.ir import Model, export_model, infer_shapes, load_model, save_model
 from infercc.passes.manager import PassContext, run_passes
 from infercc.runtime.artifact import publish, staging_dir
@@ -480,7 +480,7 @@ def read_samples(
     num_samples: int | None,
     preprocess: str | None = None,
 ) -> Samples:
-    """The first `num_samples` samples of `infercc.inputs.iter_samples` (all when None).
+    """The first `num_samples` samples of `infercc.data.samples.iter_samples` (all when None).
 
     Files are read lazily in name order, so the files (or images) past the first
     `num_samples` samples are never opened. `preprocess` is the `--preprocess` spec for images.

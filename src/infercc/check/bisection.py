@@ -94,7 +94,8 @@ def config_for_candidate(
     """The pipeline a candidate was built with: from its artifact manifest (target, backend,
     precision, passes) or, for a plain model, from what it holds (contrib ops mean a
     non-portable build; float16 inputs mean --fp16-io)."""
-    from infercc.validate_cli import candidate_model_path, detect_precision
+    from infercc.check.candidates import candidate_model_path
+    from infercc.check.tolerances import detect_precision
 
     path = Path(candidate)
     config = PipelineConfig(precision=detect_precision(path))

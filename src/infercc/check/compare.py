@@ -42,8 +42,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from infercc.data.feeds import make_inputs
+from infercc.data.samples import load_samples
 from infercc.errors import InferccError
-from infercc.inputs import load_samples, make_inputs
 from infercc.ir.wire import read_model
 from infercc.util import first_line, json_float
 

@@ -776,9 +776,10 @@ def validate(
     candidate's precision (from its manifest, or read from the model).
 
     Exit codes: 0 passed, 1 failed, 2 bad input."""
+    from infercc.check.candidates import validate_candidate
+    from infercc.check.tolerances import parse_tolerances
     from infercc.cli.render import render_candidate
     from infercc.data.profiles import parse_shapes
-    from infercc.validate_cli import parse_tolerances, validate_candidate
 
     with _progress(as_json) as step:
         report = validate_candidate(
@@ -835,7 +836,7 @@ def ci(
     Markdown reports for CI. One model's failure never stops the others.
 
     Exit codes: 0 all passed, 1 a model failed (each named with its reason), 2 bad manifest."""
-    from infercc.ci import run_ci
+    from infercc.ci.runner import run_ci
     from infercc.cli.render import render_ci
 
     with _ci_progress(as_json) as on_event:

@@ -399,7 +399,8 @@ def render_bisect(b, console: Console) -> None:
 
 def render_ci(report, console: Console) -> None:
     """`infercc ci`: one row per model, then the reason of each failure."""
-    from infercc.ci import worst_metrics
+    from infercc.ci.reports import metric_cell as _metric
+    from infercc.ci.reports import worst_metrics
 
     t = Table(title=f"infercc ci {report.config}", title_justify="left")
     t.add_column("model", no_wrap=True)
@@ -423,44 +424,3 @@ def render_ci(report, console: Console) -> None:
     n = len(report.failures())
     verdict = "[green]all passed[/]" if n == 0 else f"[red]{n} of {len(report.models)} failed[/]"
     console.print(f"{len(report.models)} model(s), {verdict} in {report.seconds:.1f} s")
-
-
-def _metric(x, fmt: str) -> str:
-    """A JSON-safe metric ("nan"/"inf" strings pass through) for a table cell."""
-    if x is None:
-        return "-"
-    return x if isinstance(x, str) else format(x, fmt)
-
-
-def ci_markdown(report) -> str:
-    """The Markdown summary of `infercc ci` (for $GITHUB_STEP_SUMMARY and --markdown)."""
-    from infercc.ci import worst_metrics
-
-    n = len(report.failures())
-    head = "all passed" if n == 0 else f"{n} of {len(report.models)} failed"
-    lines = [
-        f"## infercc ci: {head}",
-        "",
-        "| model | status | precision | nodes | max abs | cosine | p50 ms | budget ms | reason |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for m in report.models:
-        w = worst_metrics(m.validation)
-        lat = m.latency or {}
-        cells = [
-            m.name,
-            "passed" if m.passed else "**FAILED**",
-            m.precision or "-",
-            "-" if m.nodes_before is None else f"{m.nodes_before} → {m.nodes_after}",
-            _metric(w["max_abs"], ".3g"),
-            _metric(w["cosine"], ".6f"),
-            _metric(lat.get("p50_ms"), ".3f"),
-            _metric(lat.get("budget_ms"), "g"),
-            m.reason or "",
-        ]
-        lines.append("| " + " | ".join(_md_cell(str(c)) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")

@@ -50,8 +50,8 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
-from infercc.inputs import declared_dims, input_dtype, real_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ order is adopted only when its peak is strictly lower, so an already scheduled g
 alone and the pipeline reaches a fixpoint.
 
 Sizes come from `infercc.analysis.memory.value_sizes` at the shape profile `ctx.options["shapes"]`
-(defaults of `infercc.inputs.resolve_shapes` for inputs it does not pin); a value of unknown
+(defaults of `infercc.data.signature.resolve_shapes` for inputs it does not pin); a value of unknown
 size counts as 0 bytes. The peak figures go to `ctx.options["schedule"]` (the manager sums
 stats over rounds, which would make byte figures meaningless there).
 """
@@ -25,8 +25,8 @@ import heapq
 import logging
 
 from infercc.analysis.memory import peak_live, value_sizes
+from infercc.data.signature import resolve_shapes
 from infercc.errors import InferccError
-from infercc.inputs import resolve_shapes
 from infercc.ir.exporter import export_model
 from infercc.ir.graph import Graph, IRError, Node, Value, _free_inputs, _local_producer
 from infercc.passes.manager import PassContext, PassResult, register_pass

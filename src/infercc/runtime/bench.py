@@ -5,7 +5,7 @@ The method:
 - A plain `.onnx` file runs on onnxruntime's CPU provider with its default session options
   (all graph optimizations, memory arena on): that is what a user of onnxruntime gets. An
   artifact directory runs on the backend its `manifest.json` names.
-- Feeds come from `infercc.inputs.make_inputs` on the model's skeleton (the graph without its
+- Feeds come from `infercc.data.feeds.make_inputs` on the model's skeleton (the graph without its
   weights). For each batch size, every symbol that sits on the first axis of some input
   (`batch`, or an unnamed first dim) is set to the batch size everywhere it appears, so inputs
   that share the symbol agree. `--shape` pins keep their other dimensions; a pin whose first
@@ -56,8 +56,9 @@ from infercc.backends.base import (
 )
 from infercc.backends.ort import default_runner
 from infercc.backends.registry import get_backend, require_available
+from infercc.data.feeds import make_inputs
+from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
-from infercc.inputs import declared_dims, input_dtype, make_inputs, real_inputs
 from infercc.ir.wire import read_model
 from infercc.runtime.artifact import open_artifact
 from infercc.util import first_line, gc_paused, json_float

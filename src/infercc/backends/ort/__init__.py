@@ -11,7 +11,7 @@ What it tunes. An onnxruntime session is a model plus a configuration:
 `compile` picks one configuration per shape point. With no ranged profile there is one point,
 `opt`; a ranged profile (`NAME=MIN:OPT:MAX`) gives up to three, `min`, `opt` and `max`, point k
 taking every input's k-th shape (a fixed profile gives the same shape at every point; inputs
-without a profile take `infercc.inputs.resolve_shapes` defaults, sharing symbols with the pinned
+without a profile take `data.signature.resolve_shapes` defaults, sharing symbols with the pinned
 ones). Points with equal shapes are tuned once.
 
 How. Coordinate descent, one pass: start from onnxruntime's defaults (ORT_ENABLE_ALL,

@@ -30,8 +30,8 @@ from infercc.backends.ort.config import (
     default_config,
 )
 from infercc.backends.ort.tuner import _fingerprint
+from infercc.data.signature import real_inputs
 from infercc.errors import InferccError
-from infercc.inputs import real_inputs
 from infercc.ir.wire import read_model
 from infercc.util import first_line
 

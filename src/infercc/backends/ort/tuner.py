@@ -40,8 +40,9 @@ from infercc.backends.ort.config import (
     reference_config,
 )
 from infercc.check import compare as _validate
+from infercc.data.feeds import make_inputs
+from infercc.data.signature import resolve_shapes
 from infercc.errors import InferccError
-from infercc.inputs import make_inputs, resolve_shapes
 from infercc.util import first_line
 
 try:

@@ -493,7 +493,7 @@ def validate_engine(
     when an output differs beyond the precision's tolerance."""
     from infercc.backends.trt.runner import TrtRunner
     from infercc.check.compare import compare_outputs, run_model
-    from infercc.inputs import make_inputs
+    from infercc.data.feeds import make_inputs
 
     resolved = profiles.from_jsonable(config["profiles"])
     host_code = bool((config.get("builder_options") or {}).get("version_compatible"))

@@ -6,7 +6,7 @@ TensorRT picks tactics for `opt` and accepts any shape in [min, max] per dimensi
 Where profiles come from:
 
 - The first profile is the `--shape` options (`NAME=1x3x224x224` fixed, `NAME=MIN:OPT:MAX` a
-  range). Inputs not named take `infercc.inputs.resolve_shapes` defaults at each of min, opt
+  range). Inputs not named take `infercc.data.signature.resolve_shapes` defaults at each of min, opt
   and max, sharing symbols with the pinned ones (as the ort backend does): so `--shape
   ids=1x128:8x128:32x128` also sizes an `attention_mask[batch, seq]` input.
 - Each `--profile` option adds one more profile: a comma-separated list of specs in the same
@@ -32,8 +32,8 @@ from typing import Any
 import onnx
 
 from infercc.data.profiles import ShapeProfile, parse_profiles
+from infercc.data.signature import resolve_shapes
 from infercc.errors import InferccError
-from infercc.inputs import resolve_shapes
 
 Shape = tuple[int, ...]
 Range = tuple[Shape, Shape, Shape]

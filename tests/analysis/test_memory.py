@@ -27,7 +27,7 @@ from infercc.analysis.memory import (
     value_sizes,
 )
 from infercc.api import optimize
-from infercc.inputs import resolve_shapes
+from infercc.data.signature import resolve_shapes
 from infercc.ir import import_model, load_model
 from tests.helpers import parse
 from tests.zoo import SMALL, light_path

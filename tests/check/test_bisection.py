@@ -14,10 +14,10 @@ import onnx
 import pytest
 
 from infercc.check.bisection import PipelineConfig, bisect, first_divergence
+from infercc.check.candidates import reference_feeds
 from infercc.ir import export_model, import_model
 from infercc.passes import DEFAULT_PIPELINE, REGISTRY, PassContext, PassResult, run_passes
 from infercc.passes.manager import register_pass
-from infercc.validate_cli import reference_feeds
 
 MODEL = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -182,8 +182,8 @@ def test_validate_bisect_on_an_artifact_names_a_broken_default_pass(
     """A default pass broken in place (as a real bug would be): the candidate is built by
     `optimize` into an artifact, and `validate --bisect` reads how from its manifest."""
     from infercc.api import optimize
+    from infercc.check.candidates import validate_candidate
     from infercc.passes.manager import PassInfo
-    from infercc.validate_cli import validate_candidate
 
     original = REGISTRY["eliminate-dead-code"]
 
@@ -247,8 +247,8 @@ def test_validate_bisect_names_the_rewrite_of_a_fold_constants_bug(
     is built by `optimize` into an artifact, and `validate --bisect` cuts fold-constants
     rewrite by rewrite (c1, c2, m, s) down to 'm'."""
     from infercc.api import optimize
+    from infercc.check.candidates import validate_candidate
     from infercc.passes import fold_constants
-    from infercc.validate_cli import validate_candidate
 
     evaluate = fold_constants._evaluate
 

@@ -21,7 +21,7 @@ from infercc.errors import InferccError
 from infercc.runtime import bench as bench_module
 from infercc.runtime.bench import LatencyStats, bench, compare, open_runner
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CNN = EXAMPLES / "small_cnn.onnx"
 ENCODER = EXAMPLES / "tiny_encoder.onnx"
 FAST = {"warmup": 1, "iters": 5}

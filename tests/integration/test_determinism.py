@@ -9,7 +9,7 @@ import pytest
 from infercc import api
 from tests.zoo import light_path
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODELS = {
     "small_cnn": EXAMPLES / "small_cnn.onnx",
     "tiny_encoder": EXAMPLES / "tiny_encoder.onnx",

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from infercc.ir import export_model, import_model
 from infercc.passes import PassContext, run_passes
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "conformance.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "conformance.py"
 EVERY = 10
 
 

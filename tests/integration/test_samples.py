@@ -9,8 +9,8 @@ import onnx
 import pytest
 
 from infercc.calib.calibrate import read_samples
+from infercc.data.samples import iter_samples, load_samples
 from infercc.errors import InferccError
-from infercc.inputs import iter_samples, load_samples
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
 

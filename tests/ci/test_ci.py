@@ -14,10 +14,12 @@ import numpy as np
 import onnx
 import pytest
 
-from infercc.ci import junit_xml, load_config, run_ci
+from infercc.ci.manifest import load_config
+from infercc.ci.reports import junit_xml
+from infercc.ci.runner import run_ci
 from infercc.errors import InferccError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CNN = (EXAMPLES / "small_cnn.onnx").as_posix()
 ENCODER = (EXAMPLES / "tiny_encoder.onnx").as_posix()

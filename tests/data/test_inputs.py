@@ -8,15 +8,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from infercc.data.feeds import index_bounds, make_inputs
+from infercc.data.samples import load_samples
+from infercc.data.signature import real_inputs, resolve_shape, resolve_shapes
 from infercc.errors import InferccError
-from infercc.inputs import (
-    index_bounds,
-    load_samples,
-    make_inputs,
-    real_inputs,
-    resolve_shape,
-    resolve_shapes,
-)
 
 
 def parse(text: str) -> onnx.ModelProto:

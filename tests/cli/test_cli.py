@@ -330,7 +330,7 @@ def test_rich_markup_in_messages_is_printed_verbatim(tmp_path):
     assert r.returncode == 2 and "[bold]missing.onnx" in r.stderr
 
 
-EXAMPLE_CNN = Path(__file__).resolve().parent.parent / "examples" / "small_cnn.onnx"
+EXAMPLE_CNN = Path(__file__).resolve().parents[2] / "examples" / "small_cnn.onnx"
 
 
 def test_bench_json_fields():
@@ -368,7 +368,7 @@ def test_usage_errors_exit_2():
 
 
 def test_optimize_fp16(tmp_path):
-    enc = Path(__file__).resolve().parent.parent / "examples" / "tiny_encoder.onnx"
+    enc = Path(__file__).resolve().parents[2] / "examples" / "tiny_encoder.onnx"
     out = tmp_path / "enc16.onnx"
     r = run("optimize", str(enc), "-o", str(out), "--fp16", "--json")
     assert r.returncode == 0, r.stderr
@@ -403,7 +403,7 @@ def test_optimize_fp16(tmp_path):
 
 
 def test_calibrate_command(tmp_path):
-    enc = Path(__file__).resolve().parent.parent / "examples" / "tiny_encoder.onnx"
+    enc = Path(__file__).resolve().parents[2] / "examples" / "tiny_encoder.onnx"
     samples = tmp_path / "samples"
     samples.mkdir()
     rng = np.random.default_rng(0)

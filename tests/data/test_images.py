@@ -25,8 +25,8 @@ from infercc.data.images import (
     plan_images,
     resized_size,
 )
+from infercc.data.samples import load_samples
 from infercc.errors import InferccError
-from infercc.inputs import load_samples
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow is in the test extra")
 

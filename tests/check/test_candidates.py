@@ -14,18 +14,17 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from infercc.errors import InferccError
-from infercc.validate_cli import (
+from infercc.check.candidates import validate_candidate
+from infercc.check.goldens import load_golden, save_golden
+from infercc.check.tolerances import (
     default_tolerance,
     detect_precision,
-    load_golden,
     model_precision,
     parse_tolerances,
-    save_golden,
-    validate_candidate,
 )
+from infercc.errors import InferccError
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 ADD = """
 <ir_version: 8, opset_import: ["" : 17]>

@@ -25,41 +25,24 @@ it from the reference and names the pass, the rewrite and the node where outputs
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from infercc.backends.base import MANIFEST
 from infercc.check.compare import ValidationReport, compare_outputs, run_model
+from infercc.check.goldens import Feeds, Outputs, load_golden, save_golden
+from infercc.check.tolerances import _manifest, default_tolerance, detect_precision
+from infercc.data.feeds import make_inputs
+from infercc.data.samples import load_samples
+from infercc.data.signature import input_dtype, real_inputs
 from infercc.errors import InferccError
-from infercc.inputs import input_dtype, load_samples, make_inputs, real_inputs
 from infercc.runtime.bench import read_skeleton
-from infercc.util import first_line, read_schema_json
-
-log = logging.getLogger(__name__)
-
-GOLDEN_SCHEMA = "infercc.golden/1"
-GOLDEN_FILE = "golden.json"
-INT8_MIN_COSINE = 0.99
-PRECISIONS = ("fp32", "fp16", "int8")
-_QUANT_OPS = frozenset(
-    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
-)
-
-Outputs = list[dict[str, np.ndarray]]
-Feeds = list[dict[str, np.ndarray]]
-
+from infercc.util import first_line
 
 # --------------------------------------------------------------------------- report
 
@@ -91,68 +74,6 @@ class CandidateReport:
             "saved_golden": self.saved_golden,
             "bisect": self.bisect.to_dict() if self.bisect is not None else None,
         }
-
-
-# --------------------------------------------------------------------------- precision
-
-
-def detect_precision(
-    candidate: str | os.PathLike[str], skeleton: onnx.ModelProto | None = None
-) -> str:
-    """fp32, fp16 or int8: the artifact manifest's precision, or read from the model (its
-    `skeleton` when the caller has read it already)."""
-    path = Path(candidate)
-    if path.is_dir():
-        precision = str(_manifest(path).get("precision") or "fp32")
-        return precision if precision in PRECISIONS else "fp32"
-    return model_precision(skeleton if skeleton is not None else read_skeleton(path))
-
-
-def model_precision(model: onnx.ModelProto) -> str:
-    """int8 with quantize ops, fp16 with float16 weights or Casts to float16, else fp32."""
-    nodes = list(model.graph.node)
-    if any(n.op_type in _QUANT_OPS for n in nodes):
-        return "int8"
-    fp16 = onnx.TensorProto.FLOAT16
-    if any(t.data_type == fp16 for t in model.graph.initializer):
-        return "fp16"
-    casts = (n for n in nodes if n.op_type == "Cast")
-    if any(a.name == "to" and a.i == fp16 for n in casts for a in n.attribute):
-        return "fp16"
-    return "fp32"
-
-
-def default_tolerance(
-    precision: str,
-    atol: float | None = None,
-    rtol: float | None = None,
-    min_cosine: float | None = None,
-) -> dict[str, float]:
-    """atol, rtol and min_cosine for `precision`, where the user gave none."""
-    from infercc.api import validation_tolerance
-
-    tol = validation_tolerance("fp32" if precision == "fp32" else "fp16", atol, rtol, min_cosine)
-    if precision == "int8" and min_cosine is None:
-        tol["min_cosine"] = INT8_MIN_COSINE
-    return tol
-
-
-def parse_tolerances(specs: Sequence[str] | None) -> dict[str, tuple[float, float]]:
-    """`["logits=1e-3:1e-2"]` -> `{"logits": (1e-3, 1e-2)}` (OUTPUT=ATOL:RTOL, repeatable)."""
-    result: dict[str, tuple[float, float]] = {}
-    for spec in specs or []:
-        name, sep, values = spec.rpartition("=")
-        parts = values.split(":")
-        try:
-            atol, rtol = (float(p) for p in parts) if len(parts) == 2 else (None, None)
-        except ValueError:
-            atol = rtol = None
-        if not sep or not name or atol is None or rtol is None or min(atol, rtol) < 0:
-            raise InferccError(
-                f"bad --tol {spec!r}", "write OUTPUT=ATOL:RTOL, e.g. --tol logits=1e-3:1e-2"
-            )
-        result[name] = (atol, rtol)
-    return result
 
 
 # --------------------------------------------------------------------------- running
@@ -202,131 +123,6 @@ def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
         return path / str(_manifest(path).get("model") or "model.onnx")
     return path
 
-
-def _manifest(directory: Path) -> dict[str, Any]:
-    from infercc.runtime.artifact import read_manifest
-
-    if not (directory / MANIFEST).is_file():
-        raise InferccError(
-            f"{str(directory)!r} is a directory without {MANIFEST}",
-            "pass an .onnx file or an artifact directory built by infercc",
-        )
-    return read_manifest(directory)
-
-
-# --------------------------------------------------------------------------- goldens
-
-
-def save_golden(
-    directory: str | os.PathLike[str],
-    feeds_list: Feeds,
-    outputs: Outputs,
-    reference: str | os.PathLike[str] | None = None,
-) -> Path:
-    """Write inputs and expected outputs (see the module docstring); replaces an older golden
-    directory, refuses any other non-empty directory."""
-    out = Path(directory)
-    _check_golden_destination(out)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.infercc-", dir=out.parent))
-    try:
-        _write_golden(stage, feeds_list, outputs, reference)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(stage, out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    log.info("saved %d golden sample(s) to %s", len(feeds_list), out)
-    return out
-
-
-def _check_golden_destination(out: Path) -> None:
-    if not out.parent.is_dir():
-        raise InferccError(f"directory {str(out.parent)!r} does not exist", "create it first")
-    if out.exists() and not out.is_dir():
-        raise InferccError(f"{str(out)!r} exists and is not a directory", "pick another path")
-    if out.is_dir() and any(out.iterdir()) and not (out / GOLDEN_FILE).is_file():
-        raise InferccError(
-            f"{str(out)!r} is a non-empty directory that holds no goldens",
-            "give a new or empty directory (or an older golden directory to replace)",
-        )
-
-
-def _write_golden(
-    stage: Path, feeds_list: Feeds, outputs: Outputs, reference: str | os.PathLike[str] | None
-) -> None:
-    (stage / "inputs").mkdir()
-    (stage / "outputs").mkdir()
-    for i, (feeds, outs) in enumerate(zip(feeds_list, outputs, strict=True)):
-        np.savez(stage / "inputs" / f"sample_{i:03d}.npz", **_plain(feeds))
-        np.savez(stage / "outputs" / f"sample_{i:03d}.npz", **_plain(outs))
-    meta = {
-        "schema": GOLDEN_SCHEMA,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "reference": None if reference is None else str(reference),
-        "reference_sha256": _sha256(reference),
-        "samples": len(feeds_list),
-        "inputs": list(feeds_list[0]) if feeds_list else [],
-        "outputs": list(outputs[0]) if outputs else [],
-    }
-    (stage / GOLDEN_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-
-
-def _plain(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Arrays numpy can save without pickling (string tensors as unicode arrays)."""
-    result = {}
-    for name, value in arrays.items():
-        if not isinstance(value, np.ndarray):
-            raise InferccError(
-                f"output {name!r} is not a tensor ({type(value).__name__})",
-                "goldens hold tensors only",
-            )
-        result[name] = value.astype(str) if value.dtype == np.dtype(object) else value
-    return result
-
-
-def _sha256(path: str | os.PathLike[str] | None) -> str | None:
-    if path is None or not Path(path).is_file():
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def load_golden(directory: str | os.PathLike[str]) -> tuple[Feeds, Outputs, dict[str, Any]]:
-    """Inputs, expected outputs and metadata of a golden directory."""
-    root = Path(directory)
-    meta = _golden_meta(root)
-    inputs = _load_npz_dir(root / "inputs")
-    outputs = _load_npz_dir(root / "outputs")
-    if len(inputs) != len(outputs) or len(inputs) != meta.get("samples", len(inputs)):
-        raise InferccError(
-            f"golden directory {str(root)!r} is incomplete "
-            f"({len(inputs)} input and {len(outputs)} output files)",
-            "write it again with --save-golden",
-        )
-    return inputs, outputs, meta
-
-
-def _golden_meta(root: Path) -> dict[str, Any]:
-    missing = (
-        f"{str(root)!r} has no {GOLDEN_FILE}: it is not a golden directory",
-        "write one with infercc validate --reference MODEL --save-golden DIR",
-    )
-    return read_schema_json(root / GOLDEN_FILE, GOLDEN_SCHEMA, missing, "write it again")
-
-
-def _load_npz_dir(directory: Path) -> list[dict[str, np.ndarray]]:
-    files = sorted(directory.glob("sample_*.npz")) if directory.is_dir() else []
-    result = []
-    for file in files:
-        try:
-            with np.load(file, allow_pickle=False) as archive:
-                result.append({key: archive[key] for key in archive.files})
-        except (OSError, ValueError) as exc:
-            raise InferccError(f"cannot read {str(file)!r}: {exc}", "write it again") from exc
-    return result
 
 
 # --------------------------------------------------------------------------- entry point

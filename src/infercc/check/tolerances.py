@@ -1,0 +1,93 @@
+"""Default tolerances per precision, the precision a candidate was built with, and
+`--tol OUTPUT=ATOL:RTOL` specs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from infercc.backends.base import MANIFEST
+from infercc.errors import InferccError
+from infercc.runtime.bench import read_skeleton
+
+INT8_MIN_COSINE = 0.99
+PRECISIONS = ("fp32", "fp16", "int8")
+_QUANT_OPS = frozenset(
+    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
+)
+# --------------------------------------------------------------------------- precision
+
+
+def detect_precision(
+    candidate: str | os.PathLike[str], skeleton: onnx.ModelProto | None = None
+) -> str:
+    """fp32, fp16 or int8: the artifact manifest's precision, or read from the model (its
+    `skeleton` when the caller has read it already)."""
+    path = Path(candidate)
+    if path.is_dir():
+        precision = str(_manifest(path).get("precision") or "fp32")
+        return precision if precision in PRECISIONS else "fp32"
+    return model_precision(skeleton if skeleton is not None else read_skeleton(path))
+
+
+def model_precision(model: onnx.ModelProto) -> str:
+    """int8 with quantize ops, fp16 with float16 weights or Casts to float16, else fp32."""
+    nodes = list(model.graph.node)
+    if any(n.op_type in _QUANT_OPS for n in nodes):
+        return "int8"
+    fp16 = onnx.TensorProto.FLOAT16
+    if any(t.data_type == fp16 for t in model.graph.initializer):
+        return "fp16"
+    casts = (n for n in nodes if n.op_type == "Cast")
+    if any(a.name == "to" and a.i == fp16 for n in casts for a in n.attribute):
+        return "fp16"
+    return "fp32"
+
+
+def default_tolerance(
+    precision: str,
+    atol: float | None = None,
+    rtol: float | None = None,
+    min_cosine: float | None = None,
+) -> dict[str, float]:
+    """atol, rtol and min_cosine for `precision`, where the user gave none."""
+    from infercc.api import validation_tolerance
+
+    tol = validation_tolerance("fp32" if precision == "fp32" else "fp16", atol, rtol, min_cosine)
+    if precision == "int8" and min_cosine is None:
+        tol["min_cosine"] = INT8_MIN_COSINE
+    return tol
+
+
+def parse_tolerances(specs: Sequence[str] | None) -> dict[str, tuple[float, float]]:
+    """`["logits=1e-3:1e-2"]` -> `{"logits": (1e-3, 1e-2)}` (OUTPUT=ATOL:RTOL, repeatable)."""
+    result: dict[str, tuple[float, float]] = {}
+    for spec in specs or []:
+        name, sep, values = spec.rpartition("=")
+        parts = values.split(":")
+        try:
+            atol, rtol = (float(p) for p in parts) if len(parts) == 2 else (None, None)
+        except ValueError:
+            atol = rtol = None
+        if not sep or not name or atol is None or rtol is None or min(atol, rtol) < 0:
+            raise InferccError(
+                f"bad --tol {spec!r}", "write OUTPUT=ATOL:RTOL, e.g. --tol logits=1e-3:1e-2"
+            )
+        result[name] = (atol, rtol)
+    return result
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    from infercc.runtime.artifact import read_manifest
+
+    if not (directory / MANIFEST).is_file():
+        raise InferccError(
+            f"{str(directory)!r} is a directory without {MANIFEST}",
+            "pass an .onnx file or an artifact directory built by infercc",
+        )
+    return read_manifest(directory)

@@ -1,0 +1,140 @@
+"""The reports of a ci run: JSON, JUnit XML and Markdown (appended to `$GITHUB_STEP_SUMMARY`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from infercc.ci.results import CiReport, ModelResult
+from infercc.util import json_float
+
+# --------------------------------------------------------------------------- reports
+
+
+def write_reports(
+    report: CiReport,
+    junit: str | os.PathLike[str] | None = None,
+    json_report: str | os.PathLike[str] | None = None,
+    markdown: str | os.PathLike[str] | None = None,
+    step_summary: bool = True,
+) -> None:
+    """Write the JUnit, JSON and Markdown files asked for, and the GitHub step summary."""
+    if junit is not None:
+        Path(junit).write_text(junit_xml(report))
+    if json_report is not None:
+        Path(json_report).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    text = None
+    if markdown is not None or (step_summary and os.environ.get("GITHUB_STEP_SUMMARY")):
+        text = ci_markdown(report)
+    if markdown is not None:
+        Path(markdown).write_text(text)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary and summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+def junit_xml(report: CiReport) -> str:
+    """JUnit XML: one testsuite, one testcase per model, a failure element with the reason."""
+    failures = len(report.failures())
+    suites = ET.Element(
+        "testsuites", tests=str(len(report.models)), failures=str(failures), errors="0"
+    )
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name="infercc ci",
+        tests=str(len(report.models)),
+        failures=str(failures),
+        errors="0",
+        skipped="0",
+        time=f"{report.seconds:.3f}",
+    )
+    for m in report.models:
+        case = ET.SubElement(
+            suite, "testcase", classname="infercc.ci", name=m.name, time=f"{m.seconds:.3f}"
+        )
+        if not m.passed:
+            failure = ET.SubElement(case, "failure", message=m.reason or "failed", type=m.stage)
+            failure.text = json.dumps(m.to_dict(), indent=1)
+        ET.SubElement(case, "system-out").text = _summary_line(m)
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _summary_line(m: ModelResult) -> str:
+    parts = [f"{m.path} -> {m.output or '-'}", f"precision {m.precision}"]
+    if m.nodes_before is not None:
+        parts.append(f"nodes {m.nodes_before} -> {m.nodes_after}")
+    cosine = _worst_cosine(m.validation)
+    if cosine is not None:
+        parts.append(f"worst cosine {cosine:.6f}")
+    if m.latency and m.latency.get("p50_ms") is not None:
+        parts.append(f"p50 {m.latency['p50_ms']:.3f} ms")
+    return ", ".join(parts)
+
+
+def _worst_cosine(validation: Mapping[str, Any] | None) -> float | None:
+    """The smallest cosine over outputs of a validation dict (None when there is none)."""
+    values = []
+    for out in (validation or {}).get("outputs", {}).values():
+        c = out.get("cosine")
+        values.append(float(c) if isinstance(c, (int, float)) else math.nan)
+    if not values:
+        return None
+    return min(values, key=lambda v: (not math.isnan(v), v))
+
+
+def worst_metrics(validation: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Largest max_abs and smallest cosine over outputs, JSON-safe (for tables)."""
+    outs = list((validation or {}).get("outputs", {}).values())
+    max_abs = [o["max_abs"] for o in outs if isinstance(o.get("max_abs"), (int, float))]
+    return {
+        "max_abs": json_float(max(max_abs)) if max_abs else None,
+        "cosine": json_float(_worst_cosine(validation)),
+    }
+
+
+def ci_markdown(report) -> str:
+    """The Markdown summary of `infercc ci` (for $GITHUB_STEP_SUMMARY and --markdown)."""
+    n = len(report.failures())
+    head = "all passed" if n == 0 else f"{n} of {len(report.models)} failed"
+    lines = [
+        f"## infercc ci: {head}",
+        "",
+        "| model | status | precision | nodes | max abs | cosine | p50 ms | budget ms | reason |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for m in report.models:
+        w = worst_metrics(m.validation)
+        lat = m.latency or {}
+        cells = [
+            m.name,
+            "passed" if m.passed else "**FAILED**",
+            m.precision or "-",
+            "-" if m.nodes_before is None else f"{m.nodes_before} → {m.nodes_after}",
+            metric_cell(w["max_abs"], ".3g"),
+            metric_cell(w["cosine"], ".6f"),
+            metric_cell(lat.get("p50_ms"), ".3f"),
+            metric_cell(lat.get("budget_ms"), "g"),
+            m.reason or "",
+        ]
+        lines.append("| " + " | ".join(_md_cell(str(c)) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def metric_cell(x, fmt: str) -> str:
+    """A JSON-safe metric ("nan"/"inf" strings pass through) for a table cell."""
+    if x is None:
+        return "-"
+    return x if isinstance(x, str) else format(x, fmt)

@@ -1,0 +1,74 @@
+"""What a ci run found, per model and in all (`to_dict()` is the JSON report)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ModelResult:
+    """What happened to one model; `reason` says why it failed."""
+
+    name: str
+    path: str
+    passed: bool
+    reason: str | None = None
+    stage: str = "compile"  # where it failed (compile, validate, bench), or done
+    precision: str | None = None
+    target: str | None = None
+    backend: str | None = None
+    output: str | None = None
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    validation: dict[str, Any] | None = None
+    latency: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "passed": self.passed,
+            "reason": self.reason,
+            "stage": self.stage,
+            "precision": self.precision,
+            "target": self.target,
+            "backend": self.backend,
+            "output": self.output,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "validation": self.validation,
+            "latency": self.latency,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass
+class CiReport:
+    """Every model's result (`to_dict()` is the `--json` form)."""
+
+    config: str
+    out_dir: str
+    jobs: int
+    models: list[ModelResult]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return all(m.passed for m in self.models)
+
+    def failures(self) -> list[ModelResult]:
+        return [m for m in self.models if not m.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "out_dir": self.out_dir,
+            "jobs": self.jobs,
+            "passed": self.passed,
+            "total": len(self.models),
+            "failed": len(self.failures()),
+            "models": [m.to_dict() for m in self.models],
+            "seconds": round(self.seconds, 4),
+        }

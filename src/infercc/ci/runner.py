@@ -1,0 +1,276 @@
+"""Building, validating and timing every model of a manifest, each in its own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from infercc.ci.manifest import CiConfig, ModelSpec, load_config
+from infercc.ci.reports import write_reports
+from infercc.ci.results import CiReport, ModelResult
+from infercc.errors import InferccError
+from infercc.util import first_line
+
+log = logging.getLogger(__name__)
+
+
+Event = Callable[[str, str], None]
+# --------------------------------------------------------------------------- results
+
+
+
+
+
+
+# --------------------------------------------------------------------------- one model
+
+
+def build_and_validate(spec: ModelSpec) -> ModelResult:
+    """Compile and validate one model; never raises (the reason is in the result)."""
+    t0 = time.perf_counter()
+    result = ModelResult(spec.name, str(spec.path), False, precision=spec.precision)
+    result.target, result.backend = spec.target, spec.backend
+    try:
+        _compile(spec, result)
+        if result.reason is None:
+            result.stage = "validate"
+            _validate(spec, result)
+    except Exception as exc:  # one model's failure, whatever it is, must not stop the others
+        result.reason = _reason(exc)
+        log.debug("model %s failed", spec.name, exc_info=True)
+    result.passed = result.reason is None
+    if result.passed:
+        result.stage = "done"
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, InferccError):
+        return exc.message
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+def _compile(spec: ModelSpec, result: ModelResult) -> None:
+    from infercc.api import optimize
+    from infercc.check.tolerances import default_tolerance
+
+    if spec.precision == "int8":
+        _require_qdq(spec.path)
+    tol = default_tolerance(spec.precision, spec.atol, spec.rtol, spec.min_cosine)
+    report = optimize(
+        spec.path,
+        spec.output,
+        target=spec.target,
+        profiles=spec.profiles,
+        backend=spec.backend,
+        cache_dir=spec.cache_dir,
+        fp16=spec.precision == "fp16",
+        data=spec.data,
+        disable_passes=spec.disable_passes,
+        portable=spec.portable,
+        run_validation=not spec.tolerances,
+        **tol,
+    )
+    result.output = str(spec.output)
+    result.nodes_before, result.nodes_after = report.nodes_before, report.nodes_after
+    result.backend = (report.artifact or {}).get("backend", {}).get("name", "none")
+    if not report.passed:
+        result.validation = report.validation.to_dict()
+        result.reason = "validation failed: " + _failed_outputs(report.validation)
+
+
+def _require_qdq(path: Path) -> None:
+    from infercc.check.tolerances import model_precision
+    from infercc.runtime.bench import read_skeleton
+
+    if model_precision(read_skeleton(path)) != "int8":
+        raise InferccError(
+            "precision int8 needs an already-calibrated QDQ model",
+            "run infercc calibrate MODEL --int8 --data DIR first and point path at it",
+        )
+
+
+def _validate(spec: ModelSpec, result: ModelResult) -> None:
+    from infercc.check.candidates import validate_candidate
+
+    check = validate_candidate(
+        spec.output,
+        None if spec.golden is not None else (spec.reference or spec.path),
+        golden=spec.golden,
+        data=spec.data,
+        shapes={p.name: p.opt for p in spec.profiles},
+        atol=spec.atol,
+        rtol=spec.rtol,
+        min_cosine=spec.min_cosine,
+        tolerances=spec.tolerances,
+    )
+    result.validation = check.validation.to_dict() if check.validation else None
+    if not check.passed:
+        result.reason = "validation failed: " + _failed_outputs(check.validation)
+
+
+def _failed_outputs(validation: Any) -> str:
+    return "; ".join(f"{m.name}: {m.reason}" for m in validation.failures())
+
+
+def bench_model(spec: ModelSpec, output: str) -> dict[str, Any]:
+    """Median latency against the budget, and the ratio to the baseline; `reason` on failure."""
+    from infercc.runtime import bench
+
+    shapes = {p.name: p.opt for p in spec.profiles}
+    latency: dict[str, Any] = {"reason": None}
+    try:
+        if spec.latency_budget_ms is not None:
+            run = bench.bench(output, shapes, None, spec.warmup, spec.iters)
+            median = run.results[0].p50_ms
+            latency.update(p50_ms=median, budget_ms=spec.latency_budget_ms)
+            if median > spec.latency_budget_ms:
+                latency["reason"] = (
+                    f"median latency {median:.3f} ms is over the budget of "
+                    f"{spec.latency_budget_ms:g} ms"
+                )
+        if spec.baseline is not None and latency["reason"] is None:
+            _against_baseline(spec, output, shapes, latency)
+    except Exception as exc:  # a crash while timing fails this model only
+        latency["reason"] = "benchmark failed: " + _reason(exc)
+    return latency
+
+
+def _against_baseline(
+    spec: ModelSpec, output: str, shapes: dict[str, tuple[int, ...]], latency: dict[str, Any]
+) -> None:
+    from infercc.runtime import bench
+
+    pair = bench.compare(spec.baseline, output, shapes, None, spec.warmup, spec.iters).results[0]
+    latency.update(
+        baseline=str(spec.baseline),
+        baseline_p50_ms=pair.a.p50_ms,
+        ratio=pair.ratio_median,
+        max_slowdown=spec.max_slowdown,
+    )
+    if pair.ratio_median > spec.max_slowdown:
+        latency["reason"] = (
+            f"{pair.ratio_median:.2f}x the baseline's latency (allowed {spec.max_slowdown:g}x)"
+        )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_ci(
+    config_path: str | os.PathLike[str],
+    jobs: int = 1,
+    *,
+    out_dir: str | os.PathLike[str] | None = None,
+    only: Sequence[str] | None = None,
+    junit: str | os.PathLike[str] | None = None,
+    json_report: str | os.PathLike[str] | None = None,
+    markdown: str | os.PathLike[str] | None = None,
+    step_summary: bool = True,
+    on_event: Event | None = None,
+) -> CiReport:
+    """Compile, validate and bench every model of the manifest; write the reports asked for.
+
+    `only` keeps the named models; `on_event(name, what)` is called as each model starts
+    ("compiling"), is timed ("benching") and ends ("passed" or "failed"). `step_summary`
+    appends the Markdown summary to `$GITHUB_STEP_SUMMARY` when that is set.
+    """
+    t0 = time.perf_counter()
+    if jobs < 1:
+        raise InferccError(f"--jobs {jobs} is not a positive number", "give --jobs 1 or more")
+    config = load_config(config_path, out_dir)
+    specs = _select(config, only)
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    event = on_event or (lambda _name, _what: None)
+    results = _run_all(specs, jobs, event)
+    _bench_all(specs, results, jobs, event)
+    for r in results:
+        event(r.name, "passed" if r.passed else "failed")
+    report = CiReport(str(config.path), str(config.out_dir), jobs, results, 0.0)
+    report.seconds = time.perf_counter() - t0
+    write_reports(report, junit, json_report, markdown, step_summary)
+    return report
+
+
+def _select(config: CiConfig, only: Sequence[str] | None) -> list[ModelSpec]:
+    if not only:
+        return config.models
+    names = [m.name for m in config.models]
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise InferccError(
+            f"--only names {unknown[0]!r}, which is not in the manifest",
+            "models: " + ", ".join(names),
+        )
+    return [m for m in config.models if m.name in only]
+
+
+def _run_all(specs: Sequence[ModelSpec], jobs: int, event: Event) -> list[ModelResult]:
+    if jobs == 1 or len(specs) == 1:
+        results = []
+        for spec in specs:
+            event(spec.name, "compiling")
+            results.append(build_and_validate(spec))
+        return results
+    with ProcessPoolExecutor(min(jobs, len(specs)), mp_context=_context()) as pool:
+        futures = []
+        for spec in specs:
+            event(spec.name, "compiling")
+            futures.append(pool.submit(build_and_validate, spec))
+        return [_collect(spec, f) for spec, f in zip(specs, futures, strict=True)]
+
+
+def _context() -> Any:
+    # spawn: a fresh interpreter per worker; forking a process that holds onnxruntime's thread
+    # pools is not safe.
+    return multiprocessing.get_context("spawn")
+
+
+def _collect(spec: ModelSpec, future: Future) -> ModelResult:
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        reason = "the worker process died (a crash in native code?)"
+    except Exception as exc:  # e.g. a result that cannot be unpickled
+        reason = _reason(exc)
+    return ModelResult(spec.name, str(spec.path), False, reason, precision=spec.precision)
+
+
+def _bench_all(
+    specs: Sequence[ModelSpec], results: list[ModelResult], jobs: int, event: Event
+) -> None:
+    todo = [(s, r) for s, r in zip(specs, results, strict=True) if r.passed and s.benched]
+    if not todo:
+        return
+    if jobs == 1:
+        for spec, result in todo:
+            event(spec.name, "benching")
+            _apply_latency(result, bench_model(spec, result.output))
+        return
+    with ProcessPoolExecutor(1, mp_context=_context()) as pool:  # one at a time
+        for spec, result in todo:
+            event(spec.name, "benching")
+            _apply_latency(result, _bench_isolated(pool, spec, result.output))
+
+
+def _bench_isolated(pool: ProcessPoolExecutor, spec: ModelSpec, output: str) -> dict[str, Any]:
+    try:
+        return pool.submit(bench_model, spec, output).result()
+    except BrokenProcessPool:
+        return {"reason": "the benchmark process died (a crash in native code?)"}
+
+
+def _apply_latency(result: ModelResult, latency: dict[str, Any]) -> None:
+    reason = latency.pop("reason", None)
+    result.latency = latency
+    if reason is not None:
+        result.passed, result.reason, result.stage = False, reason, "bench"

@@ -1,0 +1,130 @@
+"""Model inputs: which ones to feed, their concrete shapes, random feeds and sample files.
+
+Random feeds are meant to exercise a model the way real data would:
+
+- floating inputs are standard normal; bool inputs are fair coin flips;
+- an integer input that indexes an embedding table (it reaches the `indices` of a Gather whose
+  `data` is a constant, directly or through Cast/Reshape/Unsqueeze/Squeeze/Flatten/Identity)
+  is uniform in `[0, table.shape[axis])`, so `input_ids` stay inside the vocabulary;
+- every other integer input is all ones, which is safe for attention masks, token type ids
+  and lengths.
+
+Symbolic dimensions take one value per symbol name across all inputs; unless pinned with
+`--shape`, that value is 1 on axis 0 (batch) and 8 elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+
+from infercc.data.signature import (
+    _INDEX_PASSTHROUGH,
+    _MAX_PASSTHROUGH_STEPS,
+    Shapes,
+    input_dtype,
+    real_inputs,
+    resolve_shapes,
+)
+from infercc.errors import InferccError
+
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- index bounds
+
+
+def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Inputs used as Gather indices into a constant table -> the table's size on that axis."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    constant_dims = _constant_dims(model)
+    feedable = {vi.name for vi in real_inputs(model)}
+    bounds: dict[str, int] = {}
+    for node in model.graph.node:
+        found = _gather_bound(node, producers, constant_dims, feedable)
+        if found is not None:
+            name, bound = found
+            bounds[name] = min(bound, bounds.get(name, bound))
+    return bounds
+
+
+def _constant_dims(model: onnx.ModelProto) -> dict[str, list[int]]:
+    dims = {init.name: list(init.dims) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    dims[node.output[0]] = list(attr.t.dims)
+    return dims
+
+
+def _gather_bound(
+    node: onnx.NodeProto,
+    producers: dict[str, onnx.NodeProto],
+    constant_dims: dict[str, list[int]],
+    feedable: set[str],
+) -> tuple[str, int] | None:
+    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    table = constant_dims.get(node.input[0])
+    source = _index_source(node.input[1], producers)
+    if table is None or source not in feedable:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    if not -len(table) <= axis < len(table) or table[axis] < 1:
+        return None
+    return source, table[axis]
+
+
+def _index_source(name: str, producers: dict[str, onnx.NodeProto]) -> str:
+    """Walk back through value-preserving ops to the tensor an index comes from."""
+    for _ in range(_MAX_PASSTHROUGH_STEPS):
+        node = producers.get(name)
+        if node is None or node.op_type not in _INDEX_PASSTHROUGH or not node.input:
+            return name
+        name = node.input[0]
+    return name
+
+
+# --------------------------------------------------------------------------- random feeds
+
+
+def make_inputs(
+    model: onnx.ModelProto, shapes: Shapes | None = None, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """One random feed per real input, deterministic for a given seed (see module docstring)."""
+    rng = np.random.default_rng(seed)
+    concrete = resolve_shapes(model, shapes)
+    bounds = index_bounds(model)
+    feeds = {}
+    for vi in real_inputs(model):
+        feeds[vi.name] = _random_tensor(vi, concrete[vi.name], bounds.get(vi.name), rng)
+    return feeds
+
+
+def _random_tensor(
+    vi: onnx.ValueInfoProto, shape: tuple[int, ...], bound: int | None, rng: np.random.Generator
+) -> np.ndarray:
+    dtype = input_dtype(vi)
+    if dtype == np.dtype(object):
+        raise InferccError(
+            f"input {vi.name!r} is a string tensor; infercc cannot make up text",
+            "pass real samples with --data",
+        )
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    return _random_integers(vi.name, dtype, shape, bound, rng)
+
+
+def _random_integers(
+    name: str, dtype: np.dtype, shape: tuple[int, ...], bound: int | None, rng: np.random.Generator
+) -> np.ndarray:
+
+    if bound is None:
+        return np.ones(shape, dtype=dtype)
+    high = min(bound, int(np.iinfo(dtype).max) + 1)
+    logger.debug("input %r indexes a table of %d rows: sampling in [0, %d)", name, bound, high)
+    return rng.integers(0, high, size=shape, dtype=dtype)

@@ -1,0 +1,282 @@
+"""Real input samples from files: `.npz` (one sample, or N stacked on axis 0), `<input>.npy`
+files, or images with a `--preprocess` spec, read lazily and checked against the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from infercc.data.signature import (
+    _format_dims,
+    _tensor_type,
+    declared_dims,
+    elem_type_name,
+    input_dtype,
+    real_inputs,
+)
+from infercc.errors import InferccError
+
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- sample files
+
+
+def load_samples(
+    path: str | PathLike[str], model: onnx.ModelProto, preprocess: str | None = None
+) -> list[dict[str, np.ndarray]]:
+    """Load real input samples and check them against the model's inputs (see `iter_samples`)."""
+    samples = list(iter_samples(path, model, preprocess))
+    logger.info("loaded %d sample(s) from %s", len(samples), path)
+    return samples
+
+
+def iter_samples(
+    path: str | PathLike[str], model: onnx.ModelProto, preprocess: str | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """Checked samples, one at a time: a file is read only when its first sample is asked for.
+
+    `path` is a `.npz` file, a directory of `.npz` files (keyed by input name), a directory of
+    `<input_name>.npy` files (together one sample), or images (a directory of jpg/png/bmp/webp
+    files, or one) turned into tensors by the `preprocess` spec (`infercc.data.images`).
+    Files are read in name order with `allow_pickle=False`. In a `.npz` file (or the `.npy`
+    set) an array of the input's rank is one sample; when every array has rank + 1, the file
+    stacks N samples along axis 0 and all must agree on N.
+    """
+    root = Path(path)
+    files = _sample_files(root)
+    inputs = real_inputs(model)
+    if _is_image(files[0]):
+        yield from _image_samples(root, files, model, preprocess, inputs)
+        return
+    if preprocess is not None:
+        raise InferccError(
+            f"--preprocess applies to images, and --data {str(root)!r} holds numpy files",
+            "drop --preprocess; .npz/.npy samples are fed as they are",
+        )
+    for source, sample in _array_samples(root, files, inputs):
+        check_sample(source, sample, inputs)
+        yield sample
+
+
+def _is_image(file: Path) -> bool:
+    from infercc.data.images import is_image
+
+    return is_image(file)
+
+
+def _image_samples(
+    root: Path,
+    files: list[Path],
+    model: onnx.ModelProto,
+    preprocess: str | None,
+    inputs: list[onnx.ValueInfoProto],
+) -> Iterator[dict[str, np.ndarray]]:
+    from infercc.data.images import PRESETS, iter_image_samples
+
+    if preprocess is None:
+        raise InferccError(
+            f"--data {str(root)!r} holds images; say how to turn them into tensors",
+            f"pass --preprocess, e.g. --preprocess imagenet (presets: {', '.join(PRESETS)})",
+        )
+    for source, sample in iter_image_samples(files, model, preprocess):
+        check_sample(source, sample, inputs)
+        yield sample
+
+
+def _array_samples(
+    root: Path, files: list[Path], inputs: list[onnx.ValueInfoProto]
+) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
+    if root.is_dir() and files[0].suffix == ".npy":
+        merged = {k: v for file in files for k, v in _load_file(file).items()}
+        yield from _unstack(root, merged, inputs)
+        return
+    for file in files:
+        yield from _unstack(file, _load_file(file), inputs)
+
+
+def _unstack(
+    source: Path, arrays: dict[str, np.ndarray], inputs: list[onnx.ValueInfoProto]
+) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
+    """One sample, or the N samples of a stacked file (labelled `file[i]` in errors)."""
+    stacked = _stacked_keys(source, arrays, inputs)
+    if not stacked:
+        yield source, arrays
+        return
+    count = _stacked_count(source, arrays, stacked)
+    for i in range(count):
+        sample = {k: a[i] if k in stacked else a for k, a in arrays.items()}
+        yield Path(f"{source}[{i}]"), sample
+
+
+def _stacked_keys(
+    source: Path, arrays: dict[str, np.ndarray], inputs: list[onnx.ValueInfoProto]
+) -> list[str]:
+    """The arrays to split on axis 0: all model inputs when every known rank is rank + 1."""
+    dims = {vi.name: declared_dims(vi) for vi in inputs}
+    stacked, single = [], []
+    for key, array in arrays.items():
+        declared = dims.get(key)
+        if declared is None:
+            continue
+        if array.ndim == len(declared) + 1:
+            stacked.append(key)
+        elif array.ndim == len(declared):
+            single.append(key)
+        else:
+            raise _rank_error(source, key, array, declared, "")
+    if stacked and single:
+        key = stacked[0]
+        raise _rank_error(source, key, arrays[key], dims[key], f"; {single[0]!r} is one sample")
+    unknown_rank = [k for k in arrays if k in dims and dims[k] is None and arrays[k].ndim > 0]
+    return stacked + unknown_rank if stacked else []
+
+
+def _rank_error(
+    source: Path, key: str, array: np.ndarray, dims: list[int | str | None], more: str
+) -> InferccError:
+    rank = len(dims)
+    return InferccError(
+        f"{str(source)!r}: input {key!r} has shape {list(array.shape)}, the model declares "
+        f"{_format_dims(dims)}{more}",
+        f"give one sample (rank {rank}) of every input, or stack N samples of every input on "
+        f"a new axis 0 (rank {rank + 1})",
+    )
+
+
+def _stacked_count(source: Path, arrays: dict[str, np.ndarray], stacked: list[str]) -> int:
+    counts = {key: arrays[key].shape[0] for key in stacked}
+    first = stacked[0]
+    for key, count in counts.items():
+        if count != counts[first]:
+            raise InferccError(
+                f"{str(source)!r} stacks {counts[first]} sample(s) of {first!r} "
+                f"but {count} of {key!r}",
+                "every array of a stacked file needs the same length on axis 0",
+            )
+    if counts[first] == 0:
+        raise InferccError(f"{str(source)!r} stacks 0 samples", "save at least one sample")
+    return counts[first]
+
+
+def _sample_files(root: Path) -> list[Path]:
+    if root.is_file():
+        if root.suffix != ".npz" and not _is_image(root):
+            raise InferccError(
+                f"--data {str(root)!r} is not a .npz file or an image",
+                "pass a .npz file, or a directory of .npz files, of <input>.npy files or of "
+                "images (jpg, png, bmp, webp)",
+            )
+        return [root]
+    if not root.is_dir():
+        raise InferccError(f"--data {str(root)!r} does not exist", "check the path")
+    return _directory_files(root)
+
+
+def _directory_files(root: Path) -> list[Path]:
+    files = sorted(p for p in root.iterdir() if p.is_file())
+    kinds = {
+        ".npz": [p for p in files if p.suffix == ".npz"],
+        ".npy": [p for p in files if p.suffix == ".npy"],
+        "image": [p for p in files if _is_image(p)],
+    }
+    found = [kind for kind, paths in kinds.items() if paths]
+    if len(found) > 1:
+        raise InferccError(
+            f"--data directory {str(root)!r} mixes {' and '.join(found)} files",
+            "use .npz files (one sample each), <input>.npy files (one sample) or images, "
+            "in separate directories",
+        )
+    if not found:
+        raise InferccError(
+            f"--data directory {str(root)!r} has no .npz or .npy files, nor images",
+            "save each sample with numpy.savez(path, **{input_name: array})",
+        )
+    return kinds[found[0]]
+
+
+def _load_file(file: Path) -> dict[str, np.ndarray]:
+    """Arrays of one file by input name; a `.npy` file holds the input named by its stem."""
+    if file.suffix == ".npy":
+        with _reading(file, file.stem):
+            return {file.stem: np.load(file, allow_pickle=False)}
+    with _reading(file, None), np.load(file, allow_pickle=False) as archive:
+        return {key: _archive_array(file, archive, key) for key in archive.files}
+
+
+def _archive_array(file: Path, archive: Any, key: str) -> np.ndarray:
+    with _reading(file, key):
+        return archive[key]
+
+
+@contextmanager
+def _reading(file: Path, key: str | None) -> Iterator[None]:
+    """Turn numpy's loading errors into InferccErrors naming the file (and input)."""
+    where = repr(str(file)) + (f", input {key!r}" if key is not None else "")
+    try:
+        yield
+    except ValueError as exc:
+        raise InferccError(
+            f"cannot load {where}: {exc}",
+            "object arrays (pickles) are refused; save plain numeric or string arrays",
+        ) from exc
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InferccError(f"cannot read {where}: {exc}", "is it a numpy file?") from exc
+
+
+def check_sample(
+    source: Path, sample: Mapping[str, np.ndarray], inputs: list[onnx.ValueInfoProto]
+) -> None:
+    """Every real input present, nothing unknown, dtype and declared dims matching."""
+    expected = {vi.name: vi for vi in inputs}
+    missing = [name for name in expected if name not in sample]
+    unknown = sorted(set(sample) - set(expected))
+    if missing:
+        raise InferccError(
+            f"{str(source)!r} lacks input {missing[0]!r}",
+            f"a sample needs every model input: {', '.join(expected)}",
+        )
+    if unknown:
+        raise InferccError(
+            f"{str(source)!r} has {unknown[0]!r}, which is not a model input",
+            f"the model's inputs are: {', '.join(expected) or '(none)'}",
+        )
+    for name, vi in expected.items():
+        _check_array(source, vi, sample[name])
+
+
+def _check_array(source: Path, vi: onnx.ValueInfoProto, array: np.ndarray) -> None:
+    dtype = input_dtype(vi)
+    is_text = dtype == np.dtype(object) and array.dtype.kind in "US"
+    if array.dtype != dtype and not is_text:
+        raise InferccError(
+            f"{str(source)!r}: input {vi.name!r} is {array.dtype}, the model expects "
+            f"{elem_type_name(_tensor_type(vi).elem_type)} ({dtype})",
+            f"save it with array.astype(numpy.{dtype})" if dtype.kind != "O" else None,
+        )
+    dims = declared_dims(vi)
+    if dims is not None:
+        _check_dims(source, vi.name, dims, array.shape)
+
+
+def _check_dims(
+    source: Path, name: str, dims: list[int | str | None], shape: tuple[int, ...]
+) -> None:
+
+    same_rank = len(dims) == len(shape)
+    if not same_rank or any(
+        isinstance(d, int) and d != s for d, s in zip(dims, shape, strict=True)
+    ):
+        raise InferccError(
+            f"{str(source)!r}: input {name!r} has shape {list(shape)}, "
+            f"the model declares {_format_dims(dims)}",
+            "only symbolic (named or ?) dimensions may vary",
+        )
