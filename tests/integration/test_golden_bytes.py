@@ -1,0 +1,98 @@
+"""Refactoring changes no output byte: the optimized bytes of the shipped examples and of
+onnx's light models (weights made random with numpy only, so the inputs are the same on every
+machine) are compared with hashes recorded before the code was restructured.
+
+A pass that changes on purpose changes these hashes: rerun with INFERCC_PRINT_HASHES=FILE to
+write the new ones to FILE, and say in the commit why the bytes moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import infercc
+from tests.zoo import SMALL, _roles, data_input, light_path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# (case, sha256 of the optimized model's bytes)
+RECORDED = {
+    "small_cnn": "c276a48a3c3d601fce58472badddd2345259b69144a9e77894e754bf2639a402",
+    "small_cnn-portable": "326ce45127d4a032f7da866e5b3c8945f342504f70e378feb01cf4fe30dfbeeb",
+    "small_cnn-fp16": "1e3a383b8cde628c258c7304d366fd6cf9cec09f2fbaf52cb8afb179c3161ef5",
+    "tiny_encoder": "c2ac935d90ade236b34f204ef8e3ac2980f91ee742239e23955a5a31ad25b305",
+    "tiny_encoder-portable": "c2ac935d90ade236b34f204ef8e3ac2980f91ee742239e23955a5a31ad25b305",
+    "tiny_encoder-fp16": "d01f3e455c67f65e6a3077e9947103bca6eec3b9b150cee2efa63df1fb15f1c3",
+    "light_resnet50": "1bb3f4a51a0b6846b0830ebfb1d5f753614b7fe91bb09af7f6806dc8c917ea0c",
+    "light_densenet121": "19b32a3e4d5981b3333857aeafe31f951fe8fdff7d82a87f82edb7757ba6a63b",
+    "light_inception_v1": "9bd43d61b29a10eeb27382afbbcfb240e2982cdf6870ab5c3527bb41059aa7b8",
+    "light_inception_v2": "08159bbb8daeb2d8ce5a407889d7b89af62770ac1f1f2bc355c3ab4904154ee3",
+    "light_shufflenet": "eac978ff1c96a78459279a2358c7cb833dbb8c7f624d1dffa5ae3267c6759b70",
+    "light_squeezenet": "82b70c998e058d0768cf37c5922113d19854abf09c8ae7dc21c5ba2e3c329317",
+}
+
+
+def numpy_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+    """The light model with each ConstantOfShape weight replaced by seeded normal values."""
+    rng = np.random.default_rng(seed)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    roles = _roles(g)
+    keep = []
+    for n in g.node:
+        if n.op_type == "ConstantOfShape" and n.input[0] in consts:
+            shape = tuple(int(s) for s in consts[n.input[0]])
+            arr = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+            if roles.get(n.output[0]) == "bn_var":
+                arr = np.abs(arr) + 0.5
+            g.initializer.append(numpy_helper.from_array(arr, n.output[0]))
+        else:
+            keep.append(n)
+    del g.node[:]
+    g.node.extend(keep)
+    used = {x for n in g.node for x in n.input}
+    live = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(live)
+    del g.input[:]
+    g.input.append(data_input(model))
+    out.ir_version = max(out.ir_version, 4)
+    return out
+
+
+def _cases() -> list[tuple[str, str, dict]]:
+    cases = []
+    for stem in ("small_cnn", "tiny_encoder"):
+        cases.append((f"{stem}", stem, {}))
+        cases.append((f"{stem}-portable", stem, {"portable": True}))
+        cases.append((f"{stem}-fp16", stem, {"fp16": True}))
+    cases += [(f"light_{name}", name, {}) for name in SMALL]
+    return cases
+
+
+def _source(stem: str, tmp_path: Path) -> Path:
+    if (EXAMPLES / f"{stem}.onnx").is_file():
+        return EXAMPLES / f"{stem}.onnx"
+    path = tmp_path / f"{stem}.onnx"
+    onnx.save(numpy_random_weights(onnx.load(light_path(stem))), path)
+    return path
+
+
+@pytest.mark.parametrize(("case", "stem", "options"), _cases(), ids=[c[0] for c in _cases()])
+def test_optimized_bytes_unchanged(case: str, stem: str, options: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out.onnx"
+    infercc.optimize(_source(stem, tmp_path), out, run_validation=False, **options)
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    if os.environ.get("INFERCC_PRINT_HASHES"):
+        with open(os.environ["INFERCC_PRINT_HASHES"], "a") as f:
+            f.write(f'    "{case}": "{digest}",\n')
+    assert digest == RECORDED[case], f"{case}: the optimized bytes changed"
