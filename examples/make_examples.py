@@ -19,6 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 HERE = Path(__file__).parent
 RNG = np.random.default_rng(2026)
+# IR 8 (onnx 1.10+) holds opset 17 and loads in every onnxruntime infercc supports (the
+# newest one on Python 3.10 reads IR <= 11).
+IR_VERSION = 8
 
 
 def const(name: str, arr: np.ndarray) -> onnx.TensorProto:
@@ -88,7 +91,10 @@ def small_cnn() -> onnx.ModelProto:
         inits,
     )
     return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="infercc-examples"
+        graph,
+        opset_imports=[helper.make_opsetid("", 17)],
+        producer_name="infercc-examples",
+        ir_version=IR_VERSION,
     )
 
 
@@ -189,7 +195,10 @@ def tiny_encoder(hidden: int = 64, heads: int = 4) -> onnx.ModelProto:
         inits,
     )
     return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="infercc-examples"
+        graph,
+        opset_imports=[helper.make_opsetid("", 17)],
+        producer_name="infercc-examples",
+        ir_version=IR_VERSION,
     )
 
 
