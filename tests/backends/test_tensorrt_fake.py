@@ -13,10 +13,16 @@ Python bindings, pyCore.cpp / pyOnnx.cpp / pyInt8.cpp, and the 10.x -> 11.x migr
 `__version__` has four parts ("10.3.0.26"); `nptype` raises TypeError for types numpy lacks;
 `set_timing_cache` returns False for a cache it refuses (`refuse_timing_cache`); a
 version-compatible plan deserializes only with `Runtime.engine_host_code_allowed` set;
-TensorRT 11 has no FP16/BF16/INT8/FP8 builder flags, no calibrator classes, no
-`int8_calibrator` / `set_calibration_profile`, and its inspector JSON splits a tensor's
+TensorRT 11 has no FP16/BF16/INT8/FP8 builder flags, no EXPLICIT_BATCH network flag, no
+calibrator classes, no `int8_calibrator` / `set_calibration_profile` (not even as attributes:
+`hasattr` is False, as on the real 11), and its inspector JSON splits a tensor's
 `"Format/Datatype"` into `"Format"` and `"DataType"` and lists `"I/O Tensors"` instead of
-`"Bindings"`. No test lives here; the other test_tensorrt files import it.
+`"Bindings"`; `HardwareCompatibilityLevel.SAME_COMPUTE_CAPABILITY` exists from 10.9 on.
+
+`FakeTrt(version)` mirrors that TensorRT version: tests/backends/test_trt_api_surface.py
+checks, for every recorded version (tests/data/tensorrt_api/), that every name the fake
+exposes, less `TEST_ONLY`, is in that version's list, and that the fake has every name the
+code uses on that version's path. No test lives here; the other test_tensorrt files import it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,32 @@ from infercc.backends.trt.fingerprint import Fingerprint
 
 A100 = Fingerprint("10.3.0", "12.4", "550.54.15", "NVIDIA A100-SXM4-80GB", "8.0")
 MAGIC = b"FAKEPLAN\n"
+# What the stand-in has that TensorRT has not, by class: the recording, the knobs tests turn,
+# back references and the fake engine's insides. Everything else it exposes is TensorRT's.
+TEST_ONLY = {
+    "FakeTrt": {
+        "calls",
+        "memory",
+        "unsupported",
+        "force_layer_type",
+        "build_fails",
+        "refuse_timing_cache",
+        "names",
+        "major",
+        "release",
+    },
+    "FakeBuilder": {"trt"},
+    "FakeNetwork": {"flags", "inputs", "model_bytes"},
+    "FakeParser": {"trt", "network", "errors"},
+    "FakeTimingCache": {"entries"},
+    "FakeConfig": {"trt", "flags", "profiles", "timing_cache"},
+    "FakeConfig10": {"trt", "flags", "profiles", "timing_cache"},
+    "FakeProfile": {"trt", "shapes"},
+    "FakeRuntime": {"trt"},
+    "FakeEngine": {"trt", "header", "io", "model_bytes", "fp16"},
+    "FakeInspector": {"engine"},
+    "FakeContext": {"shapes", "addresses"},
+}
 
 
 class _Enum:
@@ -104,6 +136,7 @@ class FakeTrt:
     def __init__(self, version: str = "10.3.0.26", unsupported: tuple[str, ...] = ()):
         self.__version__ = version
         self.major = int(version.split(".")[0])
+        self.release = tuple(int(p) for p in version.split(".")[:3])
         self.calls: list[tuple[str, Any]] = []
         self.memory = HostMemory()
         self.unsupported = set(unsupported)
@@ -114,16 +147,16 @@ class FakeTrt:
         if self.major >= 11:  # the weak-typing flags are gone
             flags = ["VERSION_COMPATIBLE", "REFIT", "TF32"]
         self.BuilderFlag = _Enum("BuilderFlag", flags)
-        self.NetworkDefinitionCreationFlag = _Enum(
-            "NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED"]
-        )
+        network = ["EXPLICIT_BATCH", "STRONGLY_TYPED"] if self.major < 11 else ["STRONGLY_TYPED"]
+        self.NetworkDefinitionCreationFlag = _Enum("NetworkDefinitionCreationFlag", network)
         self.MemoryPoolType = _Enum("MemoryPoolType", ["WORKSPACE"])
         self.ProfilingVerbosity = _Enum(
             "ProfilingVerbosity", ["LAYER_NAMES_ONLY", "DETAILED", "NONE"]
         )
-        self.HardwareCompatibilityLevel = _Enum(
-            "HardwareCompatibilityLevel", ["NONE", "AMPERE_PLUS", "SAME_COMPUTE_CAPABILITY"]
-        )
+        levels = ["NONE", "AMPERE_PLUS"]
+        if self.release >= (10, 9):  # TensorRT 10.9 added it
+            levels.append("SAME_COMPUTE_CAPABILITY")
+        self.HardwareCompatibilityLevel = _Enum("HardwareCompatibilityLevel", levels)
         self.LayerInformationFormat = _Enum("LayerInformationFormat", ["ONELINE", "JSON"])
         self.TensorIOMode = _Enum("TensorIOMode", ["NONE", "INPUT", "OUTPUT"])
         fake = self
@@ -135,8 +168,23 @@ class FakeTrt:
                 self.severity = severity
 
         class _Calibrator:
+            """TensorRT's calibrator bases: the methods are pure virtual (a subclass gives
+            them; the base's raise, as pybind11's trampolines do)."""
+
             def __init__(self):
                 fake.calls.append(("calibrator_init", type(self).__mro__[1].__name__))
+
+            def get_batch_size(self) -> int:
+                raise RuntimeError("Tried to call pure virtual function")
+
+            def get_batch(self, names: Any) -> Any:
+                raise RuntimeError("Tried to call pure virtual function")
+
+            def read_calibration_cache(self) -> Any:
+                raise RuntimeError("Tried to call pure virtual function")
+
+            def write_calibration_cache(self, cache: Any) -> None:
+                raise RuntimeError("Tried to call pure virtual function")
 
         class IInt8EntropyCalibrator2(_Calibrator):
             pass
@@ -184,7 +232,7 @@ class FakeBuilder:
         return FakeNetwork(flags)
 
     def create_builder_config(self) -> FakeConfig:
-        return FakeConfig(self.trt)
+        return FakeConfig10(self.trt) if self.trt.major < 11 else FakeConfig(self.trt)
 
     def create_optimization_profile(self) -> FakeProfile:
         return FakeProfile(self.trt)
@@ -278,15 +326,23 @@ class FakeTimingCache:
 
 
 class FakeConfig:
+    """IBuilderConfig as TensorRT 11 has it (FakeConfig10 adds what 10 has besides)."""
+
+    builder_optimization_level = 3
+
     def __init__(self, trt: FakeTrt):
         self.trt = trt
         self.flags: set[Any] = set()
         self.profiles: list[FakeProfile] = []
         self.timing_cache = FakeTimingCache(b"")
-        self._int8_calibrator = None
+        # TensorRT's defaults, set without recording a call
+        object.__setattr__(self, "profiling_verbosity", trt.ProfilingVerbosity.LAYER_NAMES_ONLY)
+        object.__setattr__(
+            self, "hardware_compatibility_level", trt.HardwareCompatibilityLevel.NONE
+        )
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "int8_calibrator" and self.trt.major >= 11:
+        if name == "int8_calibrator" and not isinstance(self, FakeConfig10):
             raise AttributeError("TensorRT 11 removed IBuilderConfig.int8_calibrator")
         if name in (
             "builder_optimization_level",
@@ -308,11 +364,6 @@ class FakeConfig:
         self.profiles.append(profile)
         return len(self.profiles) - 1
 
-    def set_calibration_profile(self, profile: FakeProfile) -> None:
-        if self.trt.major >= 11:
-            raise AttributeError("TensorRT 11 removed IBuilderConfig.set_calibration_profile")
-        self.trt.calls.append(("set_calibration_profile", self.profiles.index(profile)))
-
     def create_timing_cache(self, data: bytes) -> FakeTimingCache:
         self.trt.calls.append(("create_timing_cache", bytes(data)))
         return FakeTimingCache(bytes(data))
@@ -327,6 +378,21 @@ class FakeConfig:
 
     def get_timing_cache(self) -> FakeTimingCache:
         return self.timing_cache
+
+
+class FakeConfig10(FakeConfig):
+    """IBuilderConfig of TensorRT 10: the INT8 calibrator and its profile as well."""
+
+    @property
+    def int8_calibrator(self) -> Any:
+        return self.__dict__.get("_int8_calibrator")
+
+    @int8_calibrator.setter
+    def int8_calibrator(self, value: Any) -> None:
+        self.__dict__["_int8_calibrator"] = value
+
+    def set_calibration_profile(self, profile: FakeProfile) -> None:
+        self.trt.calls.append(("set_calibration_profile", self.profiles.index(profile)))
 
 
 class FakeProfile:

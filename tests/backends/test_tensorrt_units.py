@@ -197,7 +197,13 @@ def test_int8_needs_qdq_or_a_calibration_cache():
     assert plan.calibrator and plan.builder_flags == ("INT8",)
     with pytest.raises(InferccError, match="no INT8 calibrators"):
         precision.decide("11.1.0", "int8", {"int8"}, calibration_cache=True)
-    assert precision.decide("8.6.1", "fp32").network_flags == ("EXPLICIT_BATCH",)
+
+
+def test_tensorrt_older_than_10_is_refused():
+    """The tensorrt extra needs 10 or later, and no name list exists for 8.x (PyPI has no
+    bindings wheel before 10.0.1), so an 8.x build is refused before it starts."""
+    with pytest.raises(InferccError, match="TensorRT 8.6.1 is older than 10"):
+        precision.decide("8.6.1", "fp32")
 
 
 def test_graph_precisions():

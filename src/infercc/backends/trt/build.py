@@ -49,6 +49,7 @@ from infercc.backends.base import CompileOptions
 from infercc.backends.trt import caches, precision, profiles
 from infercc.backends.trt.fingerprint import Fingerprint, check_loadable, detect, target_mismatch
 from infercc.backends.trt.settings import BuildSettings, read_settings
+from infercc.backends.trt.versions import tensorrt_majors, tensorrt_names
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError, ValidationError
 from infercc.ir.wire import read_model
@@ -156,7 +157,13 @@ def parse(trt: Any, network: Any, logger: Any, model: Path) -> Any:
 # --------------------------------------------------------------------------- configuring
 
 
-HW_LEVELS = {"ampere+": "AMPERE_PLUS", "same-cc": "SAME_COMPUTE_CAPABILITY", "none": "NONE"}
+HW_LEVELS = {
+    "ampere+": "AMPERE_PLUS",
+    # TensorRT 10.8 and older lack it (10.9.0.34 is the first bindings wheel that has it);
+    # `_enum` then says so.
+    "same-cc": tensorrt_names("SAME_COMPUTE_CAPABILITY", since="10.9"),
+    "none": "NONE",
+}
 
 
 def _enum(owner: Any, name: str, what: str, version: str) -> Any:
@@ -270,6 +277,7 @@ def build_engine(
     )
 
 
+@tensorrt_majors(10)
 def _use_calibrator(
     trt: Any, config: Any, settings: BuildSettings, trt_profiles: list[Any], version: str
 ) -> None:

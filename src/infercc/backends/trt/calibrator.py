@@ -24,6 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from infercc.backends.trt.versions import tensorrt_majors
 from infercc.calib.trt_cache import read_calibration_cache, trt_version_tag
 from infercc.errors import InferccError
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 _CLASSES = {"entropy": "IInt8EntropyCalibrator2", "minmax": "IInt8MinMaxCalibrator"}
 
 
+@tensorrt_majors(10)
 def make_calibrator(trt: Any, cache_path: Path | str, trt_version: str) -> Any:
     """A calibrator object for `config.int8_calibrator` that serves `cache_path`'s bytes."""
     path = Path(cache_path)
@@ -55,12 +57,14 @@ def make_calibrator(trt: Any, cache_path: Path | str, trt_version: str) -> Any:
             expected,
         )
     data = path.read_bytes()
-    base = getattr(trt, base_name)
     log.info("int8 scales for %d tensors from %s", len(cache.scales), path)
-    return _calibrator_class(base)(data)
+    return _calibrator_class(trt, base_name)(data)
 
 
-def _calibrator_class(base: type) -> type:
+@tensorrt_majors(10)
+def _calibrator_class(trt: Any, base_name: str) -> type:
+    base = getattr(trt, base_name)
+
     class CacheOnlyCalibrator(base):  # type: ignore[misc, valid-type]
         """Serves a calibration cache; has no batches (TensorRT does not ask for any)."""
 

@@ -10,7 +10,10 @@ inserts Q/DQ pairs). TensorRT's two lines treat that differently:
   scales: a calibration cache (`--calib-cache`, the file `infercc calibrate --trt-cache`
   writes) is fed through an `IInt8EntropyCalibrator2` that only reads the cache.
 - TensorRT 11.x builds *strongly typed* networks only and removed those flags and the
-  calibrators: precision comes from the graph alone. A request the graph does not carry
+  calibrators: precision comes from the graph alone (and `NetworkDefinitionCreationFlag.
+  STRONGLY_TYPED` is deprecated there: strongly typed is the only mode, so no network flag
+  is set on either line; EXPLICIT_BATCH, which TensorRT 8 needed, is ignored by 10 and gone
+  from 11, and TensorRT older than 10 is refused). A request the graph does not carry
   (fp16 asked, no float16 tensor in the graph) is an error before building, not an fp32
   engine (the rf-detr#1453 trap).
 
@@ -37,12 +40,14 @@ from typing import Any
 
 import onnx
 
+from infercc.backends.trt.versions import SUPPORTED_MAJORS, major_version, tensorrt_names
 from infercc.errors import InferccError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Lowest first: a layer counts at the lowest precision among its tensors.
 _ORDER = ("int8", "fp8", "fp16", "bf16", "fp32")
-_FLAG = {"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}
+# TensorRT 10's weak-typing builder flags (TensorRT 11 has none of them).
+_FLAG = tensorrt_names({"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}, 10)
 _FLOAT_TYPES = {
     onnx.TensorProto.FLOAT16: "fp16",
     onnx.TensorProto.BFLOAT16: "bf16",
@@ -61,13 +66,6 @@ class PrecisionPlan:
     builder_flags: tuple[str, ...]
     calibrator: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
-
-
-def major_version(version: str) -> int:
-    match = re.match(r"\s*(\d+)", version)
-    if match is None:
-        raise InferccError(f"cannot read TensorRT version {version!r}", "reinstall tensorrt")
-    return int(match[1])
 
 
 def strongly_typed_only(version: str) -> bool:
@@ -90,7 +88,13 @@ def decide(
             f"TensorRT has no precision {requested!r} here", f"use one of {', '.join(PRECISIONS)}"
         )
     graph = set(graph)
-    network = ("EXPLICIT_BATCH",) if major_version(version) < 10 else ()
+    if major_version(version) < min(SUPPORTED_MAJORS):
+        raise InferccError(
+            f"TensorRT {version} is older than {min(SUPPORTED_MAJORS)}, the oldest infercc "
+            "builds engines with",
+            'pip install "infercc[tensorrt]" (tensorrt>=10), or use --backend ort',
+        )
+    network: tuple[str, ...] = ()  # no network creation flag on 10 or 11 (module doc)
     if strongly_typed_only(version):
         return _strongly_typed(version, requested, graph, calibration_cache)
     if requested == "fp32":
