@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 import pytest
 
-from infercc.backends import ort as ort_backend
+from infercc.backends.ort import config as ort_backend
 from infercc.backends.trt import build, calibrator
 from infercc.backends.trt.versions import SUPPORTED_MAJORS
 from infercc.errors import InferccError

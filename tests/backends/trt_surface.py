@@ -1,6 +1,6 @@
 """The TensorRT names infercc's code uses, read from its syntax tree, per TensorRT major.
 
-`collect(sources)` walks every module of `infercc.backends.trt` (and `infercc.backends.tensorrt`)
+`collect(sources)` walks every module of `infercc.backends.trt` (the backend included)
 and returns the names used on TensorRT objects, each with the majors whose code path uses it,
 plus the places it could not follow (`Problem`s, which the test treats as failures):
 
@@ -78,7 +78,6 @@ def module_name(path: Path) -> str:
 def package_sources() -> dict[str, str]:
     """module name -> source of every module that handles TensorRT objects."""
     paths = sorted((BACKENDS / "trt").rglob("*.py"))
-    paths += [p for p in [BACKENDS / "tensorrt.py"] if p.exists()]
     return {module_name(p): p.read_text() for p in paths}
 
 
