@@ -26,32 +26,14 @@ from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.tensor import external_info
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
+from infercc.precisions import tolerance
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.util import first_line
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ATOL = 1e-4
-DEFAULT_RTOL = 1e-3
-DEFAULT_MIN_COSINE = 0.9999
-# fp16 is judged by cosine against the fp32 original (elementwise tolerances would flag the
-# expected rounding of large logits); the user's --atol/--rtol still apply when given.
-FP16_MIN_COSINE = 0.999
 FP16_PIPELINE = ("convert-fp16", "eliminate-dead-code")
-
-
-def validation_tolerance(
-    precision: str, atol: float | None, rtol: float | None, min_cosine: float | None
-) -> dict[str, float]:
-    """Tolerances that follow the precision: tight for fp32, cosine-based for fp16."""
-    if precision == "fp32":
-        defaults = (DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_MIN_COSINE)
-    else:
-        defaults = (float("inf"), float("inf"), FP16_MIN_COSINE)
-    given = (atol, rtol, min_cosine)
-    chosen = [d if v is None else v for v, d in zip(given, defaults, strict=True)]
-    return dict(zip(("atol", "rtol", "min_cosine"), chosen, strict=True))
 
 
 @dataclass
@@ -261,7 +243,7 @@ def optimize(
             ctx.options["ranges"] = ranges
         lowered = run_passes(ir, ctx, FP16_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}"))
         pipe.passes.update(lowered.passes)
-    tol = validation_tolerance(precision, atol, rtol, min_cosine)
+    tol = tolerance(precision, atol, rtol, min_cosine).to_dict()
     nodes_after, ops_after = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
     step("planning memory")
     plan = _plan(ir, profile, alignment, ctx.options.get("schedule", {}))

@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from infercc.errors import InferccError
+from infercc.precisions import TARGET_PRECISIONS as PRECISIONS
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 TARGET_NAMES = ("cpu", "t4", "a10", "l4", "a100", "a100-80gb", "h100", "h200")
 BANDWIDTH_ENV = "INFERCC_CPU_BANDWIDTH_GBS"
 

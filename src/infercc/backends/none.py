@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from infercc import __version__
-from infercc.analysis.targets import PRECISIONS, Target
+from infercc.analysis.targets import Target
 from infercc.backends.base import Artifact, CompileOptions, Runner
 from infercc.data.profiles import ShapeProfile
+from infercc.precisions import BUILD_PRECISIONS
 
 
 class NoneBackend:
@@ -26,7 +27,7 @@ class NoneBackend:
         return __version__
 
     def precisions(self, target: Target) -> tuple[str, ...]:
-        return tuple(PRECISIONS)
+        return BUILD_PRECISIONS
 
     def compile(
         self,

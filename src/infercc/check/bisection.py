@@ -288,10 +288,10 @@ def bisect(
     `tolerance`: atol, rtol and min_cosine; `candidate`: the failing model, examined for the
     divergence when the failure does not reproduce.
     """
-    from infercc.api import validation_tolerance
+    from infercc.precisions import tolerance as default_tolerance
 
     config = config or PipelineConfig()
-    tol = dict(tolerance or validation_tolerance(config.precision, None, None, None))
+    tol = dict(tolerance or default_tolerance(config.precision).to_dict())
     if not feeds:
         raise InferccError(
             "bisect needs at least one sample", "pass --data or let infercc make one"

@@ -46,6 +46,7 @@ from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
+from infercc.precisions import FP32
 from infercc.util import first_line, json_float
 
 logger = logging.getLogger(__name__)
@@ -303,9 +304,9 @@ def compare_models(
     reference: ModelSource,
     candidate: ModelSource,
     feeds_list: Sequence[Feeds],
-    atol: float = 1e-4,
-    rtol: float = 1e-3,
-    min_cosine: float = 0.9999,
+    atol: float = FP32.atol,
+    rtol: float = FP32.rtol,
+    min_cosine: float = FP32.min_cosine,
     float_dtypes_may_differ: bool = False,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
 ) -> ValidationReport:
@@ -324,9 +325,9 @@ def compare_models(
 def compare_outputs(
     expected: Sequence[Mapping[str, np.ndarray]],
     actual: Sequence[Mapping[str, np.ndarray]],
-    atol: float = 1e-4,
-    rtol: float = 1e-3,
-    min_cosine: float = 0.9999,
+    atol: float = FP32.atol,
+    rtol: float = FP32.rtol,
+    min_cosine: float = FP32.min_cosine,
     float_dtypes_may_differ: bool = False,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
 ) -> ValidationReport:
@@ -513,9 +514,9 @@ def validate(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     data: str | PathLike[str] | None = None,
     seed: int = 0,
-    atol: float = 1e-4,
-    rtol: float = 1e-3,
-    min_cosine: float = 0.9999,
+    atol: float = FP32.atol,
+    rtol: float = FP32.rtol,
+    min_cosine: float = FP32.min_cosine,
     float_dtypes_may_differ: bool = False,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
 ) -> ValidationReport:

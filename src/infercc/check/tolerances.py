@@ -1,5 +1,5 @@
-"""Default tolerances per precision, the precision a candidate was built with, and
-`--tol OUTPUT=ATOL:RTOL` specs.
+"""The precision a candidate was built with, its default tolerances (the table of
+`infercc.precisions`), and `--tol OUTPUT=ATOL:RTOL` specs.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import onnx
 
 from infercc.backends.base import MANIFEST
 from infercc.errors import InferccError
+from infercc.precisions import BUILD_PRECISIONS, tolerance
 from infercc.runtime.bench import read_skeleton
 
-INT8_MIN_COSINE = 0.99
-PRECISIONS = ("fp32", "fp16", "int8")
 _QUANT_OPS = frozenset(
     {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
 )
@@ -26,12 +25,12 @@ _QUANT_OPS = frozenset(
 def detect_precision(
     candidate: str | os.PathLike[str], skeleton: onnx.ModelProto | None = None
 ) -> str:
-    """fp32, fp16 or int8: the artifact manifest's precision, or read from the model (its
-    `skeleton` when the caller has read it already)."""
+    """The artifact manifest's precision (one of `BUILD_PRECISIONS`), or fp32, fp16 or int8
+    read from the model (its `skeleton` when the caller has read it already)."""
     path = Path(candidate)
     if path.is_dir():
         precision = str(_manifest(path).get("precision") or "fp32")
-        return precision if precision in PRECISIONS else "fp32"
+        return precision if precision in BUILD_PRECISIONS else "fp32"
     return model_precision(skeleton if skeleton is not None else read_skeleton(path))
 
 
@@ -55,13 +54,9 @@ def default_tolerance(
     rtol: float | None = None,
     min_cosine: float | None = None,
 ) -> dict[str, float]:
-    """atol, rtol and min_cosine for `precision`, where the user gave none."""
-    from infercc.api import validation_tolerance
-
-    tol = validation_tolerance("fp32" if precision == "fp32" else "fp16", atol, rtol, min_cosine)
-    if precision == "int8" and min_cosine is None:
-        tol["min_cosine"] = INT8_MIN_COSINE
-    return tol
+    """atol, rtol and min_cosine for `precision` (`infercc.precisions.TOLERANCES`), where the
+    user gave none."""
+    return tolerance(precision, atol, rtol, min_cosine).to_dict()
 
 
 def parse_tolerances(specs: Sequence[str] | None) -> dict[str, tuple[float, float]]:

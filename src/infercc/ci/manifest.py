@@ -12,11 +12,11 @@ from typing import Any
 
 from infercc.data.profiles import ShapeProfile, parse_profile
 from infercc.errors import InferccError
+from infercc.precisions import BUILD_PRECISIONS
 from infercc.util import first_line
 
 DEFAULT_OUT_DIR = "build/infercc-ci"
 BACKENDS = ("ort", "tensorrt", "none")
-PRECISIONS = ("fp32", "fp16", "int8")
 _MODEL_KEYS = {
     "name": str,
     "path": str,
@@ -183,7 +183,7 @@ def _model_spec(path: Path, i: int, m: dict[str, Any], ci: Mapping[str, Any]) ->
     name = m.get("name") or Path(m["path"]).stem
     precision = m.get("precision", "fp32")
     backend = m.get("backend")
-    _check_choice(path, where, "precision", precision, PRECISIONS)
+    _check_choice(path, where, "precision", precision, BUILD_PRECISIONS)
     if backend is not None:
         _check_choice(path, where, "backend", backend, BACKENDS)
     if "latency_budget_ms" in m and not m["latency_budget_ms"] > 0:

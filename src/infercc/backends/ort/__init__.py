@@ -36,10 +36,11 @@ CPU 1 + 2 + 3 + 1 = 7 (6 on two cores, where half the cores is one thread) again
 Timing: `options.warmup` untimed runs, then `options.iters` timed runs (`time.perf_counter`);
 a configuration's figure is the median, in milliseconds. Validation: the last timed run's
 outputs are compared with those of the reference configuration (CPU provider,
-ORT_DISABLE_ALL) on the same random feeds, with `infercc.check.compare`'s element-wise rule (atol
-1e-4 / rtol 1e-3 / cosine 0.9999 for fp32 graphs; 1e-2 / 1e-2 / 0.999 for fp16 and bf16;
-5e-2 / 5e-2 / 0.99 for int8, whose fused integer kernels may round a step apart from Q/DQ
-emulation; `options.extra` keys `atol`, `rtol`, `min_cosine` override). A configuration that
+ORT_DISABLE_ALL) on the same random feeds, with `infercc.check.compare`'s rule and the
+graph precision's tolerance from `infercc.precisions.TOLERANCES` (atol 1e-4 / rtol 1e-3 /
+cosine 0.9999 for fp32 graphs; cosine 0.999 for fp16 and bf16, 0.99 for int8, whose fused
+integer kernels may round a step apart from Q/DQ emulation; the user's atol, rtol and
+min_cosine replace them). A configuration that
 fails to load, to run or to validate is skipped and recorded with the reason.
 
 The choice for a point is cached (`infercc.runtime.tuning.TuningCache`) under the model's hash, the

@@ -44,14 +44,6 @@ CUDNN_SEARCH = ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
 EXTERNAL_DATA_LIMIT = 2 * 1024**3
 POINT_NAMES = ("min", "opt", "max")
 
-# (atol, rtol, min_cosine) per graph precision.
-TOLERANCES = {
-    "fp32": (1e-4, 1e-3, 0.9999),
-    "fp16": (1e-2, 1e-2, 0.999),
-    "bf16": (1e-2, 1e-2, 0.999),
-    "int8": (5e-2, 5e-2, 0.99),
-}
-
 DEFAULT_SESSION_OPTIONS = {
     "graph_optimization_level": "ORT_ENABLE_ALL",
     "intra_op_num_threads": 0,

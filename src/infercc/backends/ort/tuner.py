@@ -25,7 +25,6 @@ from infercc.backends.ort.config import (
     EXTERNAL_DATA_LIMIT,
     OPTIMIZED_FILE,
     POINT_NAMES,
-    TOLERANCES,
     Knob,
     _config_only,
     _create_session,
@@ -43,6 +42,7 @@ from infercc.check import compare as _validate
 from infercc.data.feeds import make_inputs
 from infercc.data.signature import resolve_shapes
 from infercc.errors import InferccError
+from infercc.precisions import tolerance as table_tolerance
 from infercc.util import first_line
 
 try:
@@ -119,10 +119,11 @@ class _Trial:
 
 
 def tolerance(options: CompileOptions) -> tuple[float, float, float]:
-    """(atol, rtol, min_cosine) for the graph's precision, with `options.extra` overrides."""
-    atol, rtol, cosine = TOLERANCES.get(options.precision, TOLERANCES["fp32"])
+    """(atol, rtol, min_cosine) for the graph's precision (`infercc.precisions`), with the
+    user's figures in their place."""
     extra = options.extra
-    return extra.get("atol", atol), extra.get("rtol", rtol), extra.get("min_cosine", cosine)
+    given = (extra.get("atol"), extra.get("rtol"), extra.get("min_cosine"))
+    return table_tolerance(options.precision, *given).as_tuple()
 
 
 def _mismatch(trial: _Trial, outputs: Sequence[Any]) -> str | None:

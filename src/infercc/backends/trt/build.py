@@ -26,7 +26,8 @@ tests can hand in a recording stand-in):
 (or refuse, `strict_target`) when the GPU is not the target's, resolve profiles, look the
 engine up by key, build on a miss, write `engine.plan` and `tensorrt.json`, and validate the
 engine against onnxruntime on the CPU (random feeds at each profile's opt shapes,
-`TOLERANCES`, precision-aware). `open_engine` is the load side: it checks the recorded
+`infercc.precisions.TOLERANCES` for the precision the engine computes in:
+`precision.compute_precision`). `open_engine` is the load side: it checks the recorded
 fingerprint against this machine's before deserializing.
 """
 
@@ -53,6 +54,7 @@ from infercc.backends.trt.versions import tensorrt_majors, tensorrt_names
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError, ValidationError
 from infercc.ir.wire import read_model
+from infercc.precisions import tolerance
 from infercc.util import read_schema_json
 
 log = logging.getLogger(__name__)
@@ -63,17 +65,6 @@ CONFIG_FILE = "tensorrt.json"
 ORT_HINT = "use --backend ort (onnxruntime runs every standard ONNX op)"
 
 LoadLibrary = Callable[[str], Any]
-
-# (atol, rtol, min_cosine) per requested precision for validating an engine against
-# onnxruntime on the CPU: the ort backend's table, except fp32, because TensorRT runs fp32
-# convolutions and matrix products on TF32 tensor cores by default (BuilderFlag.TF32, 10-bit
-# mantissa: relative errors near 1e-3 on Ampere and later).
-TOLERANCES = {
-    "fp32": (1e-3, 1e-2, 0.9999),
-    "fp16": (1e-2, 1e-2, 0.999),
-    "bf16": (1e-2, 1e-2, 0.999),
-    "int8": (5e-2, 5e-2, 0.99),
-}
 
 
 def load_library(path: str) -> Any:
@@ -514,11 +505,12 @@ def validate_engine(
     ]
     expected = run_model(model, feeds)
     actual = [dict(zip(runner.output_names, runner.run(f), strict=True)) for f in feeds]
-    atol, rtol, cosine = TOLERANCES.get(config["precision"]["requested"], TOLERANCES["fp32"])
+    computed = precision.compute_precision(
+        config["precision"]["requested"], config["fingerprint"].get("compute_capability")
+    )
     extra = options.extra
-    atol, rtol = extra.get("atol", atol), extra.get("rtol", rtol)
-    cosine = extra.get("min_cosine", cosine)
-    report = compare_outputs(expected, actual, atol, rtol, cosine)
+    tol = tolerance(computed, extra.get("atol"), extra.get("rtol"), extra.get("min_cosine"))
+    report = compare_outputs(expected, actual, *tol.as_tuple())
     if not report.passed:
         failure = report.failures()[0]
         raise ValidationError(

@@ -42,8 +42,11 @@ import onnx
 
 from infercc.backends.trt.versions import SUPPORTED_MAJORS, major_version, tensorrt_names
 from infercc.errors import InferccError
+from infercc.precisions import BUILD_PRECISIONS as PRECISIONS
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+# TensorRT turns BuilderFlag.TF32 on by default: fp32 convolutions and matrix products of an
+# engine run on TF32 tensor cores on GPUs that have them (compute capability 8.0, Ampere, on).
+TF32_MIN_CC = 8
 # Lowest first: a layer counts at the lowest precision among its tensors.
 _ORDER = ("int8", "fp8", "fp16", "bf16", "fp32")
 # TensorRT 10's weak-typing builder flags (TensorRT 11 has none of them).
@@ -110,6 +113,15 @@ def decide(
         )
     note = "int8 scales from the calibration cache (IInt8EntropyCalibrator2, cache only)"
     return PrecisionPlan(network, builder, calibrator=True, notes=(note,))
+
+
+def compute_precision(requested: str, compute_capability: str | None) -> str:
+    """The precision an engine built for `requested` computes in on a GPU of this compute
+    capability: tf32 for fp32 from Ampere on (TensorRT's default), else `requested`."""
+    if requested != "fp32" or not compute_capability:
+        return requested
+    major = re.match(r"\s*(\d+)", str(compute_capability))
+    return "tf32" if major is not None and int(major[1]) >= TF32_MIN_CC else requested
 
 
 def _graph_note(requested: str, graph: set[str]) -> tuple[str, ...]:

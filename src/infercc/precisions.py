@@ -1,0 +1,80 @@
+"""Precisions: the ones a build can ask for, the ones a target has, and how far each may stray
+from the fp32 original.
+
+Two lists, because they answer different questions:
+
+- `TARGET_PRECISIONS` are what hardware has peak figures for (the target database's keys, in
+  this order): fp32, tf32 (fp32 matrix products on tensor cores, 10-bit mantissa), fp16, bf16,
+  fp8 and int8.
+- `BUILD_PRECISIONS` are what `optimize` (`BuildConfig.precision`) can be asked for: fp32;
+  fp16 (a graph rewrite every backend runs); bf16 (a TensorRT 10 builder choice: no graph
+  rewrite makes it); int8 (the graph's Q/DQ pairs from `infercc calibrate`, or on TensorRT 10 a
+  calibration cache). tf32 and fp8 are not requests: TensorRT uses tf32 by itself for fp32
+  engines on GPUs that have it, and nothing in infercc writes fp8 graphs.
+
+`TOLERANCES` is the one table every comparison uses (the API's validation after `optimize`,
+`infercc validate`, the ort backend's tuner and the TensorRT backend's engine check):
+
+- fp32: atol 1e-4, rtol 1e-3 and cosine >= 0.9999 per output: infercc's rewrites are exact up
+  to float rounding of reassociated sums.
+- tf32: atol 1e-3, rtol 1e-2, cosine >= 0.9999: an fp32 TensorRT engine on a GPU with tf32
+  runs its convolutions and matrix products on TF32 tensor cores by default
+  (`BuilderFlag.TF32`, 10-bit mantissa: relative errors near 1e-3 on Ampere and later).
+- fp16 and bf16: cosine >= 0.999 only; int8: cosine >= 0.99 only. Elementwise bounds would flag
+  the expected rounding of large outputs (logits) and of values near zero after a large
+  cancellation, so reduced precisions are judged by direction, per output.
+
+A user's atol, rtol or min_cosine replaces the table's figure (`tolerance()`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+TARGET_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+BUILD_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
+_UNBOUNDED = math.inf
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close an output must stay to the reference: elementwise |c - r| <= atol + rtol * |r|
+    and cosine >= min_cosine."""
+
+    atol: float
+    rtol: float
+    min_cosine: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine}
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return self.atol, self.rtol, self.min_cosine
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(1e-4, 1e-3, 0.9999),
+    "tf32": Tolerance(1e-3, 1e-2, 0.9999),
+    "fp16": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.999),
+    "bf16": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.999),
+    "int8": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.99),
+}
+FP32 = TOLERANCES["fp32"]
+
+
+def tolerance(
+    precision: str,
+    atol: float | None = None,
+    rtol: float | None = None,
+    min_cosine: float | None = None,
+) -> Tolerance:
+    """The table's tolerance for `precision` (fp32's for an unknown one), with the figures the
+    user gave in its place."""
+    base = TOLERANCES.get(precision, FP32)
+    return Tolerance(
+        base.atol if atol is None else float(atol),
+        base.rtol if rtol is None else float(rtol),
+        base.min_cosine if min_cosine is None else float(min_cosine),
+    )
