@@ -40,8 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import onnx
-
+from infercc.ir.dtypes import tensor_bytes
 from infercc.ir.graph import Graph, Model, Node, Value, _free_inputs
 from infercc.ir.shapes import concrete_types
 
@@ -51,13 +50,6 @@ SCHEMA = "infercc.memory_plan/1"
 BY_SIZE = "greedy_by_size"
 BY_BREADTH = "greedy_by_breadth"
 HEURISTICS = (BY_SIZE, BY_BREADTH)
-
-# Sub-byte element types: bits per element (ceil(bits * n / 8) bytes).
-_SUB_BYTE_BITS = {
-    onnx.TensorProto.INT4: 4,
-    onnx.TensorProto.UINT4: 4,
-    **({onnx.TensorProto.FLOAT4E2M1: 4} if hasattr(onnx.TensorProto, "FLOAT4E2M1") else {}),
-}
 
 
 class Interval(NamedTuple):
@@ -139,22 +131,6 @@ def planned_values(graph: Graph) -> Iterator[Value]:
         for v in node.outputs:
             if v is not None:
                 yield v
-
-
-def tensor_bytes(dtype: int | None, shape: tuple | None) -> int | None:
-    """Bytes of a tensor of this element type and shape; None when either is not known."""
-    if dtype is None or shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
-        return None
-    count = math.prod(shape)
-    if dtype in _SUB_BYTE_BITS:
-        return -(-count * _SUB_BYTE_BITS[dtype] // 8)
-    try:
-        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
-    except (KeyError, ValueError, TypeError):
-        return None
-    if np_dtype.kind in "OSUV":  # strings and other non-numeric element types
-        return None
-    return count * np_dtype.itemsize
 
 
 def value_sizes(

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from infercc.analysis.memory import plan_memory
 from infercc.analysis.roofline import analyze, largest_batch, memory_budget, node_cost
 from infercc.analysis.targets import Target, get_target
 from infercc.api import check_shape_names, model_files_size, op_histogram, shape_profile
 from infercc.errors import InferccError
-from infercc.ir import Model, Value, load_model
+from infercc.ir import Model, Value, dtypes, load_model
 from infercc.ir.shapes import concrete_types
 
 MATRIX_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul")
@@ -85,14 +83,8 @@ class InspectReport:
         }
 
 
-def dtype_name(dtype: int | None) -> str:
-    if dtype is None:
-        return "?"
-    return onnx.TensorProto.DataType.Name(dtype).lower()
-
-
 def _info(v: Value) -> TensorInfo:
-    return TensorInfo(v.name, dtype_name(v.dtype), list(v.shape) if v.shape is not None else None)
+    return TensorInfo(v.name, dtypes.name(v.dtype), list(v.shape) if v.shape is not None else None)
 
 
 def inspect_model(

@@ -46,10 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnx import TensorProto
-
 from infercc.errors import InferccError
-from infercc.ir import Model, Node
+from infercc.ir import Model, Node, dtypes
+from infercc.ir.dtypes import tensor_bytes
 from infercc.ir.shapes import concrete_types
 
 if TYPE_CHECKING:
@@ -64,44 +63,6 @@ MiB = 2**20
 WORKSPACE_MIN_BYTES = 64 * MiB
 WORKSPACE_FRACTION = 0.10
 FALLBACK_PRECISION = "fp32"
-
-# -- dtypes -----------------------------------------------------------------------------------
-
-
-def _dtype_bits() -> dict[int, int]:
-    bits = {
-        "FLOAT": 32, "UINT8": 8, "INT8": 8, "UINT16": 16, "INT16": 16, "INT32": 32, "INT64": 64,
-        "BOOL": 8, "FLOAT16": 16, "DOUBLE": 64, "UINT32": 32, "UINT64": 64, "COMPLEX64": 64,
-        "COMPLEX128": 128, "BFLOAT16": 16, "FLOAT8E4M3FN": 8, "FLOAT8E4M3FNUZ": 8,
-        "FLOAT8E5M2": 8, "FLOAT8E5M2FNUZ": 8, "FLOAT8E8M0": 8, "UINT4": 4, "INT4": 4,
-        "FLOAT4E2M1": 4, "FLOAT6E2M3": 6, "FLOAT6E3M2": 6, "UINT2": 2, "INT2": 2,
-    }  # fmt: skip
-    return {getattr(TensorProto, k): v for k, v in bits.items() if hasattr(TensorProto, k)}
-
-
-_BITS = _dtype_bits()
-_FP8 = {
-    getattr(TensorProto, k)
-    for k in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ")
-    if hasattr(TensorProto, k)
-}
-_PRECISION_OF_DTYPE: dict[int, str] = {
-    TensorProto.FLOAT: "fp32",
-    TensorProto.FLOAT16: "fp16",
-    TensorProto.BFLOAT16: "bf16",
-    TensorProto.INT8: "int8",
-    TensorProto.UINT8: "int8",
-    **dict.fromkeys(_FP8, "fp8"),
-}
-
-
-def tensor_bytes(dtype: int | None, shape: Shape) -> int | None:
-    """Bytes of a dense tensor (sub-byte types packed); None for strings and unknown dtypes."""
-    bits = _BITS.get(dtype) if dtype is not None else None
-    if bits is None:
-        return None
-    return (math.prod(shape) * bits + 7) // 8
-
 
 # -- FLOP rules -------------------------------------------------------------------------------
 
@@ -361,7 +322,7 @@ def _dequantized(v, types: Types) -> str | None:
     p = v.producer if v is not None else None
     if p is None or p.op_type != "DequantizeLinear":
         return None
-    found = _PRECISION_OF_DTYPE.get(_dtype(types, p.input(0)))
+    found = dtypes.precision(_dtype(types, p.input(0)))
     return found if found in ("int8", "fp8") else None
 
 
@@ -374,7 +335,7 @@ def node_precision(node: Node, types: Types) -> str:
         if a is not None and a == b:
             return a
     for v in [*node.inputs, *node.outputs]:
-        precision = _PRECISION_OF_DTYPE.get(_dtype(types, v))
+        precision = dtypes.precision(_dtype(types, v))
         if precision is not None:
             return precision
     return FALLBACK_PRECISION

@@ -45,6 +45,7 @@ import onnxruntime as ort
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.errors import InferccError
+from infercc.ir import dtypes
 from infercc.ir.wire import read_model
 from infercc.precisions import FP32
 from infercc.util import first_line, json_float
@@ -248,19 +249,13 @@ def _run_one(session: ort.InferenceSession, feeds: Feeds) -> dict[str, np.ndarra
     return dict(zip(names, values, strict=True))
 
 
-_FLOAT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-}
-
-
 def _as_declared(array: np.ndarray, ort_type: str) -> np.ndarray:
     """A float feed in the float type the model declares (a --fp16-io candidate takes float16
     where the original takes float32: both are fed the same values)."""
-    target = _FLOAT_TYPES.get(ort_type)
+    row = dtypes.by_name(ort_type)
+    target = row.numpy if row is not None else None
     arr = np.asarray(array)
-    if target is not None and arr.dtype.kind == "f" and arr.dtype != target:
+    if target is not None and target.kind == arr.dtype.kind == "f" and arr.dtype != target:
         return arr.astype(target)
     return arr
 

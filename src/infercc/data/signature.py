@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
-from onnx import TensorProto
 
 from infercc.errors import InferccError
+from infercc.ir import dtypes
 
 logger = logging.getLogger(__name__)
 
@@ -22,22 +22,6 @@ DEFAULT_DIM = 8
 # Ops that pass integer values through unchanged (up to layout), so an index can flow through.
 _INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 _MAX_PASSTHROUGH_STEPS = 8
-
-_SUPPORTED = {
-    TensorProto.FLOAT: np.dtype(np.float32),
-    TensorProto.FLOAT16: np.dtype(np.float16),
-    TensorProto.DOUBLE: np.dtype(np.float64),
-    TensorProto.INT8: np.dtype(np.int8),
-    TensorProto.INT16: np.dtype(np.int16),
-    TensorProto.INT32: np.dtype(np.int32),
-    TensorProto.INT64: np.dtype(np.int64),
-    TensorProto.UINT8: np.dtype(np.uint8),
-    TensorProto.UINT16: np.dtype(np.uint16),
-    TensorProto.UINT32: np.dtype(np.uint32),
-    TensorProto.UINT64: np.dtype(np.uint64),
-    TensorProto.BOOL: np.dtype(np.bool_),
-    TensorProto.STRING: np.dtype(object),
-}
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -53,22 +37,20 @@ def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 def elem_type_name(elem_type: int) -> str:
     """`TensorProto.FLOAT` -> `"float"`, for messages."""
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return f"type {elem_type}"
+    return dtypes.name(elem_type)
 
 
 def input_dtype(vi: onnx.ValueInfoProto) -> np.dtype:
     """The numpy dtype onnxruntime expects for a tensor input; InferccError when unsupported."""
     elem_type = _tensor_type(vi).elem_type
-    if elem_type not in _SUPPORTED:
+    row = dtypes.dtype(elem_type)
+    if row is None or not row.feedable:
         raise InferccError(
             f"input {vi.name!r} has element type {elem_type_name(elem_type)}, "
             "which infercc cannot feed from numpy",
-            "supported: float, float16, double, (u)int8-64, bool, string",
+            "supported: " + ", ".join(d.name for d in dtypes.DTYPES.values() if d.feedable),
         )
-    return _SUPPORTED[elem_type]
+    return row.numpy
 
 
 def _tensor_type(vi: onnx.ValueInfoProto) -> onnx.TypeProto.Tensor:

@@ -14,11 +14,12 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from infercc.errors import InferccError
+from infercc.ir.dtypes import storage_dtype
 from infercc.ir.wire import RawSlice
 
 
 def _np_dtype(elem_type: int) -> np.dtype:
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    return storage_dtype(elem_type)
 
 
 def external_info(proto: TensorProto) -> dict[str, str]:

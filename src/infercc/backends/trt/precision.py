@@ -42,6 +42,7 @@ import onnx
 
 from infercc.backends.trt.versions import SUPPORTED_MAJORS, major_version, tensorrt_names
 from infercc.errors import InferccError
+from infercc.ir import dtypes
 from infercc.precisions import BUILD_PRECISIONS as PRECISIONS
 
 # TensorRT turns BuilderFlag.TF32 on by default: fp32 convolutions and matrix products of an
@@ -51,13 +52,8 @@ TF32_MIN_CC = 8
 _ORDER = ("int8", "fp8", "fp16", "bf16", "fp32")
 # TensorRT 10's weak-typing builder flags (TensorRT 11 has none of them).
 _FLAG = tensorrt_names({"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}, 10)
-_FLOAT_TYPES = {
-    onnx.TensorProto.FLOAT16: "fp16",
-    onnx.TensorProto.BFLOAT16: "bf16",
-    onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.UINT8: "int8",
-}
 _QDQ = {"QuantizeLinear", "DequantizeLinear"}
+_REDUCED = ("fp16", "bf16", "int8")  # precisions a graph's tensor types can carry for TensorRT
 
 
 @dataclass(frozen=True)
@@ -169,7 +165,7 @@ def graph_precisions(proto: onnx.ModelProto) -> set[str]:
             found.add("int8")
         if node.op_type == "Cast":
             types += [a.i for a in node.attribute if a.name == "to"]
-    found.update(_FLOAT_TYPES[t] for t in types if t in _FLOAT_TYPES)
+    found.update(p for p in map(dtypes.precision, types) if p in _REDUCED)
     return found
 
 
