@@ -13,8 +13,8 @@ The method:
   so. A model whose inputs all have a fixed first dimension runs only at that batch: another
   batch is an error (with `batches=None` it runs at its own batch).
 - Each batch size gets its own warm-up (onnxruntime plans memory per shape), then `iters`
-  timed runs, each measured with `time.perf_counter_ns` around `runner.run` alone; the garbage
-  collector is paused while timing. Statistics are numpy's (linear-interpolated percentiles,
+  timed runs, each measured around `runner.run` alone (`infercc.runtime.timing`: the garbage
+  collector is paused while timing). Statistics are numpy's (linear-interpolated percentiles,
   sample standard deviation); throughput is samples per second, `batch / mean`.
 - `compare` runs the two runners interleaved on the same feeds (A B A B ..., warm-up included,
   so both see the same machine state: thermal drift or a noisy neighbour hits both alike) and
@@ -36,7 +36,6 @@ import logging
 import math
 import os
 import platform
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +59,9 @@ from infercc.data.feeds import make_inputs
 from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
+from infercc.runtime import timing
 from infercc.runtime.artifact import open_artifact
-from infercc.util import first_line, gc_paused, json_float
+from infercc.util import first_line, json_float
 
 log = logging.getLogger(__name__)
 
@@ -391,25 +391,6 @@ class _Ticker:
             self.on_progress(self.done, self.total)
 
 
-def _timed(runner: Runner, feeds: Feeds) -> tuple[int, list[np.ndarray]]:
-    t0 = time.perf_counter_ns()
-    outputs = runner.run(feeds)
-    return time.perf_counter_ns() - t0, outputs
-
-
-def _time_runs(runner: Runner, feeds: Feeds, warmup: int, iters: int, tick: _Ticker) -> np.ndarray:
-    """Warm-up runs, then `iters` timed runs; the times in milliseconds."""
-    for _ in range(warmup):
-        runner.run(feeds)
-        tick()
-    times = np.empty(iters, dtype=np.int64)
-    with gc_paused():
-        for i in range(iters):
-            times[i] = _timed(runner, feeds)[0]
-            tick()
-    return times / 1e6
-
-
 def _stats(
     times_ms: np.ndarray, batch: int, shapes: dict[str, tuple[int, ...]], warmup: int
 ) -> LatencyStats:
@@ -499,9 +480,8 @@ def _bench_one(
     runner: Runner, plan: _BatchPlan, warmup: int, iters: int, seed: int, tick: _Ticker
 ) -> LatencyStats:
     feeds = _feeds(plan, seed)
-    stats = _stats(
-        _time_runs(runner, feeds, warmup, iters, tick), plan.batch, _shapes_of(feeds), warmup
-    )
+    times = timing.time_runs(lambda: runner.run(feeds), warmup, iters, tick).ms
+    stats = _stats(times, plan.batch, _shapes_of(feeds), warmup)
     stats.notes = list(plan.notes)
     log.info("batch %d: p50 %.3f ms, %.1f samples/s", stats.batch, stats.p50_ms, stats.throughput)
     return stats
@@ -637,23 +617,10 @@ def _time_pairs(
     tick: _Ticker,
 ) -> tuple[np.ndarray, np.ndarray, tuple[list[np.ndarray], list[np.ndarray]]]:
     """A B A B ...: warm-up pairs, then timed pairs; times in ms and the first pair's outputs."""
-    first: tuple[list[np.ndarray], list[np.ndarray]] | None = None
-    for _ in range(warmup):
-        out_a = a.run(feeds[0])
-        tick()
-        out_b = b.run(feeds[1])
-        tick()
-        first = first or (out_a, out_b)
-    times = np.empty((iters, 2), dtype=np.int64)
-    with gc_paused():
-        for i in range(iters):
-            times[i, 0], out_a = _timed(a, feeds[0])
-            tick()
-            times[i, 1], out_b = _timed(b, feeds[1])
-            tick()
-            first = first or (out_a, out_b)
-    times = np.maximum(times, 1)  # a clock tick of 0 ns would make a ratio infinite
-    return times[:, 0] / 1e6, times[:, 1] / 1e6, first
+    timed = timing.interleave(
+        [lambda: a.run(feeds[0]), lambda: b.run(feeds[1])], warmup, iters, 1, tick
+    )
+    return timed.ms[0], timed.ms[1], (timed.first[0], timed.first[1])
 
 
 def _pair_stats(a: LatencyStats, b: LatencyStats, ratios: np.ndarray) -> PairStats:

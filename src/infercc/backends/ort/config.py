@@ -6,17 +6,18 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import statistics
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from infercc.backends.base import (
     Feeds,
 )
 from infercc.errors import InferccError
+from infercc.runtime import timing
 from infercc.util import first_line
 
 try:
@@ -237,15 +238,8 @@ def _create_session(model: Path, config: Mapping[str, Any], save_to: Path | None
 
 def _time_runs(session: Any, feeds: Feeds, warmup: int, iters: int) -> tuple[float, list[Any]]:
     """(median latency in ms over `iters` timed runs after `warmup` runs, last outputs)."""
-    for _ in range(max(0, warmup)):
-        session.run(None, dict(feeds))
-    times = []
-    outputs: list[Any] = []
-    for _ in range(max(1, iters)):
-        start = time.perf_counter()
-        outputs = session.run(None, dict(feeds))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3, outputs
+    timed = timing.time_runs(lambda: session.run(None, dict(feeds)), warmup, iters)
+    return float(np.median(timed.ms)), timed.last[0]
 
 
 def _tuning_results(session: Any, config: Mapping[str, Any]) -> list[Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from infercc.data.feeds import make_inputs
 from infercc.data.signature import resolve_shapes
 from infercc.errors import InferccError
 from infercc.precisions import tolerance as table_tolerance
+from infercc.runtime import timing
 from infercc.util import first_line
 
 try:
@@ -303,17 +303,9 @@ def _interleaved_medians(
     sessions: Sequence[Any], feeds: Feeds, warmup: int, block: int
 ) -> tuple[float, ...]:
     """Median ms of each session over CONFIRM_ROUNDS rounds of `block` runs each, in turn."""
-    for session in sessions:
-        for _ in range(max(1, warmup)):
-            session.run(None, dict(feeds))
-    times: list[list[float]] = [[] for _ in sessions]
-    for _ in range(CONFIRM_ROUNDS):
-        for i, session in enumerate(sessions):
-            for _ in range(block):
-                start = time.perf_counter()
-                session.run(None, dict(feeds))
-                times[i].append(time.perf_counter() - start)
-    return tuple(statistics.median(t) * 1e3 for t in times)
+    runs = [lambda s=session: s.run(None, dict(feeds)) for session in sessions]
+    timed = timing.interleave(runs, max(1, warmup), CONFIRM_ROUNDS * block, block)
+    return tuple(float(np.median(row)) for row in timed.ms)
 
 
 def _confirm(trial: _Trial, best: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
