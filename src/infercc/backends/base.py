@@ -54,7 +54,7 @@ class Artifact:
 
     @property
     def model_path(self) -> Path:
-        return self.path / MODEL_FILE
+        return self.path / str(self.manifest.get("model") or MODEL_FILE)
 
     @property
     def backend(self) -> str:

@@ -36,12 +36,12 @@ import onnx
 
 from infercc.check.compare import ValidationReport, compare_outputs, run_model
 from infercc.check.goldens import Feeds, Outputs, load_golden, save_golden
-from infercc.check.tolerances import _manifest, default_tolerance, detect_precision
+from infercc.check.tolerances import default_tolerance, detect_precision
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.data.signature import input_dtype, real_inputs
 from infercc.errors import InferccError
-from infercc.runtime.bench import read_skeleton
+from infercc.runtime.artifact import open_source, read_skeleton
 from infercc.util import first_line
 
 # --------------------------------------------------------------------------- report
@@ -85,9 +85,8 @@ def run_candidate(candidate: str | os.PathLike[str], feeds_list: Feeds) -> Outpu
     path = Path(candidate)
     if not path.is_dir():
         return run_model(path, feeds_list)
-    from infercc.runtime.bench import open_runner
-
-    runner, skeleton = open_runner(path)
+    source = open_source(path)
+    runner, skeleton = source.runner(), source.skeleton()
     dtypes = {vi.name: input_dtype(vi) for vi in real_inputs(skeleton)}
     outputs = []
     for feeds in feeds_list:
@@ -119,9 +118,7 @@ def _as_dtype(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
 def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
     """The .onnx file of a candidate (an artifact's model.onnx)."""
     path = Path(candidate)
-    if path.is_dir():
-        return path / str(_manifest(path).get("model") or "model.onnx")
-    return path
+    return open_source(path).model_path if path.is_dir() else path
 
 
 

@@ -7,14 +7,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import onnx
 
-from infercc.backends.base import MANIFEST
 from infercc.errors import InferccError
 from infercc.precisions import BUILD_PRECISIONS, tolerance
-from infercc.runtime.bench import read_skeleton
+from infercc.runtime.artifact import open_source, read_skeleton
 
 _QUANT_OPS = frozenset(
     {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
@@ -29,7 +27,7 @@ def detect_precision(
     read from the model (its `skeleton` when the caller has read it already)."""
     path = Path(candidate)
     if path.is_dir():
-        precision = str(_manifest(path).get("precision") or "fp32")
+        precision = str(open_source(path).manifest.get("precision") or "fp32")
         return precision if precision in BUILD_PRECISIONS else "fp32"
     return model_precision(skeleton if skeleton is not None else read_skeleton(path))
 
@@ -75,14 +73,3 @@ def parse_tolerances(specs: Sequence[str] | None) -> dict[str, tuple[float, floa
             )
         result[name] = (atol, rtol)
     return result
-
-
-def _manifest(directory: Path) -> dict[str, Any]:
-    from infercc.runtime.artifact import read_manifest
-
-    if not (directory / MANIFEST).is_file():
-        raise InferccError(
-            f"{str(directory)!r} is a directory without {MANIFEST}",
-            "pass an .onnx file or an artifact directory built by infercc",
-        )
-    return read_manifest(directory)

@@ -90,7 +90,7 @@ def _compile(spec: ModelSpec, result: ModelResult) -> None:
 
 def _require_qdq(path: Path) -> None:
     from infercc.check.tolerances import model_precision
-    from infercc.runtime.bench import read_skeleton
+    from infercc.runtime.artifact import read_skeleton
 
     if model_precision(read_skeleton(path)) != "int8":
         raise InferccError(

@@ -17,16 +17,20 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from infercc import __version__
-from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact
-from infercc.backends.registry import get_backend
+from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact, Runner
+from infercc.backends.registry import get_backend, require_available
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
-from infercc.util import read_schema_json
+from infercc.ir.wire import read_model
+from infercc.util import first_line, read_schema_json
 
 SCHEMA = "infercc.manifest/1"
 
@@ -70,11 +74,89 @@ def open_artifact(directory: Path) -> Artifact:
     return Artifact(directory, read_manifest(directory))
 
 
-def load_artifact(directory: Path):
+def load_artifact(directory: Path) -> Runner:
     """The runner of an artifact, through the backend that built it."""
-    artifact = open_artifact(directory)
-    backend = get_backend(artifact.backend or "none")
-    return backend.load(artifact)
+    return open_source(directory).runner()
+
+
+# --------------------------------------------------------------------------- model or artifact
+
+PLAIN_RUNTIME = "onnxruntime"  # what runs a plain .onnx file
+
+
+@dataclass
+class Source:
+    """A model to run: a plain .onnx file, or an artifact directory (`artifact` set)."""
+
+    path: Path
+    artifact: Artifact | None = None
+
+    @property
+    def model_path(self) -> Path:
+        """The .onnx file: the path itself, or the artifact's model (as its manifest names)."""
+        return self.artifact.model_path if self.artifact is not None else self.path
+
+    @property
+    def backend(self) -> str:
+        """The backend that runs it (onnxruntime's defaults for a plain file)."""
+        return self.artifact.backend if self.artifact is not None else PLAIN_RUNTIME
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        return self.artifact.manifest if self.artifact is not None else None
+
+    def skeleton(self) -> onnx.ModelProto:
+        return read_skeleton(self.model_path)
+
+    def runner(self, spinning: bool = True) -> Runner:
+        """An artifact through its backend's runner, a plain file through onnxruntime with its
+        default session options. `spinning=False` stops onnxruntime's idle intra-op threads
+        from spinning after a run (where the runner has that switch), so that two runners
+        raced against each other do not take the CPU from one another."""
+        if self.artifact is None:
+            from infercc.backends.ort import default_runner
+
+            runner = default_runner(self.path)
+            runner.spinning = spinning
+            return runner
+        backend = get_backend(self.artifact.backend)
+        require_available(backend)
+        runner = backend.load(self.artifact)
+        if not spinning and hasattr(runner, "spinning"):
+            runner.spinning = False
+        return runner
+
+
+def open_source(path: str | os.PathLike[str]) -> Source:
+    """The one way to open "a model or an artifact": checks that the path exists, that a
+    directory is an infercc artifact whose manifest names its backend."""
+    path = Path(path)
+    if not path.is_dir():
+        if not path.is_file():
+            raise InferccError(f"{str(path)!r} does not exist", NOT_A_SOURCE)
+        return Source(path)
+    if not (path / MANIFEST).is_file():
+        raise InferccError(f"{str(path)!r} is a directory without {MANIFEST}", NOT_A_SOURCE)
+    artifact = open_artifact(path)
+    if not artifact.backend:
+        raise InferccError(f"{str(path / MANIFEST)!r} names no backend", "rebuild the artifact")
+    return Source(path, artifact)
+
+
+NOT_A_SOURCE = "pass an .onnx file or an artifact directory built by infercc"
+
+
+def read_skeleton(model_path: Path) -> onnx.ModelProto:
+    """The model without its weights (raw data left in the file), or one clear error."""
+    if not model_path.is_file():
+        raise InferccError(f"model file {str(model_path)!r} does not exist", "check the path")
+    try:
+        return read_model(model_path)[0]
+    except Exception as exc:  # protobuf's DecodeError, WireError and friends
+        raise InferccError(
+            f"cannot read ONNX model {str(model_path)!r}: {first_line(exc)}",
+            "is it an .onnx file?",
+        ) from exc
 
 
 def manifest(

@@ -48,24 +48,18 @@ import onnxruntime as ort
 from infercc import __version__
 from infercc.analysis.targets import parse_cpuinfo
 from infercc.backends.base import (
-    MANIFEST,
-    Artifact,
     Feeds,
     Runner,
 )
-from infercc.backends.ort import default_runner
-from infercc.backends.registry import get_backend, require_available
 from infercc.data.feeds import make_inputs
 from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
-from infercc.ir.wire import read_model
 from infercc.runtime import timing
-from infercc.runtime.artifact import open_artifact
-from infercc.util import first_line, json_float
+from infercc.runtime.artifact import open_source
+from infercc.util import json_float
 
 log = logging.getLogger(__name__)
 
-ORT_BACKEND = "onnxruntime"
 Progress = Callable[[int, int], None]
 Shapes = Mapping[str, Sequence[int]]
 
@@ -196,58 +190,15 @@ class CompareReport:
 
 
 def open_runner(path: Path, *, spinning: bool = True) -> tuple[Runner, onnx.ModelProto]:
-    """A runner for an artifact directory or an .onnx file, and the model's skeleton.
-
-    `spinning=False` stops onnxruntime's idle intra-op threads from spinning after a run (of a
-    plain .onnx file, or an artifact whose runner has a `spinning` switch); `compare` needs
-    that, so that neither side's idle threads take the CPU from the other.
-    """
-    path = Path(path)
-    if path.is_dir():
-        artifact = _read_artifact(path)
-        backend = get_backend(artifact.backend)
-        require_available(backend)
-        runner = backend.load(artifact)
-        if not spinning and hasattr(runner, "spinning"):
-            runner.spinning = False
-        return runner, read_skeleton(artifact.model_path)
-    if not path.is_file():
-        raise InferccError(f"{str(path)!r} does not exist", "pass an .onnx file or an artifact")
-    skeleton = read_skeleton(path)
-    runner = default_runner(path)
-    runner.spinning = spinning
-    return runner, skeleton
+    """A runner for an artifact directory or an .onnx file (`runtime.artifact.open_source`),
+    and the model's skeleton; `spinning=False` for races (see `Source.runner`)."""
+    source = open_source(path)
+    return source.runner(spinning), source.skeleton()
 
 
 def backend_name(path: Path) -> str:
     """The backend that `open_runner` uses for `path` (onnxruntime for a plain file)."""
-    path = Path(path)
-    return _read_artifact(path).backend if path.is_dir() else ORT_BACKEND
-
-
-def _read_artifact(path: Path) -> Artifact:
-    if not (path / MANIFEST).is_file():
-        raise InferccError(
-            f"{str(path)!r} is a directory without {MANIFEST}",
-            "pass an .onnx file or an artifact directory built by infercc",
-        )
-    artifact = open_artifact(path)
-    if not artifact.backend:
-        raise InferccError(f"{str(path / MANIFEST)!r} names no backend", "rebuild the artifact")
-    return artifact
-
-
-def read_skeleton(model_path: Path) -> onnx.ModelProto:
-    """The model without its weights (raw data left in the file), or one clear error."""
-    if not model_path.is_file():
-        raise InferccError(f"model file {str(model_path)!r} does not exist", "check the path")
-    try:
-        return read_model(model_path)[0]
-    except Exception as exc:  # protobuf's DecodeError, WireError and friends
-        raise InferccError(
-            f"cannot read ONNX model {str(model_path)!r}: {first_line(exc)}",
-            "is it an .onnx file?",
-        ) from exc
+    return open_source(path).backend
 
 
 # --------------------------------------------------------------------------- batch shapes
