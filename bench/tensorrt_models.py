@@ -65,7 +65,6 @@ def build(src: Path, out: Path, cache: Path, target: str, fp16: bool, shapes, tu
         cache_dir=cache,
         tune=tune,
         fp16=fp16,
-        backend_options={"cache_dir": str(cache)},
     )
     return report, time.perf_counter() - t0
 

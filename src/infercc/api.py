@@ -21,17 +21,19 @@ from infercc.analysis.targets import get_target
 from infercc.backends.base import MODEL_FILE, CompileOptions
 from infercc.backends.registry import get_backend, require_available
 from infercc.check.compare import ValidationReport, validate
+from infercc.config import BuildConfig, OrtOptions, TrtOptions, canonical_target, read_ranges
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.tensor import external_info
-from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
+from infercc.passes.manager import PassContext, run_passes
 from infercc.precisions import tolerance
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
-from infercc.util import first_line
 
 log = logging.getLogger(__name__)
+
+__all__ = ["BuildConfig", "OptimizeReport", "build_config", "optimize", "read_ranges"]
 
 FP16_PIPELINE = ("convert-fp16", "eliminate-dead-code")
 
@@ -60,6 +62,7 @@ class OptimizeReport:
     artifact: dict[str, Any] | None = None
     precision: str = "fp32"
     kept_fp32: list[dict[str, str]] = field(default_factory=list)
+    build: dict[str, Any] | None = None  # the BuildConfig, as data
 
     @property
     def passed(self) -> bool:
@@ -86,6 +89,7 @@ class OptimizeReport:
             "artifact": self.artifact,
             "precision": self.precision,
             "kept_fp32": self.kept_fp32,
+            "build": self.build,
             "seconds": round(self.seconds, 4),
         }
 
@@ -119,39 +123,14 @@ def default_output(path: Path) -> Path:
     return path.with_name(f"{path.stem}.opt.onnx")
 
 
-def read_ranges(
-    source: str | os.PathLike[str] | Mapping[str, tuple[float, float]],
-) -> dict[str, tuple[float, float]]:
-    """Tensor ranges for `--fp16`: a calibrate `ranges.json` (name -> {min, max, ...}) or a
-    mapping name -> (min, max)."""
-    if isinstance(source, Mapping):
-        return {str(k): (float(v[0]), float(v[1])) for k, v in source.items()}
-    path = Path(source)
-    try:
-        data = json.loads(path.read_text())
-        return {str(k): (float(v["min"]), float(v["max"])) for k, v in data.items()}
-    except FileNotFoundError:
-        raise InferccError(f"ranges file {str(path)!r} does not exist", "check the path") from None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise InferccError(
-            f"cannot read ranges from {str(path)!r}: {first_line(exc)}",
-            "pass the ranges.json that `infercc calibrate` writes (name -> {min, max})",
-        ) from None
-
-
 def check_target(target: str) -> str:
     """The canonical name of a known target (unknown names raise with the list)."""
-    return get_target(target).name if target.lower() != "cpu" else "cpu"
+    return canonical_target(target)
 
 
 def _check_output(src: Path, out: Path) -> None:
     if out.resolve() == src.resolve():
         raise InferccError(f"refusing to overwrite the input model {src}", "choose another -o path")
-    if out.suffix != ".onnx":
-        raise InferccError(
-            f"output path {out} does not end in .onnx",
-            "name an .onnx file with -o (artifact directories come with backends)",
-        )
     if not out.parent.is_dir():
         raise InferccError(
             f"output directory {out.parent} does not exist", "create it first, or pick another -o"
@@ -160,170 +139,300 @@ def _check_output(src: Path, out: Path) -> None:
         raise InferccError(f"output path {out} is a directory", "name an .onnx file with -o")
 
 
-def optimize(
-    model: str | os.PathLike[str],
-    output: str | os.PathLike[str] | None = None,
+def build_config(
     *,
     target: str = "cpu",
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-    profiles: Sequence[ShapeProfile] | None = None,
     backend: str | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    tune: bool = True,
-    backend_options: Mapping[str, Any] | None = None,
+    precision: str | None = None,
     fp16: bool = False,
     fp16_io: bool = False,
     keep_fp32: Sequence[str] = (),
     fp16_ranges: str | os.PathLike[str] | Mapping[str, tuple[float, float]] | None = None,
-    data: str | os.PathLike[str] | None = None,
-    disable_passes: Iterable[str] = (),
     portable: bool = False,
-    run_validation: bool = True,
-    fold_limit: int = DEFAULT_FOLD_LIMIT,
+    fold_limit: int | str | None = None,
+    disable_passes: Iterable[str] = (),
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    profiles: Sequence[ShapeProfile] | None = None,
     verify: bool = False,
     external_data: bool | None = None,
+    alignment: int = 64,
+    tune: bool = True,
+    run_validation: bool = True,
+    data: str | os.PathLike[str] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
     min_cosine: float | None = None,
-    alignment: int = 64,
+    tolerances: Mapping[str, tuple[float, float]] | None = None,
+    ort: OrtOptions | None = None,
+    tensorrt: TrtOptions | None = None,
+) -> BuildConfig:
+    """The `BuildConfig` that `optimize`'s keyword arguments stand for.
+
+    `fp16=True` is `precision="fp16"`; `fp16_ranges` (with fp16) are calibrated tensor ranges,
+    a `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max); `profiles`
+    (from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes for, and `shapes` pins one
+    concrete shape per input (it wins over a profile of the same input).
+    """
+    pins = [ShapeProfile(name, tuple(d), tuple(d), tuple(d)) for name, d in (shapes or {}).items()]
+    named = {p.name for p in pins}
+    return BuildConfig(
+        target=target,
+        backend=backend,
+        precision=precision or ("fp16" if fp16 else "fp32"),
+        fp16_io=fp16_io,
+        keep_fp32=tuple(keep_fp32),
+        ranges=read_ranges(fp16_ranges) if fp16_ranges is not None else (),
+        portable=portable,
+        fold_limit=fold_limit,
+        disable_passes=tuple(disable_passes),
+        shapes=(*[p for p in profiles or () if p.name not in named], *pins),
+        verify=verify,
+        external_data=bool(external_data),
+        alignment=alignment,
+        tune=tune,
+        validate=run_validation,
+        data=str(data) if data is not None else None,
+        atol=atol,
+        rtol=rtol,
+        min_cosine=min_cosine,
+        tolerances=dict(tolerances or {}),
+        ort=ort or OrtOptions(),
+        tensorrt=tensorrt or TrtOptions(),
+    )
+
+
+def optimize(
+    model: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    config: BuildConfig | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
     on_step: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> OptimizeReport:
-    """Optimize an ONNX model file and write the result; returns the report.
+    """Optimize an ONNX model file as `config` says and write the result; returns the report.
 
-    `fp16_ranges` (with `fp16`): calibrated tensor ranges, a `ranges.json` written by
-    `infercc calibrate` or a mapping name -> (min, max); a tensor whose range overflows
-    float16 keeps its producer in float32.
-
-    `backend_options` go to the backend (`CompileOptions.extra`; for `ort`:
-    `save_optimized` writes onnxruntime's own optimized model for fast start).
+    `config` is a `BuildConfig`; keyword `options` instead build one (`build_config` lists
+    them: `target`, `fp16`, `portable`, `run_validation`...). `config.check()` refuses
+    combinations that would have no effect, before anything is read.
 
     `output` ending in `.onnx` gets the optimized model alone, with its memory plan
     (`<stem>.memory_plan.json`) beside it. Any other `output` is an artifact directory built
-    with `backend` (default: `ort` for the cpu target, `tensorrt` for GPU targets): the
-    optimized `model.onnx`, `memory_plan.json`, the backend's files (tuned per shape profile,
-    choices cached in the tuning cache at `cache_dir`) and `manifest.json`.
+    with the config's backend (default: `ort` for the cpu target, `tensorrt` for GPU targets):
+    the optimized `model.onnx`, `memory_plan.json`, the backend's files (tuned per shape
+    profile, choices cached in the tuning cache at `cache_dir`) and `manifest.json`, whose
+    `build` section is the config (`BuildConfig.from_dict` reads it back).
 
     The input is never modified. Everything is written under a temporary name and moved into
     place only after validation passes (a failed validation leaves nothing behind; the report
-    says why). `profiles` (from `--shape NAME=MIN:OPT:MAX`) are what the backend tunes for;
-    validation and the memory plan use one concrete shape per input: `shapes`, else a
-    profile's opt, else the defaults of `infercc.data.signature.resolve_shapes`.
+    says why). Validation and the memory plan use one concrete shape per input: the config's
+    shapes (a range stands for its opt), else the defaults of
+    `infercc.data.signature.resolve_shapes`.
     """
     t0 = time.perf_counter()
+    if config is not None and options:
+        raise InferccError(
+            f"optimize got a config and keyword options ({', '.join(sorted(options))})",
+            "put everything into the BuildConfig, or pass keyword options only",
+        )
     src = Path(model)
     out = Path(output) if output is not None else default_output(src)
-    profiles = list(profiles or [])
-    shapes = {**{p.name: p.opt for p in profiles}, **dict(shapes or {})}
-    disabled = list(disable_passes)
-    check_pass_names(disabled)
-    target = check_target(target)
-    if fp16_ranges is not None and not fp16:
-        raise InferccError("ranges are for --fp16 only", "add --fp16, or drop --ranges")
-    ranges = read_ranges(fp16_ranges) if fp16_ranges is not None else None
-    build = _Build(src, out, target, backend)
-    step = on_step or (lambda _s: None)
-    step("loading")
-    ir = load_model(src)
-    check_shape_names(ir, shapes)
-    size_before = model_files_size(src, ir)
-    nodes_before, ops_before = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
-    profile = shape_profile(ir, shapes)
-    ctx = PassContext(target=target, portable=portable, fold_limit=fold_limit, verify=verify)
-    ctx.backend = build.backend_name if build.backend_name in ("ort", "tensorrt") else "ort"
+    cfg = (config or build_config(**options)).resolve(artifact=out.suffix != ".onnx")
+    build = _Build(src, out, cfg)
+    cfg.check()
+    job = _Job(src, cfg, on_step or (lambda _s: None))
+    job.transform()
+    report = job.write(build, cache_dir)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def pass_context(cfg: BuildConfig, profile: dict[str, tuple[int, ...]] | None) -> PassContext:
+    """The pass context of a build (the same for `optimize` and `validate --bisect`)."""
+    ctx = PassContext(
+        target=cfg.target, portable=cfg.portable, fold_limit=cfg.fold_limit_bytes, verify=cfg.verify
+    )
+    ctx.backend = cfg.backend if cfg.backend in ("ort", "tensorrt") else "ort"
     if profile is not None:
         ctx.options["shapes"] = profile
-    pipe = run_passes(
-        ir, ctx, _passes.DEFAULT_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}")
-    )
-    precision = "fp32"
-    if fp16:
-        precision = "fp16"
-        ctx.options.update(fp16_io=fp16_io, keep_fp32=list(keep_fp32))
-        if ranges:
-            ctx.options["ranges"] = ranges
-        lowered = run_passes(ir, ctx, FP16_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}"))
-        pipe.passes.update(lowered.passes)
-    tol = tolerance(precision, atol, rtol, min_cosine).to_dict()
-    nodes_after, ops_after = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
-    step("planning memory")
-    plan = _plan(ir, profile, alignment, ctx.options.get("schedule", {}))
-    passes = {name: st.to_dict() for name, st in pipe.passes.items()}
-    memory = _memory_summary(plan, profile, build.plan_path)
-    step("writing")
-    stage = build.stage()
-    try:
-        staged = save_model(ir, stage / build.model_name, external_data=external_data)
-        if plan is not None:
-            staged.append(_write_json(stage / build.plan_path.name, plan.to_dict()))
-        del ir
+    if cfg.precision == "fp16":
+        ctx.options.update(fp16_io=cfg.fp16_io, keep_fp32=list(cfg.keep_fp32))
+        if cfg.ranges:
+            ctx.options["ranges"] = cfg.range_map
+    return ctx
+
+
+def pipelines(cfg: BuildConfig) -> list[tuple[str, ...]]:
+    """The pipelines a build runs, in order: the default one, then fp16's lowering."""
+    stages = [tuple(_passes.DEFAULT_PIPELINE)]
+    return [*stages, FP16_PIPELINE] if cfg.precision == "fp16" else stages
+
+
+def check_model(model: Model, cfg: BuildConfig) -> None:
+    """What the config asks of the model: shapes naming its inputs, Q/DQ pairs for int8."""
+    check_shape_names(model, cfg.shape_pins)
+    if cfg.precision != "int8" or (cfg.backend == "tensorrt" and cfg.tensorrt.calib_cache):
+        return
+    from infercc.check.tolerances import model_precision
+
+    if model_precision(export_model(model, with_weights=False)) != "int8":
+        raise InferccError(
+            "--int8 needs an already-calibrated QDQ model (Q/DQ pairs): this one has none",
+            "run infercc calibrate MODEL --int8 --data DIR first (or, with --backend "
+            "tensorrt on TensorRT 10, give --calib-cache FILE)",
+        )
+
+
+class _Job:
+    """One build's model, from loading through the passes to the files written."""
+
+    def __init__(self, src: Path, cfg: BuildConfig, step: Callable[[str], None]):
+        self.src, self.cfg, self.step = src, cfg, step
+        step("loading")
+        self.ir = load_model(src)
+        check_model(self.ir, cfg)
+        self.size_before = model_files_size(src, self.ir)
+        self.nodes_before = sum(1 for _ in self.ir.graph.all_nodes())
+        self.ops_before = op_histogram(self.ir)
+        self.profile = shape_profile(self.ir, cfg.shape_pins)
+
+    def transform(self) -> None:
+        """Run the pipelines, then plan the memory of the result."""
+        self.ctx = pass_context(self.cfg, self.profile)
+        disabled = list(self.cfg.disable_passes)
+        runs = [
+            run_passes(self.ir, self.ctx, stage, disabled, on_pass=self._on_pass)
+            for stage in pipelines(self.cfg)
+        ]
+        self.pipe = runs[0]
+        for later in runs[1:]:
+            self.pipe.passes.update(later.passes)
+        self.nodes_after = sum(1 for _ in self.ir.graph.all_nodes())
+        self.ops_after = op_histogram(self.ir)
+        self.step("planning memory")
+        schedule = self.ctx.options.get("schedule", {})
+        self.plan = _plan(self.ir, self.profile, self.cfg.alignment, schedule)
+
+    def _on_pass(self, name: str) -> None:
+        self.step(f"pass {name}")
+
+    def write(self, build: _Build, cache_dir: str | os.PathLike[str] | None) -> OptimizeReport:
+        """Write the model (and plan), validate it, then publish it or the artifact."""
+        passes = {name: st.to_dict() for name, st in self.pipe.passes.items()}
+        memory = _memory_summary(self.plan, self.profile, build.plan_path)
+        report = self._report(build, passes, memory)
+        self.step("writing")
+        stage = build.stage()
+        try:
+            staged = self._save(stage, build)
+            report.size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
+            report.validation = self._validate(staged[0])
+            if report.passed:
+                self._publish(build, stage, staged, cache_dir, report)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        return report
+
+    def _save(self, stage: Path, build: _Build) -> list[Path]:
+        external = True if self.cfg.external_data else None
+        staged = save_model(self.ir, stage / build.model_name, external_data=external)
+        if self.plan is not None:
+            staged.append(_write_json(stage / build.plan_path.name, self.plan.to_dict()))
+        del self.ir
         gc.collect()  # the IR is a web of cycles: free its arrays before onnxruntime loads
-        report_validation = None
-        if run_validation:
-            step("validating")
-            report_validation = validate(
-                src, staged[0], shapes=shapes, data=data, float_dtypes_may_differ=fp16_io, **tol
-            )
-        size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
-        files: list[str] = []
-        artifact = None
-        if report_validation is None or report_validation.passed:
-            if build.artifact_mode:
-                options = CompileOptions(
-                    precision=precision, tune=tune, on_step=step, extra=dict(backend_options or {})
-                )
-                artifact = build.finish_artifact(
-                    stage, profiles, cache_dir, options, passes, memory, report_validation
-                )
-                files = [str(p) for p in sorted(out.iterdir())]
-            else:
-                files = build.finish_file(staged)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return OptimizeReport(
-        input=str(src),
-        output=str(out),
-        target=target,
-        nodes_before=nodes_before,
-        nodes_after=nodes_after,
-        ops_before=ops_before,
-        ops_after=ops_after,
-        size_before=size_before,
-        size_after=size_after,
-        passes=passes,
-        iterations=pipe.iterations,
-        reached_fixpoint=pipe.reached_fixpoint,
-        refusals=[r.to_dict() for r in pipe.refusals],
-        validation=report_validation,
-        seconds=time.perf_counter() - t0,
-        files=files,
-        memory=memory,
-        artifact=artifact,
-        precision=precision,
-        kept_fp32=list(ctx.options.get("fp16", {}).get("kept_fp32", [])),
+        return staged
+
+    def _validate(self, candidate: Path) -> ValidationReport | None:
+        cfg = self.cfg
+        if not cfg.validate:
+            return None
+        self.step("validating")
+        tol = tolerance(cfg.precision, cfg.atol, cfg.rtol, cfg.min_cosine).to_dict()
+        return validate(
+            self.src,
+            candidate,
+            shapes=cfg.shape_pins,
+            data=cfg.data,
+            float_dtypes_may_differ=cfg.fp16_io,
+            tolerances=cfg.tolerance_map,
+            **tol,
+        )
+
+    def _publish(
+        self,
+        build: _Build,
+        stage: Path,
+        staged: list[Path],
+        cache_dir: str | os.PathLike[str] | None,
+        report: OptimizeReport,
+    ) -> None:
+        if not build.artifact_mode:
+            report.files = build.finish_file(staged)
+            return
+        options = compile_options(self.cfg, cache_dir, self.step)
+        report.artifact = build.finish_artifact(stage, cache_dir, options, report)
+        report.files = [str(p) for p in sorted(build.out.iterdir())]
+
+    def _report(
+        self, build: _Build, passes: dict[str, Any], memory: dict[str, Any] | None
+    ) -> OptimizeReport:
+        return OptimizeReport(
+            input=str(self.src),
+            output=str(build.out),
+            target=self.cfg.target,
+            nodes_before=self.nodes_before,
+            nodes_after=self.nodes_after,
+            ops_before=self.ops_before,
+            ops_after=self.ops_after,
+            size_before=self.size_before,
+            size_after=0,
+            passes=passes,
+            iterations=self.pipe.iterations,
+            reached_fixpoint=self.pipe.reached_fixpoint,
+            refusals=[r.to_dict() for r in self.pipe.refusals],
+            validation=None,
+            seconds=0.0,
+            memory=memory,
+            precision=self.cfg.precision,
+            kept_fp32=list(self.ctx.options.get("fp16", {}).get("kept_fp32", [])),
+            build=self.cfg.to_dict(),
+        )
+
+
+def compile_options(
+    cfg: BuildConfig,
+    cache_dir: str | os.PathLike[str] | None,
+    on_step: Callable[[str], None] | None = None,
+) -> CompileOptions:
+    """What the backend gets from a build's config."""
+    return CompileOptions(
+        precision=cfg.precision,
+        tune=cfg.tune,
+        validate=cfg.validate,
+        atol=cfg.atol,
+        rtol=cfg.rtol,
+        min_cosine=cfg.min_cosine,
+        cache_dir=str(cache_dir) if cache_dir is not None else None,
+        ort=cfg.ort,
+        tensorrt=cfg.tensorrt,
+        on_step=on_step,
     )
 
 
 class _Build:
     """Where the result goes: an .onnx file, or an artifact directory built by a backend."""
 
-    def __init__(self, src: Path, out: Path, target: str, backend: str | None):
-        self.src, self.out, self.target = src, out, target
+    def __init__(self, src: Path, out: Path, cfg: BuildConfig):
+        self.src, self.out, self.cfg = src, out, cfg
         self.artifact_mode = out.suffix != ".onnx"
         if not self.artifact_mode:
-            if backend not in (None, "none"):
-                raise InferccError(
-                    f"--backend {backend} builds an artifact directory, but -o names an .onnx file",
-                    "give a directory with -o (e.g. -o build/model) to build with a backend",
-                )
             _check_output(src, out)
-            self.backend_name = "none"
             self.model_name = out.name
             self.plan_path = out.parent / memory_plan_name(out)
             return
         if src.resolve() == out.resolve():
             raise InferccError(f"refusing to overwrite the input model {src}", "pick another -o")
-        self.backend_name = backend or ("ort" if target == "cpu" else "tensorrt")
-        self.backend = get_backend(self.backend_name)
+        self.backend = get_backend(str(cfg.backend))
         require_available(self.backend)
         check_destination(out)
         self.model_name = MODEL_FILE
@@ -344,50 +453,60 @@ class _Build:
     def finish_artifact(
         self,
         stage: Path,
-        profiles: list[ShapeProfile],
         cache_dir: str | os.PathLike[str] | None,
         options: CompileOptions,
-        passes: dict[str, Any],
-        memory: dict[str, Any] | None,
-        validation: ValidationReport | None,
+        report: OptimizeReport,
     ) -> dict[str, Any]:
-        from infercc.runtime.tuning import TuningCache, file_sha256, host_fingerprint
-
         if options.on_step is not None:
-            options.on_step(f"compiling with {self.backend_name}")
-        target = get_target(self.target)
+            options.on_step(f"compiling with {self.cfg.backend}")
+        target = get_target(self.cfg.target)
         t0 = time.perf_counter()
-        with TuningCache(cache_dir) as cache:
-            section = self.backend.compile(
-                stage / MODEL_FILE,
-                target,
-                profiles,
-                options,
-                cache if options.tune else None,
-                stage,
-            )
+        section = self._compile(stage, target, cache_dir, options)
         compile_seconds = time.perf_counter() - t0
-        write_manifest(
-            stage,
-            artifact_manifest(
-                source=self.src,
-                source_sha256=file_sha256(self.src),
-                passes=passes,
-                target=target.to_dict(),
-                host=host_fingerprint(),
-                backend=section,
-                profiles=profiles,
-                precision=options.precision,
-                memory=memory,
-                validation=validation.to_dict() if validation is not None else None,
-            ),
-        )
+        write_manifest(stage, self._manifest(target, section, report))
         publish(stage, self.out)
         return {
             "path": str(self.out),
             "backend": section,
             "compile_seconds": round(compile_seconds, 4),
         }
+
+    def _compile(
+        self,
+        stage: Path,
+        target: Any,
+        cache_dir: str | os.PathLike[str] | None,
+        options: CompileOptions,
+    ) -> dict[str, Any]:
+        from infercc.runtime.tuning import TuningCache
+
+        with TuningCache(cache_dir) as cache:
+            return self.backend.compile(
+                stage / MODEL_FILE,
+                target,
+                list(self.cfg.shapes),
+                options,
+                cache if options.tune else None,
+                stage,
+            )
+
+    def _manifest(self, target: Any, section: dict[str, Any], report: OptimizeReport) -> dict:
+        from infercc.runtime.tuning import file_sha256, host_fingerprint
+
+        validation = report.validation
+        return artifact_manifest(
+            source=self.src,
+            source_sha256=file_sha256(self.src),
+            passes=report.passes,
+            target=target.to_dict(),
+            host=host_fingerprint(),
+            backend=section,
+            profiles=self.cfg.shapes,
+            precision=self.cfg.precision,
+            build=self.cfg.to_dict(),
+            memory=report.memory,
+            validation=validation.to_dict() if validation is not None else None,
+        )
 
 
 def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,3 +65,41 @@ def read_schema_json(path: Path, schema: str, missing: tuple[str, str], rebuild:
     if not isinstance(data, dict) or data.get("schema") != schema:
         raise InferccError(f"{path} is not of schema {schema}", rebuild)
     return data
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str | int, flag: str = "--workspace") -> int:
+    """'4GiB' -> 4294967296, '512MB' -> 512000000, '1048576' -> 1048576; `flag` names the
+    option in errors."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE.fullmatch(str(text))
+        unit = match[2].lower() if match else ""
+        if match is None or unit not in _UNITS:
+            raise InferccError(
+                f"{flag} {text!r} is not a size",
+                "give bytes or a size with a unit, e.g. 512MiB, 4GiB, 2GB",
+            )
+        value = int(float(match[1]) * _UNITS[unit])
+    if value <= 0:
+        raise InferccError(f"{flag} {text!r} must be positive", f"e.g. {flag} 4GiB")
+    return value

@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from infercc import api
+from infercc.config import OrtOptions
 from infercc.data.profiles import parse_profiles
 from infercc.errors import InferccError
 from infercc.runtime.artifact import load_artifact, open_artifact
@@ -68,7 +69,7 @@ def test_second_build_hits_the_cache(tmp_path):
 
 def test_loaded_artifact_matches_onnxruntime(tmp_path):
     build(
-        tmp_path / "art", tmp_path / "cache", tune=False, backend_options={"save_optimized": True}
+        tmp_path / "art", tmp_path / "cache", tune=False, ort=OrtOptions(optimized_model=True)
     )
     assert (tmp_path / "art" / "ort_optimized.onnx").is_file()
     runner = load_artifact(tmp_path / "art")

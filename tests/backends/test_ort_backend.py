@@ -19,6 +19,7 @@ from infercc.backends.ort import config as oc
 from infercc.backends.ort import runner as orn
 from infercc.backends.ort import tuner as ot
 from infercc.backends.registry import get_backend
+from infercc.config import OrtOptions
 from infercc.data.feeds import make_inputs
 from infercc.errors import InferccError
 from infercc.runtime.tuning import TuningCache
@@ -41,8 +42,8 @@ FIXED = ShapeProfile("image", (2, 3, 32, 32), (2, 3, 32, 32), (2, 3, 32, 32))
 RANGE = ShapeProfile("image", (1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))
 
 
-def options(**extra: Any) -> CompileOptions:
-    return CompileOptions(iters=3, warmup=1, extra={"save_optimized": True, **extra})
+def options(save_optimized: bool = True, **kw: Any) -> CompileOptions:
+    return CompileOptions(iters=3, warmup=1, ort=OrtOptions(optimized_model=save_optimized), **kw)
 
 
 @pytest.fixture
@@ -450,7 +451,7 @@ def test_a_candidate_that_fails_to_load_is_skipped_with_the_reason(
 def test_tolerance_follows_the_graph_precision() -> None:
     assert ot.tolerance(CompileOptions()) == (1e-4, 1e-3, 0.9999)
     assert ot.tolerance(CompileOptions(precision="fp16"))[:2] == (float("inf"), float("inf"))
-    assert ot.tolerance(CompileOptions(extra={"atol": 0.5}))[0] == 0.5
+    assert ot.tolerance(CompileOptions(atol=0.5))[0] == 0.5
 
 
 # --------------------------------------------------------------------------- GPU branch, faked

@@ -20,6 +20,7 @@ from infercc.backends.trt import build
 from infercc.backends.trt.fingerprint import Fingerprint
 from infercc.calib.trt_cache import write_calibration_cache
 from infercc.check.compare import run_model
+from infercc.config import TrtOptions
 from infercc.data.feeds import make_inputs
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
@@ -49,7 +50,9 @@ def hooks(trt: FakeTrt, fingerprint: Fingerprint = A100) -> build.Hooks:
 
 
 def compile_(trt, out, cache=None, shapes=(RANGE,), target="a100", graph="fp32", **extra):
-    options = CompileOptions(precision=graph, extra=extra)
+    precision = extra.pop("precision", graph)
+    cache_dir = extra.pop("cache_dir", None)
+    options = CompileOptions(precision=precision, cache_dir=cache_dir, tensorrt=TrtOptions(**extra))
     return build.compile_artifact(
         trt, out / "model.onnx", get_target(target), list(shapes), options, cache, out, hooks(trt)
     )
@@ -183,7 +186,7 @@ def test_plugins_are_loaded_before_parsing_and_recorded(art, tmp_path):
 def test_other_gpu_than_target_warns_records_and_strict_refuses(art, tmp_path, caplog):
     h100 = Fingerprint("10.3.0", "12.4", "550.54.15", "NVIDIA H100 80GB HBM3", "9.0")
     trt = FakeTrt()
-    options = CompileOptions(extra={"cache_dir": str(tmp_path)})
+    options = CompileOptions(cache_dir=str(tmp_path))
     section = build.compile_artifact(
         trt, art / "model.onnx", get_target("a100"), [RANGE], options, None, art, hooks(trt, h100)
     )
@@ -191,7 +194,7 @@ def test_other_gpu_than_target_warns_records_and_strict_refuses(art, tmp_path, c
     record = section["portability"]
     assert record["target"] == {"name": "a100", "compute_capability": "8.0"}
     assert record["built_on"]["gpu"] == "NVIDIA H100 80GB HBM3" and not record["matches_target"]
-    options.extra["strict_target"] = True
+    options.tensorrt = TrtOptions(strict_target=True)
     with pytest.raises(InferccError, match="--strict-target: the GPU here is NVIDIA H100"):
         build.compile_artifact(
             trt,
@@ -260,7 +263,7 @@ def test_api_optimize_and_bench_on_a_tensorrt_artifact(tmp_path, monkeypatch):
         target="a100",
         profiles=[RANGE],
         cache_dir=tmp_path / "cache",
-        backend_options={"opt_level": 2},
+        tensorrt=TrtOptions(opt_level=2),
     )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["backend"]["name"] == "tensorrt"
@@ -318,4 +321,4 @@ def test_cli_refuses_tensorrt_precisions_on_ort(tmp_path):
         "--bf16",
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--bf16/--int8 needs --backend tensorrt" in r.stderr
+    assert r.returncode == 2 and "--bf16 needs --backend tensorrt" in r.stderr

@@ -20,17 +20,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _ok, reason=f"TensorRT unu
 
 def _optimize(out: Path, cache: Path, **kwargs):
     from infercc.api import optimize
+    from infercc.config import TrtOptions
     from infercc.data.profiles import parse_profiles
 
     kwargs.setdefault("target", "a100")
-    options = {"cache_dir": str(cache), "workspace": "1GiB", **kwargs.pop("options", {})}
+    options = {"workspace": "1GiB", **kwargs.pop("options", {})}
     return optimize(
         SMALL_CNN,
         out,
         backend="tensorrt",
         profiles=parse_profiles([RANGE]),
         cache_dir=cache,
-        backend_options=options,
+        tensorrt=TrtOptions(**options),
         **kwargs,
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from infercc.backends.base import CompileOptions
 from infercc.backends.trt import build, caches, precision, profiles, settings
 from infercc.backends.trt.calibrator import make_calibrator
 from infercc.backends.trt.fingerprint import (
@@ -21,6 +22,7 @@ from infercc.backends.trt.fingerprint import (
     target_mismatch,
 )
 from infercc.calib.trt_cache import write_calibration_cache
+from infercc.config import TrtOptions
 from infercc.data.profiles import ShapeProfile, parse_profile
 from infercc.errors import InferccError
 from infercc.runtime.tuning import TuningCache
@@ -269,6 +271,10 @@ def test_parse_size():
         settings.parse_size("lots")
 
 
+def trt_options(**kw) -> CompileOptions:
+    return CompileOptions(tensorrt=TrtOptions(**kw))
+
+
 def test_default_workspace_is_the_target_budget(tmp_path):
     model = tmp_path / "model.onnx"
     model.write_bytes(b"x" * 100)
@@ -276,19 +282,19 @@ def test_default_workspace_is_the_target_budget(tmp_path):
     (tmp_path / "memory_plan.json").write_text(
         json.dumps({"weights_bytes": 2 * gib, "arena_bytes": gib})
     )
-    got = settings.read_settings({}, "fp32", 40 * gib, tmp_path, model)
+    got = settings.read_settings(CompileOptions(), 40 * gib, tmp_path, model)
     assert got.workspace_bytes == 40 * gib - 3 * gib - settings.CONTEXT_RESERVE
     assert got.workspace_rule.startswith("target memory")
-    small = settings.read_settings({}, "fp32", gib, tmp_path, model)
+    small = settings.read_settings(CompileOptions(), gib, tmp_path, model)
     assert small.workspace_bytes == int(0.1 * 3 * gib)  # roofline's floor: 10% of w + arena
-    given = settings.read_settings({"workspace": "1GiB"}, "fp32", 40 * gib, tmp_path, model)
+    given = settings.read_settings(trt_options(workspace="1GiB"), 40 * gib, tmp_path, model)
     assert given.workspace_bytes == gib and given.workspace_rule == "given"
     with pytest.raises(InferccError, match="--opt-level 7"):
-        settings.read_settings({"opt_level": 7}, "fp32", gib, tmp_path, model)
+        settings.read_settings(trt_options(opt_level=7), gib, tmp_path, model)
     with pytest.raises(InferccError, match="--hw-compat"):
-        settings.read_settings({"hw_compat": "turing+"}, "fp32", gib, tmp_path, model)
+        settings.read_settings(trt_options(hw_compat="turing+"), gib, tmp_path, model)
     with pytest.raises(InferccError, match="--plugin"):
-        settings.read_settings({"plugins": ["/nope.so"]}, "fp32", gib, tmp_path, model)
+        settings.read_settings(trt_options(plugins=["/nope.so"]), gib, tmp_path, model)
 
 
 # --------------------------------------------------------------------------- caches

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from infercc.analysis.targets import Target
+from infercc.config import OrtOptions, TrtOptions
 from infercc.data.profiles import ShapeProfile
 
 log = logging.getLogger(__name__)
@@ -34,14 +35,27 @@ Shape = tuple[int, ...]
 
 @dataclass
 class CompileOptions:
-    """What a backend may need beyond the model, target and shapes."""
+    """What a backend may need beyond the model, target and shapes (`infercc.api` makes it
+    from the build's `BuildConfig`).
+
+    `precision` is the build's (fp16: the graph was rewritten; bf16 and int8 ask TensorRT for
+    more than the graph carries, see `infercc.precisions`); `atol`, `rtol` and `min_cosine`
+    replace the precision's tolerances where the user gave them; `cache_dir` is where caches
+    live when no tuning cache is passed to `compile`; `ort` and `tensorrt` are the typed
+    options of those backends."""
 
     precision: str = "fp32"
     tune: bool = True
     warmup: int = 3
     iters: int = 10
-    workspace_bytes: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    validate: bool = True
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    seed: int = 0
+    cache_dir: str | None = None
+    ort: OrtOptions = field(default_factory=OrtOptions)
+    tensorrt: TrtOptions = field(default_factory=TrtOptions)
     on_step: Callable[[str], None] | None = None
 
 

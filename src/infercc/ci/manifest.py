@@ -10,35 +10,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercc.data.profiles import ShapeProfile, parse_profile
+from infercc.config import BUILD_KEYS, BuildConfig
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
-from infercc.precisions import BUILD_PRECISIONS
 from infercc.util import first_line
 
 DEFAULT_OUT_DIR = "build/infercc-ci"
 BACKENDS = ("ort", "tensorrt", "none")
-_MODEL_KEYS = {
+# Keys of a model entry that are ci's own; every other key is a `BuildConfig` key
+# (`infercc.config.BUILD_KEYS`), read by `BuildConfig.from_dict`.
+_CI_MODEL_KEYS = {
     "name": str,
     "path": str,
-    "target": str,
-    "backend": str,
-    "precision": str,
-    "shapes": dict,
-    "data": str,
     "golden": str,
     "reference": str,
-    "atol": float,
-    "rtol": float,
-    "min_cosine": float,
-    "tolerances": dict,
     "latency_budget_ms": float,
     "baseline": str,
     "max_slowdown": float,
-    "disable_passes": list,
-    "portable": bool,
     "warmup": int,
     "iters": int,
 }
+_NESTED = ("ort", "tensorrt")  # build keys whose value is a table, merged key by key
 _CI_KEYS = {"out_dir": str, "cache_dir": str, "warmup": int, "iters": int}
 _TOP_KEYS = ("ci", "defaults", "models")
 
@@ -50,27 +42,18 @@ Event = Callable[[str, str], None]
 
 @dataclass
 class ModelSpec:
-    """One model of the manifest, with paths resolved."""
+    """One model of the manifest: its `BuildConfig` (paths resolved against the manifest)
+    and what only ci uses."""
 
     name: str
     path: Path
     output: Path
-    target: str = "cpu"
-    backend: str | None = None
-    precision: str = "fp32"
-    profiles: list[ShapeProfile] = field(default_factory=list)
-    data: Path | None = None
+    build: BuildConfig = field(default_factory=BuildConfig)
     golden: Path | None = None
     reference: Path | None = None
-    atol: float | None = None
-    rtol: float | None = None
-    min_cosine: float | None = None
-    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     latency_budget_ms: float | None = None
     baseline: Path | None = None
     max_slowdown: float = 1.10
-    disable_passes: list[str] = field(default_factory=list)
-    portable: bool = False
     warmup: int = 5
     iters: int = 50
     cache_dir: Path | None = None
@@ -78,6 +61,30 @@ class ModelSpec:
     @property
     def benched(self) -> bool:
         return self.latency_budget_ms is not None or self.baseline is not None
+
+    @property
+    def target(self) -> str:
+        return self.build.target
+
+    @property
+    def backend(self) -> str | None:
+        return self.build.backend
+
+    @property
+    def precision(self) -> str:
+        return self.build.precision
+
+    @property
+    def profiles(self) -> list[ShapeProfile]:
+        return list(self.build.shapes)
+
+    @property
+    def data(self) -> Path | None:
+        return Path(self.build.data) if self.build.data is not None else None
+
+    @property
+    def tolerances(self) -> dict[str, tuple[float, float]]:
+        return self.build.tolerance_map
 
 
 @dataclass
@@ -96,13 +103,14 @@ def load_config(path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
         _bad(path, f"unknown table {unknown[0]!r}", "the manifest has [ci], [defaults], [[models]]")
     ci = _checked(path, "[ci]", _table(path, table, "ci"), _CI_KEYS)
     defaults = _checked(path, "[defaults]", _table(path, table, "defaults"), _MODEL_KEYS)
+    defaults = {k: v for k, v in defaults.items() if k not in ("name", "path")}
     base = path.parent
     root = Path(out_dir) if out_dir is not None else _join(base, ci.get("out_dir", DEFAULT_OUT_DIR))
     models = table.get("models")
     if not isinstance(models, list) or not models:
         _bad(path, "no models", "add [[models]] tables, each with a path")
     specs = [
-        _model_spec(path, i, {**defaults, **_checked(path, f"models[{i}]", m, _MODEL_KEYS)}, ci)
+        _model_spec(path, i, _merged(defaults, _checked(path, f"models[{i}]", m, _MODEL_KEYS)), ci)
         for i, m in enumerate(_tables(path, models))
     ]
     _check_unique(path, specs)
@@ -161,12 +169,15 @@ def _tables(path: Path, models: list[Any]) -> list[dict[str, Any]]:
     return models
 
 
-def _checked(path: Path, where: str, table: Mapping[str, Any], keys: Mapping[str, type]):
-    """The table with each key known and of its type (an int is a float where one is due)."""
+def _checked(path: Path, where: str, table: Mapping[str, Any], keys: Mapping[str, Any]):
+    """The table with each key known and, for ci's own keys, of its type (an int is a float
+    where one is due); build keys are checked by `BuildConfig.from_dict`."""
     for key, value in table.items():
-        expected = keys.get(key)
-        if expected is None:
+        if key not in keys:
             _bad(path, f"{where}: unknown key {key!r}", "known keys: " + ", ".join(sorted(keys)))
+        expected = keys[key]
+        if expected is None:
+            continue
         ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
         ok = ok or (expected is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok:
@@ -174,49 +185,54 @@ def _checked(path: Path, where: str, table: Mapping[str, Any], keys: Mapping[str
     return dict(table)
 
 
+_MODEL_KEYS: dict[str, Any] = {**_CI_MODEL_KEYS, **dict.fromkeys(BUILD_KEYS)}
+
+
+def _merged(defaults: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's keys over the defaults; backend tables (ort, tensorrt) merged key by key."""
+    merged = {**defaults, **model}
+    for key in _NESTED:
+        if isinstance(defaults.get(key), dict) and isinstance(model.get(key), dict):
+            merged[key] = {**defaults[key], **model[key]}
+    return merged
+
+
 def _model_spec(path: Path, i: int, m: dict[str, Any], ci: Mapping[str, Any]) -> ModelSpec:
     where = f"models[{i}]"
     if "path" not in m:
         _bad(path, f"{where} has no path", 'give path = "model.onnx" (relative to the manifest)')
     base = path.parent
-    model = _join(base, m["path"])
     name = m.get("name") or Path(m["path"]).stem
-    precision = m.get("precision", "fp32")
-    backend = m.get("backend")
-    _check_choice(path, where, "precision", precision, BUILD_PRECISIONS)
-    if backend is not None:
-        _check_choice(path, where, "backend", backend, BACKENDS)
+    if m.get("backend") is not None and m["backend"] not in BACKENDS:
+        known = ", ".join(BACKENDS)
+        _bad(path, f"{where}: backend {m['backend']!r} is not one of {known}", "pick one")
     if "latency_budget_ms" in m and not m["latency_budget_ms"] > 0:
         _bad(path, f"{where}: latency_budget_ms must be positive", "give milliseconds, e.g. 5.0")
+    build = _build(path, where, {k: v for k, v in m.items() if k in BUILD_KEYS})
     return ModelSpec(
         name=name,
-        path=model,
-        output=Path(f"{name}.opt.onnx" if backend == "none" else name),
-        target=m.get("target", "cpu"),
-        backend=backend,
-        precision=precision,
-        profiles=_profiles(path, where, m.get("shapes", {})),
-        data=_opt_path(base, m.get("data")),
+        path=_join(base, m["path"]),
+        output=Path(f"{name}.opt.onnx" if build.backend == "none" else name),
+        build=build,
         golden=_opt_path(base, m.get("golden")),
         reference=_opt_path(base, m.get("reference")),
-        atol=_opt_float(m.get("atol")),
-        rtol=_opt_float(m.get("rtol")),
-        min_cosine=_opt_float(m.get("min_cosine")),
-        tolerances=_tolerances(path, where, m.get("tolerances", {})),
         latency_budget_ms=_opt_float(m.get("latency_budget_ms")),
         baseline=_opt_path(base, m.get("baseline")),
         max_slowdown=float(m.get("max_slowdown", 1.10)),
-        disable_passes=[str(p) for p in m.get("disable_passes", [])],
-        portable=bool(m.get("portable", False)),
         warmup=int(m.get("warmup", ci.get("warmup", 5))),
         iters=int(m.get("iters", ci.get("iters", 50))),
         cache_dir=_opt_path(base, ci.get("cache_dir")),
     )
 
 
-def _check_choice(path: Path, where: str, key: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        _bad(path, f"{where}: {key} {value!r} is not one of {', '.join(allowed)}", "pick one")
+def _build(path: Path, where: str, keys: Mapping[str, Any]) -> BuildConfig:
+    """The model's BuildConfig, resolved (backend none: an .onnx file) and checked."""
+    try:
+        build = BuildConfig.from_dict(keys, base=path.parent)
+        return build.resolve(artifact=build.backend != "none").check()
+    except InferccError as exc:
+        _bad(path, f"{where}: {exc.message}", exc.hint or "fix it")
+        raise  # unreachable: _bad raises
 
 
 def _opt_path(base: Path, value: str | None) -> Path | None:
@@ -230,38 +246,6 @@ def _join(base: Path, value: str) -> Path:
 
 def _opt_float(value: float | None) -> float | None:
     return None if value is None else float(value)
-
-
-def _profiles(path: Path, where: str, shapes: Mapping[str, Any]) -> list[ShapeProfile]:
-    profiles = []
-    for name, value in shapes.items():
-        if isinstance(value, list) and all(isinstance(d, int) for d in value):
-            value = "x".join(str(d) for d in value)
-        if not isinstance(value, str):
-            _bad(path, f'{where}: shapes.{name} must be "1x3x224x224" or a list of ints', "fix it")
-        try:
-            profiles.append(parse_profile(f"{name}={value}"))
-        except InferccError as exc:
-            _bad(path, f"{where}: shapes.{name}: {exc.message}", exc.hint or "fix it")
-    return profiles
-
-
-def _tolerances(path: Path, where: str, table: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    from infercc.check.tolerances import parse_tolerances
-
-    result = {}
-    for name, value in table.items():
-        if isinstance(value, dict) and set(value) <= {"atol", "rtol"}:
-            value = f"{value.get('atol', 0.0)}:{value.get('rtol', 0.0)}"
-        try:
-            result.update(parse_tolerances([f"{name}={value}"]))
-        except InferccError:
-            _bad(
-                path,
-                f"{where}: tolerances.{name} = {value!r}",
-                'write "ATOL:RTOL" or {atol=, rtol=}',
-            )
-    return result
 
 
 def _check_unique(path: Path, specs: Sequence[ModelSpec]) -> None:

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Any
 
 from infercc.ci.manifest import CiConfig, ModelSpec, load_config
@@ -61,25 +60,8 @@ def _reason(exc: BaseException) -> str:
 
 def _compile(spec: ModelSpec, result: ModelResult) -> None:
     from infercc.api import optimize
-    from infercc.check.tolerances import default_tolerance
 
-    if spec.precision == "int8":
-        _require_qdq(spec.path)
-    tol = default_tolerance(spec.precision, spec.atol, spec.rtol, spec.min_cosine)
-    report = optimize(
-        spec.path,
-        spec.output,
-        target=spec.target,
-        profiles=spec.profiles,
-        backend=spec.backend,
-        cache_dir=spec.cache_dir,
-        fp16=spec.precision == "fp16",
-        data=spec.data,
-        disable_passes=spec.disable_passes,
-        portable=spec.portable,
-        run_validation=not spec.tolerances,
-        **tol,
-    )
+    report = optimize(spec.path, spec.output, spec.build, cache_dir=spec.cache_dir)
     result.output = str(spec.output)
     result.nodes_before, result.nodes_after = report.nodes_before, report.nodes_after
     result.backend = (report.artifact or {}).get("backend", {}).get("name", "none")
@@ -88,30 +70,20 @@ def _compile(spec: ModelSpec, result: ModelResult) -> None:
         result.reason = "validation failed: " + _failed_outputs(report.validation)
 
 
-def _require_qdq(path: Path) -> None:
-    from infercc.check.tolerances import model_precision
-    from infercc.runtime.artifact import read_skeleton
-
-    if model_precision(read_skeleton(path)) != "int8":
-        raise InferccError(
-            "precision int8 needs an already-calibrated QDQ model",
-            "run infercc calibrate MODEL --int8 --data DIR first and point path at it",
-        )
-
-
 def _validate(spec: ModelSpec, result: ModelResult) -> None:
     from infercc.check.candidates import validate_candidate
 
+    build = spec.build
     check = validate_candidate(
         spec.output,
         None if spec.golden is not None else (spec.reference or spec.path),
         golden=spec.golden,
         data=spec.data,
-        shapes={p.name: p.opt for p in spec.profiles},
-        atol=spec.atol,
-        rtol=spec.rtol,
-        min_cosine=spec.min_cosine,
-        tolerances=spec.tolerances,
+        shapes=build.shape_pins,
+        atol=build.atol,
+        rtol=build.rtol,
+        min_cosine=build.min_cosine,
+        tolerances=build.tolerance_map,
     )
     result.validation = check.validation.to_dict() if check.validation else None
     if not check.passed:
@@ -126,7 +98,7 @@ def bench_model(spec: ModelSpec, output: str) -> dict[str, Any]:
     """Median latency against the budget, and the ratio to the baseline; `reason` on failure."""
     from infercc.runtime import bench
 
-    shapes = {p.name: p.opt for p in spec.profiles}
+    shapes = spec.build.shape_pins
     latency: dict[str, Any] = {"reason": None}
     try:
         if spec.latency_budget_ms is not None:

@@ -129,8 +129,12 @@ def optimize(
         bool, typer.Option(help="Check the IR's invariants after every pass (slower).")
     ] = False,
     fold_limit: Annotated[
-        int, typer.Option(help="Largest constant (bytes) that constant folding may create.")
-    ] = 16 * 2**20,
+        str | None,
+        typer.Option(
+            help="Largest constant constant folding may create: bytes or a size, e.g. 1MiB "
+            "[default: 16MiB]."
+        ),
+    ] = None,
     external_data: Annotated[
         bool,
         typer.Option(
@@ -296,52 +300,45 @@ def optimize(
     """
     from infercc.api import optimize as run
     from infercc.cli.render import render_optimize
+    from infercc.config import BuildConfig, OrtOptions, TrtOptions
     from infercc.data.profiles import parse_profiles
 
+    config = BuildConfig(
+        target=target,
+        backend=backend,
+        precision=_precision(fp16=fp16, bf16=bf16, int8=int8),
+        fp16_io=fp16_io,
+        keep_fp32=tuple(keep_fp32 or ()),
+        ranges=str(ranges) if ranges is not None else (),
+        portable=portable,
+        fold_limit=fold_limit,
+        disable_passes=tuple(disable_pass or ()),
+        shapes=tuple(parse_profiles(shape)),
+        verify=verify,
+        external_data=external_data,
+        alignment=align,
+        tune=not no_tune,
+        validate=not no_validate,
+        data=str(data) if data is not None else None,
+        atol=atol,
+        rtol=rtol,
+        min_cosine=min_cosine,
+        ort=OrtOptions(optimized_model=ort_optimized_model),
+        tensorrt=TrtOptions(
+            workspace=workspace,
+            opt_level=opt_level,
+            hw_compat=hw_compat,
+            version_compatible=version_compatible,
+            timing_cache_strict=timing_cache_strict,
+            strict_target=strict_target,
+            plugins=tuple(str(p) for p in plugin or ()),
+            calib_cache=str(calib_cache) if calib_cache is not None else None,
+            profiles=tuple(profile or ()),
+            shape_inputs=tuple(shape_input or ()),
+        ),
+    )
     with _progress(as_json) as step:
-        report = run(
-            model,
-            output,
-            target=target,
-            profiles=parse_profiles(shape),
-            backend=backend,
-            cache_dir=cache_dir,
-            tune=not no_tune,
-            backend_options=_backend_options(
-                backend,
-                target,
-                save_optimized=ort_optimized_model,
-                cache_dir=str(cache_dir) if cache_dir else None,
-                validate=not no_validate,
-                plugins=[str(p) for p in plugin or []],
-                workspace=workspace,
-                opt_level=opt_level,
-                hw_compat=hw_compat,
-                version_compatible=version_compatible,
-                timing_cache_strict=timing_cache_strict,
-                strict_target=strict_target,
-                precision="int8" if int8 else "bf16" if bf16 else None,
-                calib_cache=str(calib_cache) if calib_cache else None,
-                profiles=profile or [],
-                shape_inputs=shape_input or [],
-            ),
-            data=data,
-            disable_passes=disable_pass or [],
-            portable=portable,
-            run_validation=not no_validate,
-            fold_limit=fold_limit,
-            verify=verify,
-            external_data=True if external_data else None,
-            atol=atol,
-            rtol=rtol,
-            min_cosine=min_cosine,
-            fp16=fp16,
-            fp16_io=fp16_io,
-            keep_fp32=keep_fp32 or [],
-            fp16_ranges=ranges,
-            alignment=align,
-            on_step=step,
-        )
+        report = run(model, output, config, cache_dir=cache_dir, on_step=step)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
     else:
@@ -350,24 +347,15 @@ def optimize(
         raise typer.Exit(EXIT_VALIDATION_FAILED)
 
 
-_TRT_ONLY = {"precision": "--bf16/--int8", "calib_cache": "--calib-cache"}
-
-
-def _backend_options(backend: str | None, target: str, **options: object) -> dict[str, object]:
-    """The optimize options meant for the backend; TensorRT-only precisions refused elsewhere."""
-    trt = backend == "tensorrt" or (backend is None and target.lower() != "cpu")
-    for key, flag in _TRT_ONLY.items():
-        if options.get(key) and not trt:
-            raise InferccError(
-                f"{flag} needs --backend tensorrt",
-                "use --fp16 (a graph rewrite every backend runs), or infercc calibrate for int8",
-            )
-    dropped = (None, False)
-    return {
-        k: v
-        for k, v in options.items()
-        if k == "validate" or not (any(v is d for d in dropped) or v == [])
-    }
+def _precision(**flags: bool) -> str:
+    """fp32, or the one precision flag given; two of them are an error."""
+    given = [name for name, on in flags.items() if on]
+    if len(given) > 1:
+        raise InferccError(
+            f"--{given[0]} and --{given[1]} exclude each other: a build has one precision",
+            "pick one",
+        )
+    return given[0] if given else "fp32"
 
 
 @app.command()

@@ -7,7 +7,9 @@ when it is itself an infercc artifact (it has a manifest.json); anything else is
 `manifest.json` (schema `infercc.manifest/1`) records what was built, from what and for what:
 infercc's version, the source model's path and sha256, the passes applied, the target and the
 host's fingerprint, the backend with its version and files, the shape profiles, the precision,
-the tuning choices, the memory plan summary and the validation result.
+the tuning choices, the memory plan summary, the validation result, and `build`: the
+`infercc.config.BuildConfig` it was built with, as data (`BuildConfig.from_dict` reads it
+back; `validate --bisect` rebuilds from it).
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ def manifest(
     precision: str,
     memory: dict[str, Any] | None,
     validation: dict[str, Any] | None,
+    build: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
@@ -184,6 +187,7 @@ def manifest(
         "backend": backend,
         "shape_profiles": [p.to_dict() for p in profiles],
         "precision": precision,
+        "build": build,
         "tuning": backend.get("points", []),
         "memory": memory,
         "validation": validation,

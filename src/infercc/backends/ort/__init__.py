@@ -56,7 +56,7 @@ onnxruntime-gpu's CUDA provider present.
 
 Files: `ort_config.json` (schema `infercc.ort_config/1`: per point its shapes, the chosen
 configuration, median_ms, cache hit/miss and every candidate measured) and, when
-`options.extra["save_optimized"]` is True (`--ort-optimized-model`) and the model's external
+`options.ort.optimized_model` is True (`--ort-optimized-model`) and the model's external
 data is under 2 GB, `ort_optimized.onnx`: onnxruntime's own optimized graph for the default
 point's provider and level (`SessionOptions.optimized_model_filepath`). Such a file is tied
 to the machine and provider, so `load` uses it, with optimization off, only when the host

@@ -113,7 +113,7 @@ class OrtBackend:
         points = [tune_point(ctx, n, s) for n, s in shape_points(ctx.proto, shapes)]
         default = next(i for i, p in enumerate(points) if p["name"] == "opt")
         optimized = None
-        if options.extra.get("save_optimized", False):
+        if options.ort.optimized_model:
             optimized = _save_optimized(ctx, points[default], Path(out_dir))
         config = _ort_config(ctx, points, default, optimized)
         (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

@@ -121,8 +121,7 @@ class _Trial:
 def tolerance(options: CompileOptions) -> tuple[float, float, float]:
     """(atol, rtol, min_cosine) for the graph's precision (`infercc.precisions`), with the
     user's figures in their place."""
-    extra = options.extra
-    given = (extra.get("atol"), extra.get("rtol"), extra.get("min_cosine"))
+    given = (options.atol, options.rtol, options.min_cosine)
     return table_tolerance(options.precision, *given).as_tuple()
 
 
@@ -324,7 +323,7 @@ def _confirm(trial: _Trial, best: dict[str, Any], default: dict[str, Any]) -> di
 
 
 def _trial(ctx: _Context, shapes: dict[str, tuple[int, ...]]) -> _Trial:
-    feeds = make_inputs(ctx.proto, shapes, seed=int(ctx.options.extra.get("seed", 0)))
+    feeds = make_inputs(ctx.proto, shapes, seed=ctx.options.seed)
     names = [o.name for o in ctx.proto.graph.output]
     atol, rtol, cosine = tolerance(ctx.options)
     return _Trial(

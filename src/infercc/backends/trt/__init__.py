@@ -1,6 +1,6 @@
 """TensorRT engine building for infercc's tensorrt backend (`infercc.backends.trt.backend`).
 
-Modules: `settings` (builder options from `CompileOptions.extra`), `fingerprint` (what an
+Modules: `settings` (builder settings from `CompileOptions.tensorrt`), `fingerprint` (what an
 engine is tied to), `profiles` (optimization profiles), `precision` (TensorRT 10 vs 11 and
 layer precisions read back), `calibrator` (INT8 from a calibration cache on TensorRT 10),
 `caches` (timing and engine caches), `build` (the build flow and the artifact), `runner`

@@ -373,7 +373,7 @@ def compile_artifact(
     hooks = hooks or Hooks()
     model, out_dir = Path(model), Path(out_dir)
     step = options.on_step or (lambda _s: None)
-    settings = read_settings(options.extra, options.precision, target.memory_bytes, out_dir, model)
+    settings = read_settings(options, target.memory_bytes, out_dir, model)
     here = hooks.fingerprint(trt)
     portability = _check_target(target, here, settings.strict_target)
     proto = read_model(model)[0]
@@ -500,7 +500,7 @@ def validate_engine(
         trt, data, resolved, config["outputs"], device=hooks.device, host_code=host_code
     )
     feeds = [
-        make_inputs(proto, {n: r[1] for n, r in p.items()}, seed=int(options.extra.get("seed", 0)))
+        make_inputs(proto, {n: r[1] for n, r in p.items()}, seed=options.seed)
         for p in resolved
     ]
     expected = run_model(model, feeds)
@@ -508,8 +508,7 @@ def validate_engine(
     computed = precision.compute_precision(
         config["precision"]["requested"], config["fingerprint"].get("compute_capability")
     )
-    extra = options.extra
-    tol = tolerance(computed, extra.get("atol"), extra.get("rtol"), extra.get("min_cosine"))
+    tol = tolerance(computed, options.atol, options.rtol, options.min_cosine)
     report = compare_outputs(expected, actual, *tol.as_tuple())
     if not report.passed:
         failure = report.failures()[0]

@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 
 UNKNOWN = "unknown"
 FIELDS = ("tensorrt", "cuda", "driver", "gpu", "compute_capability")
-HW_COMPAT = ("none", "ampere+", "same-cc")
 _DRIVER_FILE = Path("/proc/driver/nvidia/version")
 _DRIVER_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]*)")
 

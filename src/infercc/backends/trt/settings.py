@@ -1,78 +1,40 @@
-"""The TensorRT builder settings infercc exposes, read from `CompileOptions.extra`.
-
-Keys of `extra` (the CLI's `optimize` options in brackets):
+"""The TensorRT builder settings of a build, from the typed `CompileOptions.tensorrt`
+(`infercc.config.TrtOptions`; the CLI's `optimize` options in brackets):
 
 - `plugins` [--plugin LIB, repeatable]: shared libraries with TensorRT plugins, loaded before
-  parsing (and again before loading the engine).
-- `workspace` [--workspace]: the builder's workspace pool limit, bytes or a size such as
-  `512MiB` / `4GiB` / `2GB`. Default: the target's memory budget, that is its memory less the
-  weights and activation arena of the memory plan (`memory_plan.json` in the artifact) and
-  512 MiB for the CUDA context, and never below `infercc.analysis.roofline.default_workspace`.
+  parsing (and again before loading the engine); each must exist.
+- `workspace` [--workspace]: the builder's workspace pool limit in bytes. Default: the target's
+  memory budget, that is its memory less the weights and activation arena of the memory plan
+  (`memory_plan.json` in the artifact) and 512 MiB for the CUDA context, and never below
+  `infercc.analysis.roofline.default_workspace`.
 - `opt_level` [--opt-level 0-5]: `builder_optimization_level` (TensorRT's default is 3; higher
   builds slower and may run faster).
 - `hw_compat` [--hw-compat none|ampere+|same-cc]: `HardwareCompatibilityLevel`.
 - `version_compatible` [--version-compatible]: `BuilderFlag.VERSION_COMPATIBLE`.
 - `timing_cache_strict` [--timing-cache-strict], `strict_target` [--strict-target].
-- `precision` [--bf16, --int8]: asks for a precision beyond what `optimize` rewrote the graph
-  to (`CompileOptions.precision`, fp32 or fp16); `calib_cache` [--calib-cache FILE].
+- `calib_cache` [--calib-cache FILE], with precision int8 on TensorRT 10.
 - `profiles` [--profile, repeatable], `shape_inputs` [--shape-input]: see `profiles`.
-- `cache_dir`: where timing caches live when no tuning cache is passed (`--no-tune`).
-- `validate`: compare the engine's outputs with onnxruntime on the CPU (default True).
+
+From the rest of `CompileOptions`: `precision` (the build's: fp32, fp16, bf16 or int8),
+`cache_dir` (where timing caches live when no tuning cache is passed: `--no-tune`) and
+`validate` (compare the engine's outputs with onnxruntime on the CPU).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercc.backends.trt.fingerprint import HW_COMPAT
+from infercc.backends.base import CompileOptions
 from infercc.backends.trt.precision import PRECISIONS
 from infercc.errors import InferccError
+from infercc.util import parse_size  # noqa: F401  (the size parser; tests and callers use it here)
 
 MIB = 2**20
 CONTEXT_RESERVE = 512 * MIB
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
-
-
-def parse_size(text: str | int) -> int:
-    """'4GiB' -> 4294967296, '512MB' -> 512000000, '1048576' -> 1048576."""
-    if isinstance(text, int):
-        value = text
-    else:
-        match = _SIZE.fullmatch(str(text))
-        unit = match[2].lower() if match else ""
-        if match is None or unit not in _UNITS:
-            raise InferccError(
-                f"--workspace {text!r} is not a size",
-                "give bytes or a size with a unit, e.g. 512MiB, 4GiB, 2GB",
-            )
-        value = int(float(match[1]) * _UNITS[unit])
-    if value <= 0:
-        raise InferccError(f"--workspace {text!r} must be positive", "e.g. --workspace 4GiB")
-    return value
-
-
 def default_workspace(target_memory: int, weights: int, arena: int) -> int:
     """The target's memory budget for scratch: memory - weights - arena - CUDA context."""
     from infercc.analysis.roofline import default_workspace as floor
@@ -126,15 +88,6 @@ class BuildSettings:
         }
 
 
-def _int_option(extra: Mapping[str, Any], key: str, lo: int, hi: int, flag: str) -> int | None:
-    value = extra.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InferccError(f"{flag} {value!r} is out of range", f"give an integer {lo}-{hi}")
-    return value
-
-
 def _files(paths: Any, flag: str) -> tuple[str, ...]:
     found = tuple(str(Path(p).resolve()) for p in (paths or ()))
     for path in found:
@@ -144,37 +97,30 @@ def _files(paths: Any, flag: str) -> tuple[str, ...]:
 
 
 def read_settings(
-    extra: Mapping[str, Any],
-    precision: str,
-    target_memory: int,
-    out_dir: Path,
-    model: Path,
+    options: CompileOptions, target_memory: int, out_dir: Path, model: Path
 ) -> BuildSettings:
-    """BuildSettings from `CompileOptions.extra` (see the module doc); InferccError when bad."""
-    wanted = str(extra.get("precision") or precision)
-    if wanted not in PRECISIONS:
-        raise InferccError(f"unknown precision {wanted!r}", f"use one of {', '.join(PRECISIONS)}")
-    hw = str(extra.get("hw_compat") or "none")
-    if hw not in HW_COMPAT:
-        raise InferccError(f"--hw-compat {hw!r} is unknown", f"use one of {', '.join(HW_COMPAT)}")
+    """BuildSettings from the build's options (see the module doc); InferccError when bad."""
+    trt = options.tensorrt
+    if options.precision not in PRECISIONS:
+        raise InferccError(
+            f"unknown precision {options.precision!r}", f"use one of {', '.join(PRECISIONS)}"
+        )
     settings = BuildSettings(
-        precision=wanted,
-        opt_level=_int_option(extra, "opt_level", 0, 5, "--opt-level"),
-        hw_compat=hw,
-        version_compatible=bool(extra.get("version_compatible", False)),
-        plugins=_files(extra.get("plugins"), "--plugin"),
-        timing_cache_strict=bool(extra.get("timing_cache_strict", False)),
-        strict_target=bool(extra.get("strict_target", False)),
-        calib_cache=(
-            _files([extra["calib_cache"]], "--calib-cache")[0] if extra.get("calib_cache") else None
-        ),
-        profiles=list(extra.get("profiles") or []),
-        shape_inputs=extra.get("shape_inputs"),
-        cache_dir=str(extra["cache_dir"]) if extra.get("cache_dir") else None,
-        validate=bool(extra.get("validate", True)),
+        precision=options.precision,
+        opt_level=trt.opt_level,
+        hw_compat=trt.hw_compat,
+        version_compatible=trt.version_compatible,
+        plugins=_files(trt.plugins, "--plugin"),
+        timing_cache_strict=trt.timing_cache_strict,
+        strict_target=trt.strict_target,
+        calib_cache=_files([trt.calib_cache], "--calib-cache")[0] if trt.calib_cache else None,
+        profiles=[list(p) for p in trt.profiles],
+        shape_inputs=list(trt.shape_inputs),
+        cache_dir=options.cache_dir,
+        validate=options.validate,
     )
-    if extra.get("workspace") is not None:
-        settings.workspace_bytes = parse_size(extra["workspace"])
+    if trt.workspace is not None:
+        settings.workspace_bytes = trt.workspace
     else:
         weights, arena = plan_sizes(out_dir, model)
         settings.workspace_bytes = default_workspace(target_memory, weights, arena)
