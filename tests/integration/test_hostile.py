@@ -54,7 +54,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 # (onnxruntime's logger) writes is caught too.
 DRIVER = """
 import json, os, sys
-from infercc.cli import commands as cli
+from infercc import cli
 for job in json.load(open(sys.argv[1])):
     sys.stdout.flush(); sys.stderr.flush()
     saved = os.dup(1), os.dup(2)

@@ -1,8 +1,16 @@
-"""The command line: a Typer app over the Python API (`infercc.cli.commands`), rendered with
-rich (`infercc.cli.render`)."""
+"""The command line: a Typer app (`infercc.cli.app`) over the Python API, one module per
+command (`optimize`, `info`: inspect, passes and targets, `bench`, `calibrate`, `validate`,
+`ci`, `cache`), the options and helpers they share (`common`), rendered with rich
+(`infercc.cli.render`). Importing this package registers every command, in `--help` order."""
 
 from __future__ import annotations
 
-from infercc.cli.commands import app, main
+import importlib
+
+from infercc.cli.app import app, main
+
+COMMAND_MODULES = ("optimize", "info", "bench", "calibrate", "validate", "ci", "cache")
+for _module in COMMAND_MODULES:
+    importlib.import_module(f"infercc.cli.{_module}")
 
 __all__ = ["app", "main"]

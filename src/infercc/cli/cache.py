@@ -1,0 +1,88 @@
+"""`infercc cache`: the tuning cache's entries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infercc.cli.app import app, out
+from infercc.cli.common import CacheDirOpt, JsonOpt
+from infercc.errors import InferccError
+
+cache_app = typer.Typer(
+    help="The tuning cache: what was tuned, for which model, shapes and host.",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+
+
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+@cache_app.command("ls")
+def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
+    """List the cache's entries (digest, backend, provider, shapes, hits)."""
+    from infercc.cli.render import render_cache_entries
+    from infercc.runtime.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        entries = cache.entries()
+        if as_json:
+            out.print_json(json.dumps({"path": str(cache.path), "entries": entries}))
+        else:
+            render_cache_entries(cache.path, entries, out)
+
+
+@cache_app.command("show")
+def cache_show(
+    digest: Annotated[str, typer.Argument(help="An entry's digest, or its first characters.")],
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Print the entries whose digest starts with DIGEST, with their tuning choices (JSON)."""
+    from infercc.runtime.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        found = cache.show(digest)
+    if not found:
+        raise InferccError(f"no cache entry starts with {digest!r}", "infercc cache ls lists them")
+    out.print_json(json.dumps(found))
+
+
+@cache_app.command("clear")
+def cache_clear(cache_dir: CacheDirOpt = None) -> None:
+    """Remove every entry."""
+    from infercc.runtime.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        n = cache.clear()
+    out.print(f"removed {_entries(n)}")
+
+
+@cache_app.command("export")
+def cache_export(
+    path: Annotated[Path, typer.Argument(help="JSON file to write.")],
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Write every entry to a JSON file (to share tuning results across machines of one kind)."""
+    from infercc.runtime.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        n = cache.export(path)
+    out.print(f"exported {_entries(n)} to {path}")
+
+
+@cache_app.command("import")
+def cache_import(
+    path: Annotated[Path, typer.Argument(help="JSON file written by `infercc cache export`.")],
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Merge entries from an exported file (the newer entry wins on conflicts)."""
+    from infercc.runtime.tuning import TuningCache
+
+    with TuningCache(cache_dir) as cache:
+        n = cache.import_(path)
+    out.print(f"imported {_entries(n)} from {path}")

@@ -1,0 +1,149 @@
+"""`infercc calibrate`: an int8 QDQ model from real samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infercc.cli.app import app
+from infercc.cli.common import JsonOpt, Progress, finish
+from infercc.errors import InferccError
+
+
+@app.command()
+def calibrate(
+    model: Annotated[Path, typer.Argument(help="The fp32 ONNX model to quantize.")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="Samples: a directory of .npz files (one sample each, keyed by input "
+            "name) or <input>.npy files, or one .npz of stacked samples (every array with "
+            "one more axis than the input: N samples on axis 0), or a directory of images "
+            "(jpg, png, bmp, webp; needs --preprocess)."
+        ),
+    ],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "-o",
+            "--output",
+            help="Directory for model_int8.onnx, ranges.json, "
+            "calibration.cache and calibration_report.json.",
+        ),
+    ],
+    int8: Annotated[bool, typer.Option("--int8", help="Quantize to int8 (QDQ).")] = True,
+    method: Annotated[
+        str,
+        typer.Option(
+            help="Range method: minmax, entropy (KL, as TensorRT's entropy "
+            "calibrator) or percentile."
+        ),
+    ] = "minmax",
+    percentile: Annotated[float, typer.Option(help="With --method percentile.")] = 99.99,
+    num_samples: Annotated[
+        int | None, typer.Option(help="Use at most this many samples.", min=1)
+    ] = None,
+    holdout: Annotated[
+        float, typer.Option(help="Fraction of the samples held out to measure accuracy.")
+    ] = 0.2,
+    min_cosine: Annotated[
+        float | None,
+        typer.Option(
+            help="Accuracy target: minimum output cosine vs fp32; the "
+            "most sensitive layers move back to float until it holds."
+        ),
+    ] = None,
+    max_top1_drop: Annotated[
+        float | None,
+        typer.Option(help="Accuracy target: largest top-1 disagreement with fp32, in points."),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", help="A node to keep in float (repeatable).")
+    ] = None,
+    preprocess: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SPEC",
+            help="How images become tensors: a preset (imagenet: torchvision's resize "
+            "crop/0.875, center crop, scale=1/255, ImageNet mean/std, RGB; raw: pixels 0-255) "
+            "and/or comma-separated key=value items overriding it: input=NAME, resize=S|HxW|"
+            "none (S: shorter side), crop=S|HxW|none (center; default: the model's H x W), "
+            "scale=F|A/B, mean=R/G/B, std=R/G/B, order=rgb|bgr|gray, layout=nchw|nhwc, "
+            "dtype=float32|float16|uint8|..., interp=bilinear|bicubic|nearest|lanczos. "
+            'E.g. "imagenet,order=bgr". Needs Pillow: pip install "infercc\\[images]".',
+        ),
+    ] = None,
+    target: Annotated[
+        str, typer.Option(help="Where the int8 model will run; decides --activations auto.")
+    ] = "cpu",
+    activations: Annotated[
+        str,
+        typer.Option(
+            help="Activation quantization: int8 (symmetric; the form TensorRT takes), uint8 "
+            "(asymmetric; onnxruntime's fast CPU form, twice the resolution on one-sided "
+            "tensors), or auto (uint8 for cpu, int8 for GPU targets)."
+        ),
+    ] = "auto",
+    activation_matmuls: Annotated[
+        bool,
+        typer.Option(
+            "--activation-matmuls",
+            help="Also quantize MatMuls of two activations (attention); off by default: "
+            "little speed, much accuracy lost.",
+        ),
+    ] = False,
+    max_trials: Annotated[
+        int,
+        typer.Option(
+            help="Cap on sensitivity trials (each quantizes and evaluates once) when an "
+            "accuracy target is set.",
+            min=0,
+        ),
+    ] = 64,
+    speed_check: Annotated[
+        bool,
+        typer.Option(
+            help="Race int8 against fp32 on this host (interleaved) and say when int8 is slower."
+        ),
+    ] = True,
+    outlier_channels: Annotated[
+        bool,
+        typer.Option(
+            help="Split a transformer projection whose input has a few huge channels: those "
+            "channels stay float, the rest int8 (exact; a Mul, Gather, small MatMul and Add)."
+        ),
+    ] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
+    calibration cache; report accuracy against fp32 on held-out samples."""
+    from infercc.calib.calibrate import calibrate as run
+    from infercc.cli.render import render_calibration
+
+    if not int8:
+        raise InferccError("calibrate builds int8 models only", "pass --int8")
+    with Progress(as_json) as progress:
+        report = run(
+            model,
+            data,
+            output,
+            method=method,
+            percentile=percentile,
+            num_samples=num_samples,
+            holdout=holdout,
+            min_cosine=min_cosine,
+            max_top1_drop=max_top1_drop,
+            exclude=exclude or [],
+            preprocess=preprocess,
+            target=target,
+            activations=activations,
+            activation_matmuls=activation_matmuls,
+            max_trials=max_trials,
+            speed_check=speed_check,
+            outlier_channels=outlier_channels,
+            on_step=progress.step,
+            on_progress=progress.tick,
+        )
+    finish(report, as_json, render_calibration)

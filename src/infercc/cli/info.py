@@ -1,0 +1,76 @@
+"""`infercc inspect`, `infercc passes` and `infercc targets`: what a model, the pipeline and
+the target database hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from infercc.cli.app import app
+from infercc.cli.common import JsonOpt, ShapeOpt, finish
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to describe.")],
+    shape: ShapeOpt = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="Add the roofline analysis and memory budget on this target "
+            "(`infercc targets` lists them)."
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --target: draw every node on the target's roofline into this "
+            "PNG (needs matplotlib: pip install 'infercc[plot]')."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Describe MODEL: inputs and outputs, opsets, op histogram, parameters, and FLOPs of
+    Conv/MatMul/Gemm at a shape profile (--shape pins inputs; other symbolic dims are 1 for the
+    first axis and 8 for others).
+
+    With --target: per node FLOPs, bytes, arithmetic intensity, memory- or compute-bound and
+    roofline time; the ten slowest nodes; the total roofline latency (a lower bound for one
+    inference); and the memory budget (weights + activation arena + workspace), with the
+    largest batch that fits when the batch dimension is symbolic."""
+    from infercc.analysis.model_info import inspect_model
+    from infercc.cli.render import render_inspect
+    from infercc.data.profiles import parse_shapes
+
+    report = inspect_model(model, parse_shapes(shape), target=target, plot=plot)
+    finish(report, as_json, render_inspect)
+
+
+@app.command()
+def passes(as_json: JsonOpt = False) -> None:
+    """List the passes, in pipeline order."""
+    from infercc.passes import DEFAULT_PIPELINE, REGISTRY
+
+    rows = [{"name": n, "doc": REGISTRY[n].doc} for n in DEFAULT_PIPELINE]
+    finish(rows, as_json, _render_passes, data=rows)
+
+
+def _render_passes(rows: list[dict[str, str]], console: Console) -> None:
+    for r in rows:
+        console.print(f"[bold]{r['name']}[/]  {r['doc']}")
+
+
+@app.command()
+def targets(as_json: JsonOpt = False) -> None:
+    """List the targets --target accepts, with their peak FLOP/s, memory and bandwidth.
+
+    The cpu target is this host, detected (cores, vector features, memory; bandwidth measured
+    once, or set with INFERCC_CPU_BANDWIDTH_GBS)."""
+    from infercc.analysis.targets import list_targets
+    from infercc.cli.render import render_targets
+
+    items = list_targets()
+    finish(items, as_json, render_targets, data=[t.to_dict() for t in items])

@@ -1,0 +1,96 @@
+"""`infercc validate`: a candidate against its reference or goldens, and `--bisect`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infercc.cli.app import app
+from infercc.cli.common import (
+    AtolOpt,
+    JsonOpt,
+    MinCosineOpt,
+    Progress,
+    RtolOpt,
+    SeedOpt,
+    ShapeOpt,
+    TolOpt,
+    finish,
+)
+
+
+@app.command()
+def validate(
+    candidate: Annotated[
+        Path | None,
+        typer.Argument(
+            help="The optimized .onnx model, or an artifact directory (run through its "
+            "backend). Omit it with --save-golden to only write goldens."
+        ),
+    ] = None,
+    reference: Annotated[
+        Path | None, typer.Option(help="The original model to compare with.")
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Samples: a directory of .npz (keyed by input name) or .npy files."),
+    ] = None,
+    shape: ShapeOpt = None,
+    seed: SeedOpt = 0,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    min_cosine: MinCosineOpt = None,
+    tol: TolOpt = None,
+    save_golden: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the inputs and the reference's outputs here (npz), for --golden later."
+        ),
+    ] = None,
+    golden: Annotated[
+        Path | None,
+        typer.Option(help="Compare with goldens written by --save-golden (no reference needed)."),
+    ] = None,
+    bisect: Annotated[
+        bool,
+        typer.Option(
+            "--bisect",
+            help="On failure, rebuild from --reference with passes disabled one at a time, "
+            "bisect the guilty pass's rewrites and name the node where outputs first diverge.",
+        ),
+    ] = False,
+    target: Annotated[
+        str | None, typer.Option(help="With --bisect: the target the candidate was built for.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check CANDIDATE against --reference (or --golden): per output max abs and relative
+    error, cosine and the fraction of elements out of tolerance. Tolerances follow the
+    candidate's precision (from its manifest, or read from the model).
+
+    Exit codes: 0 passed, 1 failed, 2 bad input."""
+    from infercc.check.candidates import validate_candidate
+    from infercc.check.tolerances import parse_tolerances
+    from infercc.cli.render import render_candidate
+    from infercc.data.profiles import parse_shapes
+
+    with Progress(as_json) as progress:
+        report = validate_candidate(
+            candidate,
+            reference,
+            golden=golden,
+            save_golden_to=save_golden,
+            data=data,
+            shapes=parse_shapes(shape),
+            seed=seed,
+            atol=atol,
+            rtol=rtol,
+            min_cosine=min_cosine,
+            tolerances=parse_tolerances(tol),
+            bisect=bisect,
+            target=target,
+            on_step=progress.step,
+        )
+    finish(report, as_json, render_candidate)
