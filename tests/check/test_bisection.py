@@ -291,3 +291,80 @@ def test_bisect_names_the_rewrite_of_an_eliminate_no_ops_bug(tmp_path: Path, mon
     assert (report.total, report.first_bad) == (3, 2)
     assert (report.rewrite_node, report.rewrite_op) == ("id2", "Identity")
     assert (report.divergence.node, report.divergence.op_type) == ("neg", "Neg")
+
+
+# -- rebuilding from the artifact's recorded build ----------------------------------------------
+
+ENCODER = Path(__file__).resolve().parents[2] / "examples" / "tiny_encoder.onnx"
+BUILT_WITH = ["--fp16", "--portable", "--keep-fp32", "Softmax", "--fold-limit", "1MiB"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "infercc", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_validate_bisect_rebuilds_with_the_artifacts_recorded_settings(tmp_path: Path) -> None:
+    """Built with --portable, --keep-fp32 Softmax and --fold-limit 1MiB (and --fp16, which
+    --keep-fp32 needs): `validate --bisect` rebuilds with exactly those, read from
+    manifest["build"], not guessed from the model. Tolerances tighter than fp16 can hold make
+    the candidate fail, so bisection runs."""
+    art = tmp_path / "art"
+    built = _cli("optimize", str(ENCODER), "-o", str(art), "--no-tune", *BUILT_WITH)
+    assert built.returncode == 0, built.stderr
+    recorded = json.loads((art / "manifest.json").read_text())["build"]
+    assert recorded["portable"] is True and recorded["keep_fp32"] == ["Softmax"]
+    assert recorded["fold_limit"] == 2**20 and recorded["precision"] == "fp16"
+    r = _cli(
+        "validate", str(art), "--reference", str(ENCODER), "--bisect", "--json",
+        "--atol", "1e-7", "--rtol", "0",
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    report = json.loads(r.stdout)["bisect"]
+    assert report["settings"] == "manifest" and report["build"] == recorded
+    assert report["reproduced"]  # the rebuild is the candidate: the failure reproduces
+
+
+def test_every_rebuild_gets_the_recorded_pass_context(tmp_path: Path, monkeypatch) -> None:
+    from infercc import api
+    from infercc.check import bisection
+    from infercc.check.candidates import validate_candidate
+    from infercc.config import BuildConfig
+
+    config = BuildConfig(
+        backend="ort", tune=False, precision="fp16", portable=True, keep_fp32=("Softmax",),
+        fold_limit="1MiB",
+    )  # fmt: skip
+    api.optimize(ENCODER, tmp_path / "art", config, cache_dir=tmp_path / "cache")
+    seen: list[PassContext] = []
+    real = api.pass_context
+
+    def spy(build, profile):
+        seen.append(real(build, profile))
+        return seen[-1]
+
+    monkeypatch.setattr(api, "pass_context", spy)
+    assert bisection.config_for_candidate(tmp_path / "art").build == config
+    report = validate_candidate(
+        tmp_path / "art", ENCODER, bisect=True, atol=1e-7, rtol=0.0, min_cosine=0.9999999
+    )
+    assert not report.passed and report.bisect.trials == len(seen) > 1
+    for ctx in seen:
+        assert (ctx.portable, ctx.fold_limit, ctx.backend) == (True, 2**20, "ort")
+        assert ctx.options["keep_fp32"] == ["Softmax"]
+
+
+def test_validate_target_without_effect_is_refused(reference: Path, tmp_path: Path) -> None:
+    from infercc import api
+    from infercc.check.candidates import validate_candidate
+    from infercc.errors import InferccError
+
+    with pytest.raises(InferccError, match="--target has no effect without --bisect"):
+        validate_candidate(reference, reference, target="a100")
+    api.optimize(reference, tmp_path / "art", backend="ort", tune=False)
+    with pytest.raises(InferccError, match="the artifact records its build"):
+        validate_candidate(tmp_path / "art", reference, bisect=True, target="a100", atol=0.0)

@@ -1,7 +1,9 @@
 """Find the pass, the rewrite and the node that broke an optimized model.
 
 When a candidate built by infercc fails validation, `bisect` rebuilds it from the reference
-with the same pipeline and options, and narrows the failure down in three steps:
+with the same pipeline and options (an artifact's `manifest["build"]`, the `BuildConfig` it was
+built with; a plain .onnx file records none, so it is rebuilt with the default build at its
+precision), and narrows the failure down in three steps:
 
 1. **Which pass.** The full pipeline is rebuilt and validated first (if it passes, the failure
    does not reproduce: the candidate was built with other options or another version). Then
@@ -43,10 +45,10 @@ import numpy as np
 import onnx
 
 from infercc.check.compare import compare_outputs, run_model
+from infercc.config import BuildConfig
 from infercc.errors import InferccError
 from infercc.ir import export_model, load_model
-from infercc.passes import DEFAULT_PIPELINE
-from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, run_passes
+from infercc.passes.manager import PassContext, run_passes
 from infercc.util import first_line
 
 log = logging.getLogger(__name__)
@@ -59,71 +61,59 @@ Feeds = Mapping[str, np.ndarray]
 
 @dataclass
 class PipelineConfig:
-    """How a candidate was built: enough to rebuild it from the reference."""
+    """How a candidate was built, enough to rebuild it from the reference: its `BuildConfig`
+    (an artifact's `manifest["build"]`), and where that came from."""
 
-    target: str = "cpu"
-    backend: str = "ort"
-    portable: bool = False
-    fold_limit: int = DEFAULT_FOLD_LIMIT
-    precision: str = "fp32"
-    fp16_io: bool = False
-    keep_fp32: list[str] = field(default_factory=list)
-    disabled: list[str] = field(default_factory=list)
-    shapes: dict[str, tuple[int, ...]] | None = None
-    stages: list[tuple[str, ...]] | None = None  # default: DEFAULT_PIPELINE (+ fp16's)
+    build: BuildConfig = field(default_factory=BuildConfig)
+    stages: list[tuple[str, ...]] | None = None  # default: the build's pipelines
+    source: str = "defaults"  # "manifest": the artifact recorded its build
+
+    @property
+    def precision(self) -> str:
+        return self.build.precision
 
     def pipeline(self) -> list[tuple[str, ...]]:
         if self.stages is not None:
             return [tuple(s) for s in self.stages]
-        from infercc.api import FP16_PIPELINE
+        from infercc.api import pipelines
 
-        stages = [tuple(DEFAULT_PIPELINE)]
-        return [*stages, tuple(FP16_PIPELINE)] if self.precision == "fp16" else stages
+        return pipelines(self.build)
 
     def pass_names(self) -> list[str]:
         """Every pass that runs, in pipeline order, once each."""
         names = dict.fromkeys(n for stage in self.pipeline() for n in stage)
-        return [n for n in names if n not in self.disabled]
+        return [n for n in names if n not in self.build.disable_passes]
 
 
 def config_for_candidate(
-    candidate: str | os.PathLike[str],
-    reference: str | os.PathLike[str],
-    target: str | None = None,
+    candidate: str | os.PathLike[str], target: str | None = None
 ) -> PipelineConfig:
-    """The pipeline a candidate was built with: from its artifact manifest (target, backend,
-    precision, passes) or, for a plain model, from what it holds (contrib ops mean a
-    non-portable build; float16 inputs mean --fp16-io)."""
-    from infercc.check.candidates import candidate_model_path
+    """How a candidate was built: an artifact's recorded `manifest["build"]`; for a plain model
+    (which records nothing) or an artifact of an older infercc, the default build for `target`
+    at the candidate's precision (nothing else is guessed)."""
     from infercc.check.tolerances import detect_precision
 
     path = Path(candidate)
-    config = PipelineConfig(precision=detect_precision(path))
-    if path.is_dir():
-        _from_manifest(config, path)
-    model = onnx.load(candidate_model_path(path), load_external_data=False)
-    config.portable = not any(n.domain == "com.microsoft" for n in model.graph.node)
-    config.fp16_io = config.precision == "fp16" and _has_fp16_inputs(model)
-    if target is not None:
-        config.target = target
-    return config
+    recorded = _recorded_build(path)
+    if recorded is not None:
+        if target is not None:
+            raise InferccError(
+                f"--target has no effect: the artifact records its build (target "
+                f"{recorded.target})",
+                "drop --target",
+            )
+        return PipelineConfig(recorded, source="manifest")
+    build = BuildConfig(target=target or "cpu", precision=detect_precision(path))
+    return PipelineConfig(build.resolve(artifact=not path.is_file()))
 
 
-def _from_manifest(config: PipelineConfig, directory: Path) -> None:
-    from infercc.runtime.artifact import read_manifest
+def _recorded_build(path: Path) -> BuildConfig | None:
+    if not path.is_dir():
+        return None
+    from infercc.runtime.artifact import open_source
 
-    manifest = read_manifest(directory)
-    config.target = str(manifest.get("target", {}).get("name") or config.target)
-    backend = str(manifest.get("backend", {}).get("name") or "ort")
-    config.backend = backend if backend in ("ort", "tensorrt") else "ort"
-    ran = set(manifest.get("passes") or {})
-    if ran:
-        config.disabled = [n for n in DEFAULT_PIPELINE if n not in ran]
-
-
-def _has_fp16_inputs(model: onnx.ModelProto) -> bool:
-    fp16 = onnx.TensorProto.FLOAT16
-    return any(vi.type.tensor_type.elem_type == fp16 for vi in model.graph.input)
+    data = (open_source(path).manifest or {}).get("build")
+    return BuildConfig.from_dict(data) if isinstance(data, dict) else None
 
 
 # --------------------------------------------------------------------------- report
@@ -174,6 +164,8 @@ class BisectReport:
     divergence: Divergence | None = None
     trials: int = 0
     message: str = ""
+    build: dict[str, Any] | None = None  # the BuildConfig every rebuild used
+    settings: str = "defaults"  # "manifest": read from the artifact; "defaults": nothing recorded
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,6 +180,8 @@ class BisectReport:
             "divergence": self.divergence.to_dict() if self.divergence else None,
             "trials": self.trials,
             "message": self.message,
+            "build": self.build,
+            "settings": self.settings,
         }
 
 
@@ -228,21 +222,16 @@ class _Bisector:
         run_limits: Mapping[str, int] | None = None,
     ) -> tuple[onnx.ModelProto, PassContext, dict[str, int]]:
         """The reference through the pipeline, with extra passes disabled and limits set."""
-        from infercc.api import shape_profile
+        from infercc.api import pass_context, shape_profile
 
-        cfg = self.config
+        build = self.config.build
         ir = load_model(self.reference)
-        ctx = PassContext(target=cfg.target, portable=cfg.portable, fold_limit=cfg.fold_limit)
-        ctx.backend = cfg.backend
+        ctx = pass_context(build, shape_profile(ir, build.shape_pins))
         ctx.rewrite_limits = dict(rewrite_limits or {})
         ctx.run_limits = dict(run_limits or {})
-        ctx.options.update(fp16_io=cfg.fp16_io, keep_fp32=list(cfg.keep_fp32))
-        profile = shape_profile(ir, cfg.shapes)
-        if profile is not None:
-            ctx.options["shapes"] = profile
-        off = {*cfg.disabled, *disabled}
+        off = {*build.disable_passes, *disabled}
         runs: dict[str, int] = {}
-        for stage in cfg.pipeline():
+        for stage in self.config.pipeline():
             report = run_passes(ir, ctx, stage, [n for n in stage if n in off])
             for name, st in report.passes.items():
                 runs[name] = runs.get(name, 0) + st.runs
@@ -297,6 +286,16 @@ def bisect(
             "bisect needs at least one sample", "pass --data or let infercc make one"
         )
     b = _Bisector(Path(reference), feeds, config, tol, tolerances)
+    report = _narrow(b, candidate)
+    report.build, report.settings = config.build.to_dict(), config.source
+    return report
+
+
+def _narrow(
+    b: _Bisector, candidate: str | os.PathLike[str] | onnx.ModelProto | None
+) -> BisectReport:
+    """The three steps of the module docstring."""
+    config = b.config
     full = b.trial()
     if full.passed:
         return _not_reproduced(b, candidate)
@@ -338,6 +337,8 @@ def _not_reproduced(
         "the pipeline rebuilt from the reference passes validation: the candidate was built "
         "with other options or another infercc version"
     )
+    if b.config.source != "manifest":
+        report.message += " (a plain model records no build options: rebuilt with the defaults)"
     if candidate is not None:
         report.divergence = _try_divergence(b, b.reference, candidate)
     return report

@@ -162,7 +162,11 @@ def validate_candidate(
     step.
     """
     step = on_step or (lambda _what: None)
-    _check_sources(candidate, reference, golden, save_golden_to, data, bisect)
+    _check_sources(candidate, reference, golden, save_golden_to, data, bisect, target)
+    if bisect and target is not None and candidate is not None:
+        from infercc.check.bisection import config_for_candidate
+
+        config_for_candidate(candidate, target)  # refuses a --target the artifact records
     step("running the reference")
     if golden is not None:
         feeds_list, expected, _meta = load_golden(golden)
@@ -213,7 +217,13 @@ def _check_same_inputs(skeleton: onnx.ModelProto, feeds: Mapping[str, Any]) -> N
 
 
 def _check_sources(
-    candidate: Any, reference: Any, golden: Any, save_to: Any, data: Any, bisect: bool
+    candidate: Any,
+    reference: Any,
+    golden: Any,
+    save_to: Any,
+    data: Any,
+    bisect: bool,
+    target: str | None,
 ) -> None:
     if golden is not None and save_to is not None:
         raise InferccError("--golden and --save-golden exclude each other", "give one of them")
@@ -232,6 +242,8 @@ def _check_sources(
         raise InferccError(
             "--bisect rebuilds the candidate from the reference", "give --reference ORIGINAL.onnx"
         )
+    if target is not None and not bisect:
+        raise InferccError("--target has no effect without --bisect", "add --bisect, or drop it")
 
 
 def _bisect(
@@ -244,7 +256,7 @@ def _bisect(
 ) -> Any:
     from infercc.check.bisection import bisect, config_for_candidate
 
-    config = config_for_candidate(candidate, reference, target)
+    config = config_for_candidate(candidate, target)
     return bisect(
         reference,
         feeds_list[:1],

@@ -384,6 +384,9 @@ def render_bisect(b, console: Console) -> None:
             )
         elif b.granularity == "run" and b.first_bad is not None:
             console.print(f"  run {b.first_bad} of {b.total} (the pass does not count rewrites)")
+    if b.build is not None:
+        where = "recorded in the manifest" if b.settings == "manifest" else "the defaults"
+        console.print(f"  rebuilt with the build {where} (--json: bisect.build)")
     d = b.divergence
     if d is not None:
         ref = ""

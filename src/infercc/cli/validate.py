@@ -62,7 +62,12 @@ def validate(
         ),
     ] = False,
     target: Annotated[
-        str | None, typer.Option(help="With --bisect: the target the candidate was built for.")
+        str | None,
+        typer.Option(
+            help="With --bisect and a plain .onnx candidate: the target it was built for (an "
+            "artifact records its whole build in manifest.json; a plain model is rebuilt with "
+            "the default options)."
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
