@@ -1,7 +1,11 @@
 """`infercc ci`: compile, validate and time many models from one manifest; report for CI.
 
 The manifest is a TOML file (`infercc.toml`), or the `[tool.infercc]` table of a
-`pyproject.toml`. Paths in it are relative to the file:
+`pyproject.toml`. Paths in it are relative to the file. A model entry is an
+`infercc.config.BuildConfig` (every key of `BuildConfig.to_dict()`, so every option of
+`infercc optimize` works here; README lists them) plus ci's own keys (name, path, golden,
+reference, latency_budget_ms, baseline, max_slowdown, warmup, iters). Each model's config is
+checked when the manifest is read: an option that would have no effect is a bad manifest.
 
 ```toml
 [ci]                               # optional
@@ -24,6 +28,8 @@ golden = "golden/"                 # or against goldens written by `infercc vali
 reference = "model_fp32.onnx"      # validate against this model instead of `path`
 atol = 1e-4                        # rtol, min_cosine: defaults follow the precision
 tolerances = { logits = "1e-3:1e-2" }   # per output ATOL:RTOL (or {atol=, rtol=})
+fold_limit = "1MiB"                # and portable, disable_passes, fp16_io, keep_fp32, ranges...
+tensorrt = { workspace = "4GiB", opt_level = 3 }   # with backend = "tensorrt"
 latency_budget_ms = 5.0            # fail when the median latency is above it
 baseline = "build/last/small_cnn"  # or: fail when slower than this model/artifact by more
 max_slowdown = 1.10                #     than this ratio (median of interleaved pairs)
