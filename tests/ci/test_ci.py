@@ -256,3 +256,53 @@ def test_manifest_paths_are_relative_to_the_manifest(tmp_path: Path) -> None:
     assert config.models[0].path == tmp_path / "m.onnx"
     assert config.models[0].data == sub / "d"
     assert config.models[0].output == sub / "build" / "infercc-ci" / "m"
+
+
+# --------------------------------------------------------------------------- build configs
+
+
+def test_a_model_entry_is_a_build_config(tmp_path: Path) -> None:
+    from infercc.config import BuildConfig, TrtOptions
+    from infercc.data.profiles import parse_profile
+
+    ranges = write(tmp_path / "ranges.json", json.dumps({"h": {"min": -1.0, "max": 2.0}}))
+    manifest = write(
+        tmp_path / "infercc.toml",
+        f"""
+[defaults]
+tensorrt = {{ opt_level = 2 }}
+
+[[models]]
+name = "gpu"
+path = "{CNN}"
+target = "a100"
+precision = "fp16"
+keep_fp32 = ["Softmax"]
+ranges = "{ranges.name}"
+fold_limit = "1MiB"
+shapes = {{ image = "1x3x32x32:4x3x32x32:8x3x32x32" }}
+tensorrt = {{ workspace = "1GiB", hw_compat = "ampere+" }}
+""",
+    )
+    build = load_config(manifest).models[0].build
+    assert build == BuildConfig(
+        target="a100",
+        backend="tensorrt",
+        precision="fp16",
+        keep_fp32=("Softmax",),
+        ranges={"h": (-1.0, 2.0)},
+        fold_limit=2**20,
+        shapes=(parse_profile("image=1x3x32x32:4x3x32x32:8x3x32x32"),),
+        tensorrt=TrtOptions(workspace=2**30, hw_compat="ampere+", opt_level=2),
+    )
+
+
+def test_an_option_without_effect_is_a_bad_manifest(tmp_path: Path) -> None:
+    manifest = write(
+        tmp_path / "infercc.toml",
+        f'[[models]]\npath = "{CNN}"\ntensorrt = {{ workspace = "1GiB" }}\n',
+    )
+    with pytest.raises(InferccError, match=r"models\[0\]: --workspace has no effect"):
+        load_config(manifest)
+    r = run_cli("ci", str(manifest))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
