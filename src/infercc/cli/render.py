@@ -9,6 +9,7 @@ from rich.table import Table
 from infercc.analysis.model_info import InspectReport
 from infercc.api import OptimizeReport
 from infercc.check.compare import ValidationReport
+from infercc.precisions import TARGET_PRECISIONS
 
 
 def human_bytes(n: float) -> str:
@@ -220,12 +221,12 @@ def _render_roofline(r: InspectReport, console: Console) -> None:
 
 def render_targets(targets, console: Console) -> None:
     t = Table(title="targets: dense peak TFLOP/s (TOP/s for int8)", title_justify="left")
-    for col in ("name", "GB", "GB/s", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "cc"):
+    for col in ("name", "GB", "GB/s", *TARGET_PRECISIONS, "cc"):
         t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for tg in targets:
         peaks = [
             f"{tg.peak_flops[p] / 1e12:.1f}" if p in tg.peak_flops else "-"
-            for p in ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+            for p in TARGET_PRECISIONS
         ]
         t.add_row(
             tg.name,

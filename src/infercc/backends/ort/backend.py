@@ -38,6 +38,7 @@ from infercc.backends.ort.tuner import (
 )
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
+from infercc.precisions import BUILD_PRECISIONS
 
 try:
     import onnxruntime as ort
@@ -93,9 +94,9 @@ class OrtBackend:
         if target.kind == "gpu":
             if gpu_reason():
                 return ()
-            return tuple(p for p in ("fp32", "fp16", "bf16", "int8") if p in target.precisions)
-        bf16 = ("bf16",) if "bf16" in target.precisions else ()
-        return ("fp32", "fp16", *bf16, "int8")
+            return tuple(p for p in BUILD_PRECISIONS if p in target.precisions)
+        # the CPU provider runs fp16 and int8 graphs everywhere, bf16 where the CPU has it
+        return tuple(p for p in BUILD_PRECISIONS if p != "bf16" or "bf16" in target.precisions)
 
     def compile(
         self,
