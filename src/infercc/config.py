@@ -494,6 +494,12 @@ _TRT_FLAGS = {
 }
 
 
+def _backend_words(c: BuildConfig) -> str:
+    if c.backend == "none":
+        return "no backend (an .onnx output, or --backend none)"
+    return f"backend {c.backend}"
+
+
 def _fp16_options_need_fp16(c: BuildConfig) -> Broken:
     """--fp16-io, --keep-fp32 and --ranges steer the float16 rewrite: without --fp16 there is
     none."""
@@ -524,7 +530,7 @@ def _bf16_needs_tensorrt(c: BuildConfig) -> Broken:
     """bf16 is a TensorRT builder choice: no graph rewrite makes a bfloat16 model."""
     if c.precision == "bf16" and c.backend != "tensorrt":
         return (
-            f"--bf16 needs --backend tensorrt (this build's backend is {c.backend})",
+            f"--bf16 needs --backend tensorrt (this build has {_backend_words(c)})",
             "use --fp16 (a graph rewrite every backend runs)",
         )
     return None
@@ -551,9 +557,9 @@ def _tensorrt_options_need_tensorrt(c: BuildConfig) -> Broken:
     default = TrtOptions()
     for name, flag in _TRT_FLAGS.items():
         if getattr(c.tensorrt, name) != getattr(default, name):
-            where = "-o names an .onnx file" if c.backend == "none" else f"backend {c.backend}"
             return (
-                f"{flag} has no effect: it is a TensorRT builder option and this build has {where}",
+                f"{flag} has no effect: it is a TensorRT builder option and this build has "
+                f"{_backend_words(c)}",
                 "build with --backend tensorrt -o DIR, or drop it",
             )
     return None
@@ -568,7 +574,7 @@ def _calib_cache_needs_int8(c: BuildConfig) -> Broken:
 def _ort_options_need_ort(c: BuildConfig) -> Broken:
     if c.ort.optimized_model and c.backend != "ort":
         return (
-            f"--ort-optimized-model has no effect with backend {c.backend}",
+            f"--ort-optimized-model has no effect: this build has {_backend_words(c)}",
             "build with --backend ort -o DIR, or drop it",
         )
     return None
