@@ -24,6 +24,7 @@ from infercc.check.compare import ValidationReport, validate
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import external_info
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
@@ -111,7 +112,7 @@ class OptimizeReport:
 def op_histogram(model: Model) -> dict[str, int]:
     """Op type -> count over the main graph and its subgraphs (custom domains as domain.Op)."""
     counts = Counter(
-        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        n.op_type if n.domain in STANDARD_DOMAINS else f"{n.domain}.{n.op_type}"
         for n in model.graph.all_nodes()
     )
     return dict(sorted(counts.items()))

@@ -45,6 +45,7 @@ import onnx
 from infercc.check.compare import compare_outputs, run_model
 from infercc.errors import InferccError
 from infercc.ir import export_model, load_model
+from infercc.ir.ops import MS_DOMAIN
 from infercc.passes import DEFAULT_PIPELINE
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, run_passes
 from infercc.util import first_line
@@ -102,7 +103,7 @@ def config_for_candidate(
     if path.is_dir():
         _from_manifest(config, path)
     model = onnx.load(candidate_model_path(path), load_external_data=False)
-    config.portable = not any(n.domain == "com.microsoft" for n in model.graph.node)
+    config.portable = not any(n.domain == MS_DOMAIN for n in model.graph.node)
     config.fp16_io = config.precision == "fp16" and _has_fp16_inputs(model)
     if target is not None:
         config.target = target

@@ -19,13 +19,12 @@ from __future__ import annotations
 import hashlib
 
 from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.ops import DRAWS_IN_TRAINING, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
 
 MAX_CONSTANT_BYTES = 4096  # larger constants are not hashed (that would read every weight)
-_RANDOM = {
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-    "Bernoulli", "Dropout",
-}  # fmt: skip
+# Dropout draws a new mask per call in training mode, which this pass does not check.
+_RANDOM = RANDOM_OPS | DRAWS_IN_TRAINING
 
 
 @register_pass("eliminate-common-subexpressions")

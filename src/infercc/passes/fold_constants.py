@@ -39,24 +39,16 @@ from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 
 from infercc.ir.graph import Graph, Model, Node, Value
+from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
 
 log = logging.getLogger(__name__)
 
 NEVER_FOLD = {
-    "QuantizeLinear": "quantization node: kept for the backend",
-    "DequantizeLinear": "quantization node: kept for the backend",
-    "DynamicQuantizeLinear": "quantization node: kept for the backend",
-    "RandomNormal": "random op: folding would freeze one sample",
-    "RandomUniform": "random op: folding would freeze one sample",
-    "RandomNormalLike": "random op: folding would freeze one sample",
-    "RandomUniformLike": "random op: folding would freeze one sample",
-    "Multinomial": "random op: folding would freeze one sample",
-    "Bernoulli": "random op: folding would freeze one sample",
+    **dict.fromkeys(QUANTIZATION_OPS, "quantization node: kept for the backend"),
+    **dict.fromkeys(RANDOM_OPS, "random op: folding would freeze one sample"),
 }
-
-_STANDARD = ("", "ai.onnx")
 
 # Constant attribute -> (numpy dtype, ONNX dtype) for the non-tensor forms.
 _VALUE_ATTRS = {
@@ -107,7 +99,7 @@ class _Folder:
 
     def visit(self, graph: Graph, node: Node) -> list[Node]:
         """Fold `node` if possible; returns nodes inserted that still need a visit."""
-        if node.domain not in _STANDARD:
+        if node.domain not in STANDARD_DOMAINS:
             if _all_inputs_constant(node):
                 raise _Refuse(f"domain {node.domain!r} is not evaluated")
             return []

@@ -80,6 +80,7 @@ import onnx
 from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, register_pass
 
 log = logging.getLogger(__name__)
@@ -107,23 +108,6 @@ _ACCUMULATING = {
     "CumSum",
 }
 _RISKY = {"Softmax", "LogSoftmax", "Exp", "Pow", "Log"}
-_QUANT = {
-    "QuantizeLinear",
-    "DequantizeLinear",
-    "DynamicQuantizeLinear",
-    "QLinearConv",
-    "QLinearMatMul",
-    "ConvInteger",
-    "MatMulInteger",
-}
-_RANDOM = {
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-}
 _TYPE_ATTRS = ("to", "dtype", "output_dtype", "output_datatype")
 # Readers that accept float16 as it is, with the same result (never converted themselves).
 _AGNOSTIC = {"Shape", "Size", "Cast"}
@@ -235,9 +219,9 @@ def _exclusion(st: _State, node: Node) -> str | None:
         return "Range stays fp32 (positions and indices)"
     if op == "Constant":
         return "Constant stays fp32 (fold-constants folds these; a Cast converts its value)"
-    if op in _QUANT:
+    if op in QUANTIZATION_OPS:
         return f"quantization op ({op}) stays fp32"
-    if op in _RANDOM:
+    if op in RANDOM_OPS:
         return f"random op ({op}) stays fp32 (its output type is an attribute)"
     typed = [a for a in _TYPE_ATTRS if a in node.attributes]
     if typed:

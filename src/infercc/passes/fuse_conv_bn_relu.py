@@ -39,11 +39,11 @@ import numpy as np
 from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.ops import MS_DOMAIN
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
 
 log = logging.getLogger(__name__)
 
-MS_DOMAIN = "com.microsoft"
 STAT_KEYS = (
     "bn_into_conv",
     "bn_into_convtranspose",

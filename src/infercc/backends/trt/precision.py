@@ -42,6 +42,7 @@ import onnx
 
 from infercc.backends.trt.versions import SUPPORTED_MAJORS, major_version, tensorrt_names
 from infercc.errors import InferccError
+from infercc.ir.ops import QDQ_OPS
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Lowest first: a layer counts at the lowest precision among its tensors.
@@ -54,7 +55,6 @@ _FLOAT_TYPES = {
     onnx.TensorProto.INT8: "int8",
     onnx.TensorProto.UINT8: "int8",
 }
-_QDQ = {"QuantizeLinear", "DequantizeLinear"}
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def graph_precisions(proto: onnx.ModelProto) -> set[str]:
         if vi.type.HasField("tensor_type"):
             types.append(vi.type.tensor_type.elem_type)
     for node in graph.node:
-        if node.op_type in _QDQ:
+        if node.op_type in QDQ_OPS:
             found.add("int8")
         if node.op_type == "Cast":
             types += [a.i for a in node.attribute if a.name == "to"]
