@@ -96,7 +96,6 @@ from infercc.calib.quantize import (
     activation_params,
     calibration_tensors,
     check_opset,
-    const_array,
     quantize_qdq,
     weight_axis,
     weight_sqnr,
@@ -107,6 +106,7 @@ from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, infer_shapes, load_model, save_model
 from infercc.passes.manager import PassContext, run_passes
+from infercc.passes.match import const_value
 from infercc.runtime.artifact import publish, staging_dir
 from infercc.util import json_float
 
@@ -809,7 +809,7 @@ def _activation_inputs(ir: Model) -> dict[str, list[str]]:
     for node in ir.graph:
         if _is_target(node):
             values = [node.input(i) for i in TARGET_INPUTS[node.op_type]]
-            result[node.name] = [v.name for v in values if v is not None and const_array(v) is None]
+            result[node.name] = [v.name for v in values if v is not None and const_value(v) is None]
     return result
 
 
@@ -826,7 +826,7 @@ def node_weight_sqnr(ir: Model) -> dict[str, float]:
         figures = []
         for i in TARGET_INPUTS[node.op_type]:
             value = node.input(i)
-            array = None if value is None else const_array(value)
+            array = None if value is None else const_value(value)
             if array is not None and array.dtype == np.float32 and np.isfinite(array).all():
                 figures.append(weight_sqnr(array, weight_axis(node, i, array.ndim)))
         result[node.name] = min(figures, default=-math.inf)

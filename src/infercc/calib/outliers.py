@@ -37,8 +37,8 @@ import numpy as np
 from onnx import TensorProto
 
 from infercc.calib.observers import tensor_values
-from infercc.calib.quantize import const_array
 from infercc.ir import Model, Node, Value
+from infercc.passes.match import const_value
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +54,9 @@ def candidates(model: Model) -> dict[str, str]:
         if node.op_type != "MatMul" or not node.is_standard or not node.name:
             continue
         x, w = node.input(0), node.input(1)
-        if x is None or w is None or const_array(x) is not None:
+        if x is None or w is None or const_value(x) is not None:
             continue
-        weight = const_array(w)
+        weight = const_value(w)
         if weight is None or weight.dtype != np.float32 or weight.ndim != 2:
             continue
         if x.shape is None or len(x.shape) < 3 or x.dtype != TensorProto.FLOAT:
@@ -112,7 +112,7 @@ def split(model: Model, channels: Mapping[str, Sequence[int]]) -> dict[str, str]
 def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
     graph = model.graph
     x, w = node.input(0), node.input(1)
-    weight = const_array(w)
+    weight = const_value(w)
     assert x is not None and w is not None and weight is not None
     mask = np.ones(weight.shape[0], np.float32)
     mask[idx] = 0.0

@@ -69,6 +69,7 @@ from onnx import TensorProto
 from infercc.calib.observers import INT8_MAX, MIN_SCALE, TensorRange
 from infercc.errors import InferccError
 from infercc.ir import Graph, Model, Node, Value, infer_shapes
+from infercc.passes.match import const_value
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
             continue
         for i in TARGET_INPUTS[node.op_type]:
             v = node.input(i)
-            if v is not None and const_array(v) is None and not _is_dq_output(v):
+            if v is not None and const_value(v) is None and not _is_dq_output(v):
                 names.append(v.name)
         if output_qdq and _wants_output_qdq(node):
             names.append(node.output.name)
@@ -303,23 +304,12 @@ def _wants_output_qdq(node: Node) -> bool:
     return (
         add.op_type == "Add"
         and add.is_standard
-        and any(v is not None and const_array(v) is not None for v in add.inputs)
+        and any(v is not None and const_value(v) is not None for v in add.inputs)
     )
 
 
 def _label(node: Node, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
-
-
-def const_array(value: Value) -> np.ndarray | None:
-    """The data of an initializer or of a Constant node's `value`; None otherwise."""
-    if value.const is not None:
-        return value.numpy()
-    producer = value.producer
-    if producer is not None and producer.op_type == "Constant" and producer.is_standard:
-        data = producer.attr("value")
-        return data if isinstance(data, np.ndarray) else None
-    return None
 
 
 def _is_dq_output(value: Value) -> bool:
@@ -409,7 +399,7 @@ class _Rewriter:
             return f"input {i} is missing"
         if _is_dq_output(v):
             return _Operand(i, v, "quantized")
-        array = const_array(v)
+        array = const_value(v)
         if array is not None:
             return self._weight_operand(node, i, v, array)
         problem = _dtype_problem(v) or _scale_problem(v.name, self.ranges.get(v.name), "input")

@@ -42,22 +42,13 @@ from infercc.ir.graph import Graph, Model, Node, Value
 from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.match import constant_node_tensor, default_opset, is_live
 
 log = logging.getLogger(__name__)
 
 NEVER_FOLD = {
     **dict.fromkeys(QUANTIZATION_OPS, "quantization node: kept for the backend"),
     **dict.fromkeys(RANDOM_OPS, "random op: folding would freeze one sample"),
-}
-
-# Constant attribute -> (numpy dtype, ONNX dtype) for the non-tensor forms.
-_VALUE_ATTRS = {
-    "value_float": (np.float32, TensorProto.FLOAT),
-    "value_floats": (np.float32, TensorProto.FLOAT),
-    "value_int": (np.int64, TensorProto.INT64),
-    "value_ints": (np.int64, TensorProto.INT64),
-    "value_string": (object, TensorProto.STRING),
-    "value_strings": (object, TensorProto.STRING),
 }
 
 
@@ -82,14 +73,14 @@ class _Folder:
     def __init__(self, model: Model, ctx: PassContext):
         self.model = model
         self.ctx = ctx
-        self.opset = _default_opset(model)
+        self.opset = default_opset(model)
         self.stats = {"constants": 0, "folded": 0, "shapes": 0, "ifs": 0, "refused": 0}
 
     def run(self, graph: Graph) -> None:
         work = deque(graph.nodes)
         while work:
             node = work.popleft()
-            if node.graph is not graph or not _is_live(node):
+            if node.graph is not graph or not is_live(node):
                 continue
             try:
                 work.extendleft(reversed(self.visit(graph, node)))
@@ -104,7 +95,7 @@ class _Folder:
                 raise _Refuse(f"domain {node.domain!r} is not evaluated")
             return []
         if node.op_type == "Constant":
-            self.substitute(graph, node, [_constant_tensor(node, self.model)], "constants")
+            self.substitute(graph, node, [_constant_tensor(node)], "constants")
         elif node.op_type in ("Shape", "Size") and _shape_known(node):
             self.substitute(graph, node, [Tensor(_shape_value(node))], "shapes")
         elif not _all_inputs_constant(node):
@@ -141,15 +132,6 @@ class _Folder:
 
 
 # -- conditions --------------------------------------------------------------------------------
-
-
-def _default_opset(model: Model) -> int:
-    opsets = model.opset_imports
-    return opsets.get("", opsets.get("ai.onnx", onnx.defs.onnx_opset_version()))
-
-
-def _is_live(node: Node) -> bool:
-    return any(v is not None and (v._uses or v.is_graph_output) for v in node.outputs)
 
 
 def _all_inputs_constant(node: Node) -> bool:
@@ -438,14 +420,11 @@ _FAST: dict[str, Callable[[Node, list, int], np.ndarray | None]] = {
 # -- rewriting ---------------------------------------------------------------------------------
 
 
-def _constant_tensor(node: Node, model: Model) -> Tensor:
-    for key, attr in node.attributes.items():
-        if key == "value":
-            return Tensor.from_proto(attr.t, model.base_dir)
-        if key in _VALUE_ATTRS:
-            np_dtype, dtype = _VALUE_ATTRS[key]
-            return Tensor(np.array(node.attr(key), dtype=np_dtype), dtype=dtype)
-    raise _Refuse("sparse or empty Constant stays a node")
+def _constant_tensor(node: Node) -> Tensor:
+    tensor = constant_node_tensor(node)
+    if tensor is None:
+        raise _Refuse("sparse or empty Constant stays a node")
+    return tensor
 
 
 def _substitute(graph: Graph, node: Node, tensors: list[Tensor | None]) -> None:

@@ -82,6 +82,7 @@ from onnx import TensorProto
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import const_value, default_opset
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +147,7 @@ class _State:
 @register_pass("convert-fp16")
 def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     """Convert float32 weights and compute to float16, keeping risky ops in float32."""
-    model = graph.model
-    opsets = model.opset_imports if model is not None else {}
-    st = _State(graph, ctx, opsets.get("", opsets.get("ai.onnx", 1)))
+    st = _State(graph, ctx, default_opset(graph))
     fp16_io = bool(ctx.options.get("fp16_io"))
     if fp16_io:
         _convert_inputs(st)
@@ -343,7 +342,7 @@ def _range_reason(st: _State, values: list[Value | None]) -> str | None:
 
 def _const_peak(v: Value) -> float | None:
     """Largest finite magnitude of a constant (initializer or Constant node) input."""
-    a = _const_array(v)
+    a = const_value(v)
     return None if a is None else _peak(a)
 
 
@@ -351,15 +350,6 @@ def _peak(a: np.ndarray) -> float | None:
     if a.size == 0:
         return None
     return float(np.max(np.abs(a), initial=0.0, where=np.isfinite(a)))
-
-
-def _const_array(v: Value) -> np.ndarray | None:
-    if v.const is not None:
-        return v.numpy()
-    p = v.producer
-    if p is None or p.op_type != "Constant" or not p.is_standard or "value" not in p.attributes:
-        return None
-    return np.asarray(p.attr("value"))
 
 
 def _no_float_output_reason(st: _State, node: Node, plan: _Plan) -> str | None:

@@ -41,6 +41,7 @@ from onnx import TensorProto
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.match import const_value, sole_reader
 
 log = logging.getLogger(__name__)
 
@@ -79,29 +80,12 @@ def fuse_conv_bn_relu(graph: Graph, ctx: PassContext) -> PassResult:
 # -- small helpers ------------------------------------------------------------------------------
 
 
-def _const(v: Value | None) -> np.ndarray | None:
-    """The data of an initializer or of a Constant node's output; None otherwise."""
-    if v is None:
-        return None
-    if v.const is not None:
-        return v.numpy()
-    p = v.producer
-    if p is None or p.op_type != "Constant" or not p.is_standard:
-        return None
-    if "value" in p.attributes:
-        return np.asarray(p.attr("value"))
-    for key in ("value_float", "value_floats"):
-        if key in p.attributes:
-            return np.asarray(p.attr(key), dtype=np.float32)
-    return None
+def _reads_only(v: Value, node: Node) -> bool:
+    return sole_reader(v) is node
 
 
 def _is_float(a: np.ndarray) -> bool:
     return a.dtype in _FLOATS
-
-
-def _sole_reader(v: Value, node: Node) -> bool:
-    return not v.is_graph_output and v.users() == [node]
 
 
 def _new_const(graph: Graph, array: np.ndarray, like: Value | None, base: str) -> Value:
@@ -145,7 +129,7 @@ def _bn_reason(bn: Node) -> str | None:
         return "BatchNormalization with spatial=0 is not per-channel"
     if any(o is not None and (o.uses() or o.is_graph_output) for o in bn.outputs[1:]):
         return "BatchNormalization has more than one output in use"
-    params = [_const(bn.input(i)) for i in range(1, 5)]
+    params = [const_value(bn.input(i)) for i in range(1, 5)]
     if any(p is None for p in params):
         return "BatchNormalization parameters are not constant"
     if any(p.ndim != 1 or p.shape != params[0].shape or not _is_float(p) for p in params):
@@ -155,7 +139,7 @@ def _bn_reason(bn: Node) -> str | None:
 
 def _bn_affine(bn: Node) -> tuple[np.ndarray, np.ndarray]:
     """(s, t) in float64 with BN(y) = y·s + t per channel."""
-    gamma, beta, mean, var = (_const(bn.input(i)).astype(np.float64) for i in range(1, 5))
+    gamma, beta, mean, var = (const_value(bn.input(i)).astype(np.float64) for i in range(1, 5))
     s = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
     return s, beta - mean * s
 
@@ -207,19 +191,19 @@ def _bn_target(p: Node | None) -> str | None:
 
 
 def _reader_reason(p: Node, node: Node) -> str | None:
-    if _sole_reader(p.output, node):
+    if _reads_only(p.output, node):
         return None
     return "conv output has other readers" if p.op_type in _CONVS else "output has other readers"
 
 
 def _conv_reason(conv: Node, m: int | None = None) -> str | None:
     """Why conv's weight/bias cannot absorb a per-output-channel scale (None when they can)."""
-    w = _const(conv.input(1))
+    w = const_value(conv.input(1))
     if w is None:
         return "conv weight is not constant"
     if not _is_float(w) or w.ndim < 3:
         return "conv weight is not a float tensor of rank >= 3"
-    if conv.input(2) is not None and _const(conv.input(2)) is None:
+    if conv.input(2) is not None and const_value(conv.input(2)) is None:
         return "conv bias is not constant"
     group = int(conv.attr("group", 1))
     if conv.op_type == "ConvTranspose" and w.shape[0] % group:
@@ -230,7 +214,7 @@ def _conv_reason(conv: Node, m: int | None = None) -> str | None:
 
 
 def _out_channels(conv: Node) -> int:
-    w = _const(conv.input(1))
+    w = const_value(conv.input(1))
     if conv.op_type == "Conv":
         return int(w.shape[0])
     return int(w.shape[1]) * int(conv.attr("group", 1))
@@ -251,8 +235,8 @@ def _rewrite_conv(
 ) -> None:
     """conv' = conv·scale + shift per output channel (new weight/bias constants)."""
     w_val = conv.input(1)
-    w = _const(w_val)
-    b = _const(conv.input(2))
+    w = const_value(w_val)
+    b = const_value(conv.input(2))
     bias = np.zeros(_out_channels(conv)) if b is None else b.astype(np.float64)
     if scale is not None:
         group = int(conv.attr("group", 1))
@@ -281,8 +265,8 @@ def _bn_into_conv(
 def _bn_into_gemm(
     graph: Graph, gemm: Node, bn: Node, scale: np.ndarray, shift: np.ndarray, ctx: PassContext
 ) -> str | None:
-    b, c_val = _const(gemm.input(1)), gemm.input(2)
-    c = _const(c_val)
+    b, c_val = const_value(gemm.input(1)), gemm.input(2)
+    c = const_value(c_val)
     trans_b = int(gemm.attr("transB", 0))
     if b is None or not _is_float(b) or b.ndim != 2:
         return "Gemm weight is not a constant float matrix"
@@ -311,7 +295,7 @@ def _matmul_add(add: Node) -> tuple[Node, int] | None:
         p = x.producer if x is not None else None
         if p is None or p.graph is not add.graph or not p.is_standard:
             continue
-        if p.op_type == "MatMul" and _const(c) is not None:
+        if p.op_type == "MatMul" and const_value(c) is not None:
             return p, 1 - i
     return None
 
@@ -328,10 +312,10 @@ def _bn_into_matmul(
     if not ctx.allow_rewrite(bn):
         return _SKIPPED
     w_val = mm.input(1)
-    w = _const(w_val)
+    w = const_value(w_val)
     mm.set_input(1, _new_const(graph, (w.astype(np.float64) * scale).astype(w.dtype), w_val, "W"))
     if add is not None:
-        bias = _const(add.input(bias_i)).astype(np.float64) * scale + shift
+        bias = const_value(add.input(bias_i)).astype(np.float64) * scale + shift
         add.set_input(bias_i, _new_const(graph, bias.astype(w.dtype), add.input(bias_i), "b"))
         _replace_node(graph, bn, add.output)
         return None
@@ -343,7 +327,7 @@ def _bn_into_matmul(
 
 
 def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
-    w = _const(mm.input(1))
+    w = const_value(mm.input(1))
     if w is None or not _is_float(w) or w.ndim != 2:
         return "MatMul weight is not a constant float matrix"
     if w.shape[1] != m:
@@ -352,9 +336,9 @@ def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
         return "BatchNormalization input is not 2-D, so its channels are not the MatMul columns"
     if add is None:
         return None
-    if not _sole_reader(mm.output, add):
+    if not _reads_only(mm.output, add):
         return "output has other readers"
-    bias = _const(add.input(_matmul_add(add)[1]))
+    bias = const_value(add.input(_matmul_add(add)[1]))
     if bias.ndim > 2 or bias.size not in (1, m) or (bias.ndim and bias.shape[-1] not in (1, m)):
         return "MatMul bias is not per column"
     return None
@@ -363,7 +347,7 @@ def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
 def _data_and_const(node: Node) -> tuple[Value, int, np.ndarray] | None:
     """(data input, index of the constant input, constant) of a binary op with one constant."""
     a, b = node.input(0), node.input(1)
-    ca, cb = _const(a), _const(b)
+    ca, cb = const_value(a), const_value(b)
     if a is None or b is None or (ca is None) == (cb is None):
         return None
     return (b, 0, ca) if ca is not None else (a, 1, cb)
@@ -397,7 +381,7 @@ def _mul_add_into_conv(
     reason = _reader_reason(conv, node) or _conv_reason(conv)
     if reason is not None:
         return reason
-    w = _const(conv.input(1))
+    w = const_value(conv.input(1))
     if c.dtype != w.dtype:
         return "constant dtype differs from the conv weight"
     vec = _per_channel(c, w.ndim, _out_channels(conv))
@@ -415,12 +399,12 @@ def _mul_add_into_bn(
     graph: Graph, bn: Node, node: Node, c: np.ndarray, ctx: PassContext
 ) -> str | None:
     reason = _bn_reason(bn)
-    if reason is None and not _sole_reader(bn.output, node):
+    if reason is None and not _reads_only(bn.output, node):
         reason = "BatchNormalization output has other readers"
     if reason is not None:
         return reason
     gamma_v, beta_v = bn.input(1), bn.input(2)
-    gamma, beta = _const(gamma_v), _const(beta_v)
+    gamma, beta = const_value(gamma_v), const_value(beta_v)
     rank = bn.output.rank if bn.output.rank is not None else bn.input(0).rank
     vec = _per_channel(c, rank, len(gamma))
     if vec is None or c.dtype not in _FLOATS:
@@ -465,7 +449,7 @@ def _fuse_activations(graph: Graph, ctx: PassContext, stats: Stats) -> None:
 
 
 def _fused_conv_reason(conv: Node, act: Node) -> str | None:
-    if not _sole_reader(conv.output, act):
+    if not _reads_only(conv.output, act):
         return "conv output has other readers"
     w = conv.input(1)
     if w is None or w.rank != 4:
@@ -491,7 +475,7 @@ def _activation_params(act: Node) -> list[float] | str:
     bounds = []
     for i, default in ((1, -_F32_MAX), (2, _F32_MAX)):
         v = act.input(i)
-        c = _const(v) if v is not None else np.float32(default)
+        c = const_value(v) if v is not None else np.float32(default)
         if c is None or c.size != 1:
             return "Clip bounds are not constant scalars"
         bounds.append(float(np.asarray(c).reshape(())))

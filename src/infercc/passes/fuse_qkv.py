@@ -43,11 +43,17 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import AttributeProto
 
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.tensor import Tensor
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.match import (
+    const_tensor,
+    default_opset,
+    is_live,
+    producer,
+    through_identity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +108,12 @@ def _shared_inputs(graph: Graph) -> dict[Value, list[Node]]:
     """Activations read as input A by two or more live standard MatMuls of this graph."""
     found: dict[Value, list[Node]] = {}
     for node in graph:
-        if node.op_type != "MatMul" or not node.is_standard or not _is_live(node):
+        if node.op_type != "MatMul" or not node.is_standard or not is_live(node):
             continue
         a = node.input(0)
         if a is not None:
             found.setdefault(a, []).append(node)
     return {x: ms for x, ms in found.items() if len(ms) >= 2}
-
-
-def _is_live(node: Node) -> bool:
-    out = node.outputs[0] if node.outputs else None
-    return out is not None and (bool(out.uses()) or out.is_graph_output)
 
 
 def _groups(x: Value, matmuls: list[Node], ctx: PassContext) -> list[list[_Member]]:
@@ -167,40 +168,16 @@ def _weight_problem(x: Value, weight: Tensor | None) -> str:
 
 
 def _const_tensor(v: Value) -> Tensor | None:
-    """The constant data of `v`: an initializer, a standard Constant node's `value`, seen
-    through Identity, or a 2-D Transpose of one (as the dynamo exporter emits before folding).
-    """
-    while _producer_op(v) == "Identity" and v.producer is not None:
-        inner = v.producer.input(0)
-        if inner is None:
-            return None
-        v = inner
-    if v.const is not None:
-        return v.const
-    if _producer_op(v) == "Constant":
-        return _constant_node_tensor(v)
-    if _producer_op(v) == "Transpose":
-        return _transposed(v)
-    return None
+    """The constant data of `v` (`infercc.passes.match.const_tensor`), or a 2-D Transpose of
+    one (as the dynamo exporter emits before folding)."""
+    tensor = const_tensor(v)
+    if tensor is not None:
+        return tensor
+    node = producer(through_identity(v), "Transpose")
+    return None if node is None else _transposed(node)
 
 
-def _producer_op(v: Value) -> str:
-    p = v.producer
-    return p.op_type if p is not None and p.is_standard else ""
-
-
-def _constant_node_tensor(v: Value) -> Tensor | None:
-    assert v.producer is not None
-    a = v.producer.attributes.get("value")
-    if not isinstance(a, AttributeProto) or a.type != AttributeProto.TENSOR:
-        return None
-    tensor = Tensor.from_proto(a.t)
-    return None if tensor.is_external else tensor
-
-
-def _transposed(v: Value) -> Tensor | None:
-    node = v.producer
-    assert node is not None
+def _transposed(node: Node) -> Tensor | None:
     src = node.input(0)
     inner = _const_tensor(src) if src is not None else None
     if inner is None or len(inner.shape) != 2 or node.attr("perm", [1, 0]) != [1, 0]:
@@ -225,12 +202,6 @@ def _attach_bias(member: _Member) -> None:
     member.add, member.bias = add, bias
 
 
-def _opset(graph: Graph) -> int:
-    model = graph.model
-    imports = model.opset_imports if model is not None else {}
-    return int(imports.get("", imports.get("ai.onnx", 1)))
-
-
 def _split_axis(x: Value, opset: int) -> int | None:
     """-1 where Split accepts it (opset >= 11), else the last axis when the rank is known."""
     if opset >= 11:
@@ -239,7 +210,7 @@ def _split_axis(x: Value, opset: int) -> int | None:
 
 
 def _rewrite(graph: Graph, x: Value, group: list[_Member], ctx: PassContext) -> bool:
-    opset = _opset(graph)
+    opset = default_opset(graph)
     axis = _split_axis(x, opset)
     if axis is None:
         ctx.refuse(group[0].matmul, "opset < 11 needs the activation's rank for the Split axis")

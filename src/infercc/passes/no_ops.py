@@ -51,6 +51,7 @@ import numpy as np
 
 from infercc.ir.graph import Dim, Graph, Node, Value
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.match import const_ints, const_value, default_opset, producer
 
 log = logging.getLogger(__name__)
 
@@ -99,40 +100,10 @@ def _forward(node: Node, src: Value | None, ctx: PassContext, kind: str) -> str 
 # -- constants, shapes and attributes ---------------------------------------------------------
 
 
-def _const(value: Value | None) -> np.ndarray | None:
-    """The value's data when it is an initializer or the output of a Constant node."""
-    if value is None:
-        return None
-    if value.const is not None:
-        return value.numpy()
-    p = value.producer
-    if p is None or p.op_type != "Constant" or not p.is_standard:
-        return None
-    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
-        data = p.attr(key)
-        if data is not None:
-            return np.asarray(data)
-    return None
-
-
-def _const_ints(value: Value | None) -> list[int] | None:
-    data = _const(value)
-    if data is None or data.ndim > 1 or not np.issubdtype(data.dtype, np.integer):
-        return None
-    return [int(x) for x in data.reshape(-1)]
-
-
-def _opset(node: Node) -> int:
-    model = node.graph.model if node.graph is not None else None
-    if model is None:
-        return 21
-    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21))
-
-
 def _ints_input_or_attr(node: Node, index: int, name: str) -> list[int] | None:
     """An int list given as a constant input (newer opsets) or as an attribute (older)."""
     if node.input(index) is not None:
-        return _const_ints(node.input(index))
+        return const_ints(node.input(index))
     attr = node.attr(name)
     return None if attr is None else [int(x) for x in attr]
 
@@ -162,13 +133,6 @@ def _broadcast_keeps(shape: tuple[Dim, ...], other: Sequence[int]) -> bool:
     return all(o == 1 or (isinstance(d, int) and d == o) for d, o in aligned)
 
 
-def _producer(value: Value | None, op_type: str) -> Node | None:
-    p = value.producer if value is not None else None
-    if p is None or p.op_type != op_type or not p.is_standard:
-        return None
-    return p
-
-
 # -- Identity, Dropout, Cast ------------------------------------------------------------------
 
 
@@ -190,12 +154,12 @@ def _dropout(node: Node, ctx: PassContext) -> str | None:
 
 def _dropout_training(node: Node) -> str | None:
     """Why the Dropout may be in training mode, or None when it provably is not."""
-    if _opset(node) < 7 and node.attr("is_test", 0) != 1:
+    if default_opset(node) < 7 and node.attr("is_test", 0) != 1:
         return "is_test is not set (training mode before opset 7)"
     mode = node.input(2)
     if mode is None:
         return None
-    data = _const(mode)
+    data = const_value(mode)
     if data is None:
         return "training_mode is not a constant"
     if data.size != 1 or bool(data.reshape(-1)[0]):
@@ -228,7 +192,7 @@ def _cast_like(node: Node, ctx: PassContext) -> str | None:
 
 def _reshape(node: Node, ctx: PassContext) -> str | None:
     x, out = node.input(0), node.outputs[0]
-    target = _const_ints(node.input(1))
+    target = const_ints(node.input(1))
     allowzero = node.attr("allowzero", 0) == 1
     if x is not None and x.shape is not None and target is not None:
         if _reshape_keeps(x.shape, target, allowzero):
@@ -261,7 +225,7 @@ def _reshape_chain(
     node: Node, target: list[int] | None, allowzero: bool, ctx: PassContext
 ) -> str | None:
     """Reshape(Reshape(x, s1), s2) -> Reshape(x, s2) when s2 never copies a dimension."""
-    first = _producer(node.input(0), "Reshape")
+    first = producer(node.input(0), "Reshape")
     if first is None:
         if node.input(0) is not None and node.input(0).shape is None:
             ctx.refuse(node, "input shape unknown")
@@ -295,8 +259,8 @@ def _shape_only(node: Node, ctx: PassContext, kind: str) -> str | None:
 
 
 def _axes(node: Node) -> list[int] | None:
-    if _opset(node) >= 13:
-        return _const_ints(node.input(1)) if node.input(1) is not None else None
+    if default_opset(node) >= 13:
+        return const_ints(node.input(1)) if node.input(1) is not None else None
     attr = node.attr("axes")
     return None if attr is None else [int(a) for a in attr]
 
@@ -304,7 +268,7 @@ def _axes(node: Node) -> list[int] | None:
 def _squeeze_pair(node: Node, ctx: PassContext) -> str | None:
     """Squeeze(Unsqueeze(x, a), a) or Unsqueeze(Squeeze(x, a), a): x, for equal axes."""
     inverse = "Unsqueeze" if node.op_type == "Squeeze" else "Squeeze"
-    first = _producer(node.input(0), inverse)
+    first = producer(node.input(0), inverse)
     if first is None:
         return _shape_only(node, ctx, node.op_type.lower())
     rank = node.input(0).rank if node.op_type == "Squeeze" else first.input(0).rank
@@ -318,7 +282,7 @@ def _squeeze_pair(node: Node, ctx: PassContext) -> str | None:
 
 def _expand(node: Node, ctx: PassContext) -> str | None:
     x, out = node.input(0), node.outputs[0]
-    shape = _const_ints(node.input(1))
+    shape = const_ints(node.input(1))
     if shape is None:
         if _same_shape(x, out):
             return _forward(node, x, ctx, "expand")
@@ -351,7 +315,7 @@ def _transpose(node: Node, ctx: PassContext) -> str | None:
         return None
     if perm == list(range(len(perm))):
         return _forward(node, node.input(0), ctx, "transpose")
-    first = _producer(node.input(0), "Transpose")
+    first = producer(node.input(0), "Transpose")
     p1 = _perm(first) if first is not None else None
     if first is None or p1 is None or len(p1) != len(perm):
         return None
@@ -376,7 +340,7 @@ def _slice(node: Node, ctx: PassContext) -> str | None:
     starts = _ints_input_or_attr(node, 1, "starts")
     ends = _ints_input_or_attr(node, 2, "ends")
     axes = _ints_input_or_attr(node, 3, "axes")
-    steps = _const_ints(node.input(4)) if node.input(4) is not None else None
+    steps = const_ints(node.input(4)) if node.input(4) is not None else None
     if starts is None or ends is None or len(starts) != len(ends):
         return None
     axes = list(range(len(starts))) if axes is None else axes
@@ -421,7 +385,7 @@ def _concat(node: Node, ctx: PassContext) -> str | None:
 
 
 def _pad(node: Node, ctx: PassContext) -> str | None:
-    pads = _ints_input_or_attr(node, 1, "pads") if _opset(node) >= 11 else node.attr("pads")
+    pads = _ints_input_or_attr(node, 1, "pads") if default_opset(node) >= 11 else node.attr("pads")
     if pads is None or any(int(p) != 0 for p in pads):
         return None
     return _forward(node, node.input(0), ctx, "pad")
@@ -442,7 +406,7 @@ _NEUTRAL: dict[str, tuple[int, tuple[int, ...]]] = {
 def _arith(node: Node, ctx: PassContext) -> str | None:
     neutral, sides = _NEUTRAL[node.op_type]
     for side in sides:
-        data = _const(node.input(side))
+        data = const_value(node.input(side))
         if data is None or data.dtype == object or not np.all(data == neutral):
             continue
         x = node.input(1 - side)
