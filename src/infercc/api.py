@@ -249,23 +249,23 @@ def optimize(
     profile = shape_profile(ir, shapes)
     ctx = PassContext(target=target, portable=portable, fold_limit=fold_limit, verify=verify)
     ctx.backend = build.backend_name if build.backend_name in ("ort", "tensorrt") else "ort"
-    if profile is not None:
-        ctx.options["shapes"] = profile
+    ctx.shapes = profile
     pipe = run_passes(
         ir, ctx, _passes.DEFAULT_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}")
     )
     precision = "fp32"
+    kept_fp32: list[dict[str, str]] = []
     if fp16:
         precision = "fp16"
-        ctx.options.update(fp16_io=fp16_io, keep_fp32=list(keep_fp32))
-        if ranges:
-            ctx.options["ranges"] = ranges
+        ctx.fp16_io, ctx.keep_fp32, ctx.ranges = fp16_io, tuple(keep_fp32), ranges or None
         lowered = run_passes(ir, ctx, FP16_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}"))
         pipe.passes.update(lowered.passes)
+        plan = lowered.details("convert-fp16")
+        kept_fp32 = list(plan.kept_fp32) if plan is not None else []
     tol = validation_tolerance(precision, atol, rtol, min_cosine)
     nodes_after, ops_after = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)
     step("planning memory")
-    plan = _plan(ir, profile, alignment, ctx.options.get("schedule", {}))
+    plan = _plan(ir, profile, alignment, pipe.details("schedule-memory"))
     passes = {name: st.to_dict() for name, st in pipe.passes.items()}
     memory = _memory_summary(plan, profile, build.plan_path)
     step("writing")
@@ -318,7 +318,7 @@ def optimize(
         memory=memory,
         artifact=artifact,
         precision=precision,
-        kept_fp32=list(ctx.options.get("fp16", {}).get("kept_fp32", [])),
+        kept_fp32=kept_fp32,
     )
 
 
@@ -443,13 +443,16 @@ def shape_profile(
 
 
 def _plan(
-    model: Model, profile: dict[str, tuple[int, ...]] | None, alignment: int, schedule: dict
+    model: Model, profile: dict[str, tuple[int, ...]] | None, alignment: int, peaks: Any
 ) -> MemoryPlan | None:
+    """The memory plan at `profile`, with schedule-memory's `SchedulePeaks` (None when it did
+    not run)."""
     if profile is None:
         return None
     plan = plan_memory(model, profile, alignment=alignment)
-    plan.peak_before_schedule = schedule.get("peak_before")
-    plan.peak_after_schedule = schedule.get("peak_after")
+    if peaks is not None:
+        plan.peak_before_schedule = peaks.peak_before
+        plan.peak_after_schedule = peaks.peak_after
     return plan
 
 

@@ -237,10 +237,8 @@ class _Bisector:
         ctx.backend = cfg.backend
         ctx.rewrite_limits = dict(rewrite_limits or {})
         ctx.run_limits = dict(run_limits or {})
-        ctx.options.update(fp16_io=cfg.fp16_io, keep_fp32=list(cfg.keep_fp32))
-        profile = shape_profile(ir, cfg.shapes)
-        if profile is not None:
-            ctx.options["shapes"] = profile
+        ctx.fp16_io, ctx.keep_fp32 = cfg.fp16_io, tuple(cfg.keep_fp32)
+        ctx.shapes = shape_profile(ir, cfg.shapes)
         off = {*cfg.disabled, *disabled}
         runs: dict[str, int] = {}
         for stage in cfg.pipeline():

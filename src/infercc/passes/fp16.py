@@ -14,7 +14,7 @@ take float16 at that input (a float32 node, a control-flow subgraph reading an o
 graph output) reads a Cast(to=FLOAT) of it instead (one per value, shared). A converted graph
 output is renamed and the Cast back takes its name, so outputs keep their names and types.
 
-With ctx.options["fp16_io"] True, float32 graph inputs and outputs become float16 too (their
+With ctx.fp16_io True, float32 graph inputs and outputs become float16 too (their
 declared type_proto is updated, keeping dimension names): the model's interface changes, on
 request only.
 
@@ -50,13 +50,13 @@ rounding, or keep float32 where float16 is unsafe:
   inf: its reader keeps float32 ("weight 'w' overflows fp16 (max ...)"). Clip's bounds are the
   exception: a bound beyond the float16 range saturates to +-inf, which clips a float16 value
   exactly as the float32 bound did.
-- With ctx.options["ranges"] (tensor name -> (min, max), from calibration), a node that produces
+- With ctx.ranges (tensor name -> (min, max), from calibration), a node that produces
   or reads a tensor whose range exceeds 65504 in magnitude keeps float32.
-- ctx.options["keep_fp32"] lists op types or node names that keep float32.
+- ctx.keep_fp32 lists op types or node names that keep float32.
 - Weights below float16's smallest subnormal (6e-8) flush to zero; no check is made for that.
 
-Every node kept in float32 is recorded with its reason through
-ctx.refuse, and ctx.options["fp16"] = {"kept_fp32": [{node, op, reason}], "converted": n}.
+Every node kept in float32 is recorded with its reason through ctx.refuse, and in the
+result's details, an `Fp16Plan` (kept_fp32: [{node, op, reason}], converted: n).
 
 Idempotent: after a run no float32 tensor is left in a convertible position (kept nodes are kept
 again for the same reasons, Casts are never converted), so a second run changes nothing and
@@ -120,6 +120,22 @@ _FP16_TYPE = "tensor(float16)"
 
 
 @dataclass
+class Fp16Plan:
+    """What convert-fp16 did beyond counts: the nodes kept in float32, with their reasons (each
+    entry once, in the order first met), and how many nodes were converted."""
+
+    kept_fp32: list[dict[str, str]] = field(default_factory=list)
+    converted: int = 0
+
+    def merged(self, later: Fp16Plan) -> Fp16Plan:
+        kept = list(self.kept_fp32)
+        for entry in later.kept_fp32:
+            if entry not in kept:
+                kept.append(entry)
+        return Fp16Plan(kept, self.converted + later.converted)
+
+
+@dataclass
 class _Plan:
     """Which inputs and outputs of a float16 node become float16."""
 
@@ -148,7 +164,7 @@ class _State:
 def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     """Convert float32 weights and compute to float16, keeping risky ops in float32."""
     st = _State(graph, ctx, default_opset(graph))
-    fp16_io = bool(ctx.options.get("fp16_io"))
+    fp16_io = bool(ctx.fp16_io)
     if fp16_io:
         _convert_inputs(st)
     for node in graph.nodes:
@@ -157,20 +173,11 @@ def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     if fp16_io:
         _convert_outputs(st)
     changed = st.io_changed or any(st.stats[k] for k in ("nodes_fp16", "casts"))
-    _summarize(st, changed)
+    plan = Fp16Plan().merged(Fp16Plan(st.kept, st.stats["nodes_fp16"] if changed else 0))
     log.debug("convert-fp16: changed=%s %s", changed, st.stats)
     if not changed:
-        return PassResult(changed=False, stats=dict.fromkeys(STAT_KEYS, 0))
-    return PassResult(changed=True, stats=st.stats)
-
-
-def _summarize(st: _State, changed: bool) -> None:
-    summary = st.ctx.options.setdefault("fp16", {"kept_fp32": [], "converted": 0})
-    if changed:
-        summary["converted"] += st.stats["nodes_fp16"]
-    for entry in st.kept:
-        if entry not in summary["kept_fp32"]:
-            summary["kept_fp32"].append(entry)
+        return PassResult(changed=False, stats=dict.fromkeys(STAT_KEYS, 0), details=plan)
+    return PassResult(changed=True, stats=st.stats, details=plan)
 
 
 # -- per-node decision ---------------------------------------------------------------------
@@ -203,7 +210,7 @@ def _decide(st: _State, node: Node) -> tuple[_Plan | None, str | None]:
 def _exclusion(st: _State, node: Node) -> str | None:
     """Why a node touching float32 data keeps float32 whatever its types (None if it may not)."""
     op = node.op_type
-    keep = st.ctx.options.get("keep_fp32", []) or []
+    keep = st.ctx.keep_fp32 or ()
     if not node.is_standard:
         return f"non-standard domain '{node.domain}' (its kernels run float32 only)"
     if node.subgraphs():
@@ -332,7 +339,7 @@ def _attr_overflow_reason(node: Node) -> str | None:
 
 
 def _range_reason(st: _State, values: list[Value | None]) -> str | None:
-    ranges = st.ctx.options.get("ranges") or {}
+    ranges = st.ctx.ranges or {}
     for v in values:
         r = ranges.get(v.name) if v is not None else None
         if r is not None and max(abs(float(r[0])), abs(float(r[1]))) > FP16_MAX:
