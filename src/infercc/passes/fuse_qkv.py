@@ -34,7 +34,9 @@ dtype as the rest of the group and as X when X's dtype is known; a MatMul readin
 operands is never a member. Opsets below 11 need a non-negative Split axis, so there the rank of
 X must be known. Split takes its sizes as an input from opset 13 and as an attribute before.
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one group fused, named by its first MatMul.
+One rule (`infercc.passes.rules`) on MatMul: the first MatMul of a group (in graph order) is
+the anchor, and the others' refusals are reported at them. For bisection one rewrite is one
+group fused, named by its first MatMul.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import numpy as np
 
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.tensor import Tensor
-from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import (
     const_tensor,
     default_opset,
@@ -54,6 +56,7 @@ from infercc.passes.match import (
     producer,
     through_identity,
 )
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -75,24 +78,65 @@ class _Member:
 @register_pass("fuse-qkv")
 def fuse_qkv(graph: Graph, ctx: PassContext) -> PassResult:
     """Merge MatMuls (+ bias Adds) that read the same input into one MatMul and a Split."""
-    stats: dict[str, int] = {"groups": 0, "matmuls": 0, "biases": 0}
-    for g in graphs_of(graph):
-        _fuse_graph(g, ctx, stats)
-    return PassResult(changed=stats["groups"] > 0, stats=stats)
+    fuser = _Fuser()
+    apply_rules(graph, ctx, [Rule("groups", ("MatMul",), fuser.check, fuser.rewrite)])
+    return PassResult(changed=fuser.stats["groups"] > 0, stats=fuser.stats)
 
 
-def _fuse_graph(graph: Graph, ctx: PassContext, stats: dict[str, int]) -> None:
-    order = {node: i for i, node in enumerate(graph)}
-    for x, matmuls in _shared_inputs(graph).items():
+@dataclass(frozen=True)
+class _Group:
+    """Projections of `x` to fuse, in graph order (the first is the anchor), split on `axis`."""
+
+    x: Value
+    members: list[_Member]
+    axis: int
+
+
+class _Fuser:
+    """The rule's state for one run: per graph, what each MatMul is (the first member of a
+    group, or refused with a reason), planned from the graph as it was when the run reached it,
+    so the MatMuls made by this run wait for the next round."""
+
+    def __init__(self) -> None:
+        self.plans: dict[Graph, dict[Node, list[_Member] | str]] = {}
+        self.stats: dict[str, int] = {"groups": 0, "matmuls": 0, "biases": 0}
+
+    def check(self, mm: Node, ctx: PassContext) -> _Group | Refuse | None:
+        graph = mm.graph
+        assert graph is not None
+        if graph not in self.plans:
+            self.plans[graph] = _plan(graph)
+        found = self.plans[graph].get(mm)
+        if found is None:
+            return None
+        if isinstance(found, str):
+            return Refuse(found)
+        x = mm.input(0)
         # An earlier group's rewrite may have moved these MatMuls onto its Split's outputs
         # (when x was one of its projections): they are fused on the next round, if at all.
-        matmuls = [m for m in matmuls if m.graph is graph and m.input(0) is x]
-        if len(matmuls) < 2:
-            continue
-        for group in _groups(x, matmuls, ctx):
+        moved = [m for m in found if m.matmul.graph is not graph or m.matmul.input(0) is not x]
+        if x is None or moved:
+            return None
+        axis = _split_axis(x, default_opset(graph))
+        if axis is None:
+            return Refuse("opset < 11 needs the activation's rank for the Split axis")
+        return _Group(x, found, axis)
+
+    def rewrite(self, mm: Node, group: _Group, ctx: PassContext) -> None:
+        assert mm.graph is not None
+        _rewrite(mm.graph, group)
+        _count(self.stats, group.members)
+
+
+def _plan(graph: Graph) -> dict[Node, list[_Member] | str]:
+    """MatMul -> its group (for the group's first MatMul) or why it is no member."""
+    order = {node: i for i, node in enumerate(graph)}
+    plan: dict[Node, list[_Member] | str] = {}
+    for x, matmuls in _shared_inputs(graph).items():
+        for group in _groups(x, matmuls, plan):
             group.sort(key=lambda m: order[m.matmul])
-            if _rewrite(graph, x, group, ctx):
-                _count(stats, group)
+            plan[group[0].matmul] = group
+    return plan
 
 
 def _count(stats: dict[str, int], group: list[_Member]) -> None:
@@ -116,18 +160,23 @@ def _shared_inputs(graph: Graph) -> dict[Value, list[Node]]:
     return {x: ms for x, ms in found.items() if len(ms) >= 2}
 
 
-def _groups(x: Value, matmuls: list[Node], ctx: PassContext) -> list[list[_Member]]:
-    """Split the MatMuls on `x` into fusible groups keyed by (weight dtype, K)."""
+def _groups(
+    x: Value, matmuls: list[Node], refused: dict[Node, list[_Member] | str]
+) -> list[list[_Member]]:
+    """Split the MatMuls on `x` into fusible groups keyed by (weight dtype, K); the reason
+    each other MatMul is no member goes to `refused`."""
     buckets: dict[tuple[int, int], list[_Member]] = {}
     for mm in matmuls:
-        member = _member(x, mm, ctx)
-        if member is not None:
+        member = _member(x, mm)
+        if isinstance(member, str):
+            refused[mm] = member
+        else:
             key = (member.weight.dtype, int(member.weight.shape[0]))
             buckets.setdefault(key, []).append(member)
     groups = [ms for ms in buckets.values() if len(ms) >= 2]
     for key, ms in buckets.items():
         if len(ms) == 1:
-            ctx.refuse(ms[0].matmul, _lonely_reason(x, key, buckets))
+            refused[ms[0].matmul] = _lonely_reason(x, key, buckets)
     return groups
 
 
@@ -140,17 +189,15 @@ def _lonely_reason(x: Value, key: tuple[int, int], buckets: dict) -> str:
     return f"weight rows (K) differ from the other projections of {x.name!r}"
 
 
-def _member(x: Value, mm: Node, ctx: PassContext) -> _Member | None:
-    """The MatMul as a group member, or None (with a refusal) when it cannot be one."""
+def _member(x: Value, mm: Node) -> _Member | str:
+    """The MatMul as a group member, or why it cannot be one."""
     w = mm.input(1)
     if w is None or w is x:
-        ctx.refuse(mm, f"reads {x.name!r} as both operands")
-        return None
+        return f"reads {x.name!r} as both operands"
     weight = _const_tensor(w)
     reason = _weight_problem(x, weight)
     if reason:
-        ctx.refuse(mm, reason)
-        return None
+        return reason
     assert weight is not None
     member = _Member(mm, weight)
     _attach_bias(member)
@@ -209,20 +256,14 @@ def _split_axis(x: Value, opset: int) -> int | None:
     return None if x.rank is None else x.rank - 1
 
 
-def _rewrite(graph: Graph, x: Value, group: list[_Member], ctx: PassContext) -> bool:
-    opset = default_opset(graph)
-    axis = _split_axis(x, opset)
-    if axis is None:
-        ctx.refuse(group[0].matmul, "opset < 11 needs the activation's rank for the Split axis")
-        return False
+def _rewrite(graph: Graph, found: _Group) -> None:
+    x, group = found.x, found.members
     anchor = group[0].matmul
-    if not ctx.allow_rewrite(anchor):
-        return False
     fused = _fused_matmul(graph, x, group, anchor)
     with_bias = all(m.add is not None for m in group)
     if with_bias:
         fused = _fused_add(graph, fused, group, anchor)
-    parts = _split(graph, fused, group, anchor, axis, opset)
+    parts = _split(graph, fused, group, anchor, found.axis, default_opset(graph))
     for member, part in zip(group, parts, strict=True):
         old = member.add.outputs[0] if with_bias and member.add else member.matmul.outputs[0]
         assert old is not None
@@ -230,7 +271,6 @@ def _rewrite(graph: Graph, x: Value, group: list[_Member], ctx: PassContext) -> 
         graph.replace_all_uses_with(old, part)
         _remove_replaced(graph, member, with_bias)
     log.debug("fuse-qkv: fused %d MatMuls on %s", len(group), x.name)
-    return True
 
 
 def _remove_replaced(graph: Graph, member: _Member, with_bias: bool) -> None:
