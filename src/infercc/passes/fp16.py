@@ -62,10 +62,11 @@ Idempotent: after a run no float32 tensor is left in a convertible position (kep
 again for the same reasons, Casts are never converted), so a second run changes nothing and
 reports changed=False (with zero stats).
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one node converted to float16 (with the casts
-and float16 weights it reads), asked once the node's plan is made; a node cut off keeps float32
-and is not recorded as kept. The Casts back to float32 follow from the conversions, and the
-fp16_io interface change is made whatever the limit.
+The per-node decision is a rule (`infercc.passes.rules`) on every op: its check makes the
+node's plan or says why it keeps float32. For bisection one rewrite is one node converted to
+float16 (with the casts and float16 weights it reads), asked once the node's plan is made; a
+node cut off keeps float32 and is not recorded as kept. The Casts back to float32 follow from
+the conversions, and the fp16_io interface change is made whatever the limit.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_value, default_opset
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,14 @@ class _State:
     def orig_dtype(self, v: Value) -> int | None:
         return self.converted.get(v, v.dtype)
 
+    def check(self, node: Node, ctx: PassContext) -> _Plan | Refuse | None:
+        """The node's plan, or why it keeps float32 (a refusal, listed in kept_fp32)."""
+        plan, reason = _decide(self, node)
+        return Refuse(reason) if reason is not None else plan
+
+    def convert(self, node: Node, plan: _Plan, ctx: PassContext) -> None:
+        _convert_node(self, node, plan)
+
 
 @register_pass("convert-fp16")
 def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
@@ -167,8 +177,10 @@ def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     fp16_io = bool(ctx.fp16_io)
     if fp16_io:
         _convert_inputs(st)
-    for node in graph.nodes:
-        _visit(st, node)
+    rule = Rule("nodes_fp16", None, st.check, st.convert, standard_only=False)
+    for node, reason in apply_rules(graph, ctx, [rule], subgraphs=False).refused:
+        st.kept.append({"node": node.name, "op": node.op_type, "reason": reason})
+        st.stats["nodes_fp32_kept"] += 1
     _cast_back_readers(st, fp16_io)
     if fp16_io:
         _convert_outputs(st)
@@ -181,16 +193,6 @@ def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
 
 
 # -- per-node decision ---------------------------------------------------------------------
-
-
-def _visit(st: _State, node: Node) -> None:
-    plan, reason = _decide(st, node)
-    if reason is not None:
-        st.ctx.refuse(node, reason)
-        st.kept.append({"node": node.name, "op": node.op_type, "reason": reason})
-        st.stats["nodes_fp32_kept"] += 1
-    if plan is not None and st.ctx.allow_rewrite(node):
-        _convert_node(st, node, plan)
 
 
 def _decide(st: _State, node: Node) -> tuple[_Plan | None, str | None]:
