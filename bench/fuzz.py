@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from infercc.ir import import_model  # noqa: E402
 from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes  # noqa: E402
-from tests.test_fuzz import (  # noqa: E402  (after the path is set)
+from tests.integration.test_fuzz import (  # noqa: E402  (after the path is set)
     check_deterministic_and_idempotent,
     check_outputs_match,
     models,

@@ -27,6 +27,7 @@ from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import external_info
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_names, run_passes
+from infercc.passes.pipelines import FP16, OPTIMIZE, check_disabled
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.util import first_line
@@ -39,7 +40,6 @@ DEFAULT_MIN_COSINE = 0.9999
 # fp16 is judged by cosine against the fp32 original (elementwise tolerances would flag the
 # expected rounding of large logits); the user's --atol/--rtol still apply when given.
 FP16_MIN_COSINE = 0.999
-FP16_PIPELINE = ("convert-fp16", "eliminate-dead-code")
 
 
 def validation_tolerance(
@@ -235,6 +235,7 @@ def optimize(
     shapes = {**{p.name: p.opt for p in profiles}, **dict(shapes or {})}
     disabled = list(disable_passes)
     check_pass_names(disabled)
+    check_disabled(disabled, [OPTIMIZE, FP16] if fp16 else [OPTIMIZE], "optimize")
     target = check_target(target)
     if fp16_ranges is not None and not fp16:
         raise InferccError("ranges are for --fp16 only", "add --fp16, or drop --ranges")
@@ -258,7 +259,7 @@ def optimize(
     if fp16:
         precision = "fp16"
         ctx.fp16_io, ctx.keep_fp32, ctx.ranges = fp16_io, tuple(keep_fp32), ranges or None
-        lowered = run_passes(ir, ctx, FP16_PIPELINE, disabled, on_pass=lambda n: step(f"pass {n}"))
+        lowered = run_passes(ir, ctx, FP16.passes, disabled, on_pass=lambda n: step(f"pass {n}"))
         pipe.passes.update(lowered.passes)
         plan = lowered.details("convert-fp16")
         kept_fp32 = list(plan.kept_fp32) if plan is not None else []

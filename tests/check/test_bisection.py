@@ -278,10 +278,10 @@ def test_bisect_names_the_rewrite_of_an_eliminate_no_ops_bug(tmp_path: Path, mon
 
     forward = no_ops._forward
 
-    def broken(node, src, ctx, kind):
+    def broken(node, src, kind):
         if node.name == "id2":
             src = node.graph.inputs[0]
-        return forward(node, src, ctx, kind)
+        return forward(node, src, kind)
 
     monkeypatch.setattr(no_ops, "_forward", broken)
     reference = _save(NO_OPS_MODEL, tmp_path / "ref.onnx")

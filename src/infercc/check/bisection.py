@@ -46,8 +46,8 @@ from infercc.check.compare import compare_outputs, run_model
 from infercc.errors import InferccError
 from infercc.ir import export_model, load_model
 from infercc.ir.ops import MS_DOMAIN
-from infercc.passes import DEFAULT_PIPELINE
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, run_passes
+from infercc.passes.pipelines import optimize_stages
 from infercc.util import first_line
 
 log = logging.getLogger(__name__)
@@ -71,15 +71,12 @@ class PipelineConfig:
     keep_fp32: list[str] = field(default_factory=list)
     disabled: list[str] = field(default_factory=list)
     shapes: dict[str, tuple[int, ...]] | None = None
-    stages: list[tuple[str, ...]] | None = None  # default: DEFAULT_PIPELINE (+ fp16's)
+    stages: list[tuple[str, ...]] | None = None  # default: what optimize runs at the precision
 
     def pipeline(self) -> list[tuple[str, ...]]:
         if self.stages is not None:
             return [tuple(s) for s in self.stages]
-        from infercc.api import FP16_PIPELINE
-
-        stages = [tuple(DEFAULT_PIPELINE)]
-        return [*stages, tuple(FP16_PIPELINE)] if self.precision == "fp16" else stages
+        return optimize_stages(self.precision)
 
     def pass_names(self) -> list[str]:
         """Every pass that runs, in pipeline order, once each."""
@@ -119,7 +116,8 @@ def _from_manifest(config: PipelineConfig, directory: Path) -> None:
     config.backend = backend if backend in ("ort", "tensorrt") else "ort"
     ran = set(manifest.get("passes") or {})
     if ran:
-        config.disabled = [n for n in DEFAULT_PIPELINE if n not in ran]
+        names = dict.fromkeys(n for stage in config.pipeline() for n in stage)
+        config.disabled = [n for n in names if n not in ran]
 
 
 def _has_fp16_inputs(model: onnx.ModelProto) -> bool:

@@ -413,15 +413,18 @@ def inspect(
 def passes(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List the passes, in pipeline order."""
-    from infercc.passes import DEFAULT_PIPELINE, REGISTRY
+    """List every pipeline (its stages, in order) and every pass with what it does.
 
-    rows = [{"name": n, "doc": REGISTRY[n].doc} for n in DEFAULT_PIPELINE]
+    `--disable-pass NAME` of optimize and calibrate takes these names; a pass that the command
+    does not run is refused."""
+    from infercc.cli.render import render_passes
+    from infercc.passes import catalog
+
+    listed = catalog()
     if as_json:
-        out.print_json(json.dumps(rows))
-        return
-    for r in rows:
-        out.print(f"[bold]{r['name']}[/]  {r['doc']}")
+        out.print_json(json.dumps(listed))
+    else:
+        render_passes(listed, out)
 
 
 @app.command()
@@ -674,6 +677,14 @@ def calibrate(
             "channels stay float, the rest int8 (exact; a Mul, Gather, small MatMul and Add)."
         ),
     ] = True,
+    disable_pass: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--disable-pass",
+            help="Skip a pass of the calibrate-fp32 or int8 pipeline by name (repeatable); "
+            "`infercc passes` lists them.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
@@ -701,6 +712,7 @@ def calibrate(
             max_trials=max_trials,
             speed_check=speed_check,
             outlier_channels=outlier_channels,
+            disable_passes=disable_pass or [],
             on_step=step,
             on_progress=tick,
         )

@@ -29,6 +29,7 @@ from typing import Any
 from infercc.errors import InferccError, PassError
 from infercc.ir.graph import Graph, IRError, Model, Node
 from infercc.ir.shapes import infer_shapes
+from infercc.passes.pipelines import OPTIMIZE
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +165,7 @@ def register_pass(
     return deco
 
 
-DEFAULT_PIPELINE = (
-    "fold-constants",
-    "eliminate-no-ops",
-    "eliminate-common-subexpressions",
-    "eliminate-dead-code",
-    "fuse-conv-bn-relu",
-    "fuse-qkv",
-    "schedule-memory",
-)
+DEFAULT_PIPELINE = OPTIMIZE.passes  # every pipeline is named in infercc.passes.pipelines
 
 
 @dataclass
