@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infercc import __version__
 from infercc.analysis.targets import PRECISIONS, Target
 from infercc.backends.base import Artifact, CompileOptions, Runner
 from infercc.data.profiles import ShapeProfile
+from infercc.version import __version__
 
 
 class NoneBackend:

@@ -48,6 +48,7 @@ from infercc.ir import export_model, load_model
 from infercc.ir.ops import MS_DOMAIN
 from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, run_passes
 from infercc.passes.pipelines import optimize_stages
+from infercc.runtime.artifact import candidate_model_path, read_manifest
 from infercc.util import first_line
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,6 @@ def config_for_candidate(
     """The pipeline a candidate was built with: from its artifact manifest (target, backend,
     precision, passes) or, for a plain model, from what it holds (contrib ops mean a
     non-portable build; float16 inputs mean --fp16-io)."""
-    from infercc.check.candidates import candidate_model_path
     from infercc.check.tolerances import detect_precision
 
     path = Path(candidate)
@@ -108,8 +108,6 @@ def config_for_candidate(
 
 
 def _from_manifest(config: PipelineConfig, directory: Path) -> None:
-    from infercc.runtime.artifact import read_manifest
-
     manifest = read_manifest(directory)
     config.target = str(manifest.get("target", {}).get("name") or config.target)
     backend = str(manifest.get("backend", {}).get("name") or "ort")

@@ -36,11 +36,12 @@ import onnx
 
 from infercc.check.compare import ValidationReport, compare_outputs, run_model
 from infercc.check.goldens import Feeds, Outputs, load_golden, save_golden
-from infercc.check.tolerances import _manifest, default_tolerance, detect_precision
+from infercc.check.tolerances import default_tolerance, detect_precision
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.data.signature import input_dtype, real_inputs
 from infercc.errors import InferccError
+from infercc.runtime.artifact import candidate_model_path
 from infercc.runtime.bench import read_skeleton
 from infercc.util import first_line
 
@@ -114,15 +115,6 @@ def _as_dtype(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
     if dtype is not None and dtype.kind == "f" and arr.dtype.kind == "f" and arr.dtype != dtype:
         return arr.astype(dtype)
     return arr
-
-
-def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
-    """The .onnx file of a candidate (an artifact's model.onnx)."""
-    path = Path(candidate)
-    if path.is_dir():
-        return path / str(_manifest(path).get("model") or "model.onnx")
-    return path
-
 
 
 # --------------------------------------------------------------------------- entry point

@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import onnx
 
-from infercc.backends.base import MANIFEST
 from infercc.errors import InferccError
 from infercc.ir.ops import QUANTIZATION_OPS
+from infercc.runtime.artifact import candidate_manifest
 from infercc.runtime.bench import read_skeleton
 
 INT8_MIN_COSINE = 0.99
@@ -28,7 +27,7 @@ def detect_precision(
     `skeleton` when the caller has read it already)."""
     path = Path(candidate)
     if path.is_dir():
-        precision = str(_manifest(path).get("precision") or "fp32")
+        precision = str(candidate_manifest(path).get("precision") or "fp32")
         return precision if precision in PRECISIONS else "fp32"
     return model_precision(skeleton if skeleton is not None else read_skeleton(path))
 
@@ -78,14 +77,3 @@ def parse_tolerances(specs: Sequence[str] | None) -> dict[str, tuple[float, floa
             )
         result[name] = (atol, rtol)
     return result
-
-
-def _manifest(directory: Path) -> dict[str, Any]:
-    from infercc.runtime.artifact import read_manifest
-
-    if not (directory / MANIFEST).is_file():
-        raise InferccError(
-            f"{str(directory)!r} is a directory without {MANIFEST}",
-            "pass an .onnx file or an artifact directory built by infercc",
-        )
-    return read_manifest(directory)

@@ -21,12 +21,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from infercc import __version__
 from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact
 from infercc.backends.registry import get_backend
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.util import read_schema_json
+from infercc.version import __version__
 
 SCHEMA = "infercc.manifest/1"
 
@@ -47,6 +47,24 @@ def check_destination(out_dir: Path) -> None:
 def staging_dir(out_dir: Path) -> Path:
     """A fresh directory beside `out_dir` (same file system, so the final move is a rename)."""
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.infercc-", dir=out_dir.parent))
+
+
+def candidate_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of an artifact directory given where a model or an artifact is expected."""
+    if not (directory / MANIFEST).is_file():
+        raise InferccError(
+            f"{str(directory)!r} is a directory without {MANIFEST}",
+            "pass an .onnx file or an artifact directory built by infercc",
+        )
+    return read_manifest(directory)
+
+
+def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
+    """The .onnx file of a model or an artifact (the artifact's model.onnx)."""
+    path = Path(candidate)
+    if path.is_dir():
+        return path / str(candidate_manifest(path).get("model") or MODEL_FILE)
+    return path
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:

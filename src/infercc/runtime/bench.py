@@ -46,7 +46,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from infercc import __version__
 from infercc.analysis.targets import parse_cpuinfo
 from infercc.backends.base import (
     MANIFEST,
@@ -62,6 +61,7 @@ from infercc.errors import InferccError
 from infercc.ir.wire import read_model
 from infercc.runtime.artifact import open_artifact
 from infercc.util import first_line, gc_paused, json_float
+from infercc.version import __version__
 
 log = logging.getLogger(__name__)
 
