@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
@@ -179,3 +180,24 @@ def test_cli_calibrate_disable_pass(tmp_path):
         assert r.returncode == 2 and message in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) <= 2 and "Traceback" not in r.stderr
         assert not out.exists()
+
+
+def test_calibrate_verify_names_an_int8_pass_that_breaks_the_graph(tmp_path, monkeypatch):
+    """Under verify the graph is linted after every pass, the int8 ones too: a quantize-qdq
+    that leaves a node reading a value nothing defines is named."""
+    from infercc.errors import PassError
+    from infercc.ir import Value
+    from infercc.passes import quantize_qdq
+
+    rewrite = quantize_qdq._Rewriter.rewrite
+
+    def broken(self, node, plan, ctx):
+        rewrite(self, node, plan, ctx)
+        node.set_input(1, Value("nowhere"))
+
+    monkeypatch.setattr(quantize_qdq._Rewriter, "rewrite", broken)
+    path, _ = projection(tmp_path)
+    data = _sample_dir(tmp_path)
+    with pytest.raises(PassError, match="pass 'quantize-qdq' broke the graph"):
+        calibrate(path, data, tmp_path / "v", speed_check=False, verify=True)
+    assert not (tmp_path / "v").exists()

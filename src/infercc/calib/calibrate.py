@@ -367,13 +367,15 @@ def calibrate(
     speed_check: bool = True,
     outlier_channels: bool = True,
     disable_passes: Sequence[str] = (),
+    verify: bool = False,
     on_step: Callable[[str], None] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> CalibrationReport:
     """Calibrate `model` on the samples in `data` and write an INT8 model to `out_dir`.
 
     See the module docstring for the method. `disable_passes` skips passes of the
-    calibrate-fp32 and int8 pipelines (`infercc.passes.pipelines`) by name. `on_step(text)` is
+    calibrate-fp32 and int8 pipelines (`infercc.passes.pipelines`) by name; `verify` lints the
+    graph after every pass (a pass that breaks it is named). `on_step(text)` is
     called at each stage and each sensitivity round; `on_progress(done, total)` after each
     calibration sample.
     """
@@ -396,7 +398,7 @@ def calibrate(
     stage = staging_dir(dest)
     try:
         job = _Job(stage, targets, evaluation_set, step)
-        job.options = _QuantOptions(activations, activation_matmuls, max_trials, disabled)
+        job.options = _QuantOptions(activations, activation_matmuls, max_trials, disabled, verify)
         job.prepare_fp32(ir, exclude, calib if outlier_channels else ())
         del ir
         job.calibrate(calib, method, percentile, on_progress)
@@ -536,6 +538,7 @@ class _QuantOptions:
     activation_matmuls: bool = False
     max_trials: int = DEFAULT_MAX_TRIALS
     disabled: tuple[str, ...] = ()
+    verify: bool = False
 
 
 @dataclass
@@ -576,7 +579,8 @@ class _Job:
         """Run the portable fp32 pipeline, name the targets, split outlier channels (when
         `samples` are given), save the fp32 reference."""
         self.step("optimizing fp32")
-        run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes, self.options.disabled)
+        ctx = PassContext(portable=True, verify=self.options.verify)
+        run_passes(ir, ctx, CALIBRATE_FP32.passes, self.options.disabled)
         _name_targets(ir)
         _check_exclude(ir, exclude)
         if samples:
@@ -612,7 +616,7 @@ class _Job:
             if idx:
                 channels[node] = idx
         if channels:
-            ctx = PassContext(outlier_channels=channels)
+            ctx = PassContext(outlier_channels=channels, verify=self.options.verify)
             split = run_passes(ir, ctx, INT8.stages[0], self.options.disabled)
             self.float_nodes = split.details("split-outlier-channels") or {}
         self.outlier_channels = channels
@@ -642,7 +646,8 @@ class _Job:
             activations=self.options.activations,
             activation_matmuls=self.options.activation_matmuls,
         )
-        ran = run_passes(ir, PassContext(quantize=settings), INT8.stages[1], self.options.disabled)
+        ctx = PassContext(quantize=settings, verify=self.options.verify)
+        ran = run_passes(ir, ctx, INT8.stages[1], self.options.disabled)
         return ran.details("quantize-qdq"), save_model(ir, path)
 
     def trial(self, exclude: tuple[str, ...]) -> _Trial:

@@ -685,6 +685,9 @@ def calibrate(
             "`infercc passes` lists them.",
         ),
     ] = None,
+    verify: Annotated[
+        bool, typer.Option(help="Check the IR's invariants after every pass (slower).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
@@ -713,6 +716,7 @@ def calibrate(
             speed_check=speed_check,
             outlier_channels=outlier_channels,
             disable_passes=disable_pass or [],
+            verify=verify,
             on_step=step,
             on_progress=tick,
         )
