@@ -163,8 +163,7 @@ class _State:
 
     def check(self, node: Node, ctx: PassContext) -> _Plan | Refuse | None:
         """The node's plan, or why it keeps float32 (a refusal, listed in kept_fp32)."""
-        plan, reason = _decide(self, node)
-        return Refuse(reason) if reason is not None else plan
+        return _decide(self, node)
 
     def convert(self, node: Node, plan: _Plan, ctx: PassContext) -> None:
         _convert_node(self, node, plan)
@@ -195,17 +194,17 @@ def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
 # -- per-node decision ---------------------------------------------------------------------
 
 
-def _decide(st: _State, node: Node) -> tuple[_Plan | None, str | None]:
-    """(plan, None) to convert; (None, reason) to keep float32; (None, None) to skip quietly."""
+def _decide(st: _State, node: Node) -> _Plan | Refuse | None:
+    """The plan to convert; Refuse(reason) to keep float32; None to skip quietly."""
     if node.is_standard and node.op_type in _AGNOSTIC:
-        return None, None
+        return None
     tensors = [v for v in (*node.inputs, *node.outputs) if v is not None]
     dtypes = [st.orig_dtype(v) for v in tensors]
     if FLOAT not in dtypes:
-        return None, None  # integer or already-converted data: nothing to convert
+        return None  # integer or already-converted data: nothing to convert
     reason = _exclusion(st, node)
     if reason is not None:
-        return None, reason
+        return Refuse(reason)
     return _schema_plan(st, node)
 
 
@@ -237,24 +236,24 @@ def _exclusion(st: _State, node: Node) -> str | None:
     return None
 
 
-def _schema_plan(st: _State, node: Node) -> tuple[_Plan | None, str | None]:
+def _schema_plan(st: _State, node: Node) -> _Plan | Refuse | None:
     schema = _schema(node.op_type, st.opset)
     groups = _type_groups(node, schema) if schema is not None else None
     if groups is None:
-        return None, "no ONNX schema for its inputs and outputs"
+        return Refuse("no ONNX schema for its inputs and outputs")
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    plan, reason = _plan_from_groups(st, node, groups, allowed)
-    if plan is None:
-        return None, reason
+    plan = _plan_from_groups(st, node, groups, allowed)
+    if not isinstance(plan, _Plan):
+        return plan
     reason = _overflow_reason(st, node, plan) or _attr_overflow_reason(node)
     if reason is None and not plan.outputs:
         reason = _no_float_output_reason(st, node, plan)
-    return (None, reason) if reason is not None else (plan, None)
+    return Refuse(reason) if reason is not None else plan
 
 
 def _plan_from_groups(
     st: _State, node: Node, groups: dict[str, list[tuple[bool, int]]], allowed: dict[str, set]
-) -> tuple[_Plan | None, str | None]:
+) -> _Plan | Refuse | None:
     plan = _Plan(set(), set())
     coords = _COORD_INPUTS.get(node.op_type, ())
     unknown = already = False
@@ -270,12 +269,12 @@ def _plan_from_groups(
         for is_in, i in members:
             (plan.inputs if is_in else plan.outputs).add(i)
     if plan.inputs or plan.outputs:
-        return plan, None
+        return plan
     if already:
-        return None, None  # converted before: float32 is left only where it must be
+        return None  # converted before: float32 is left only where it must be
     if unknown:
-        return None, "dtype unknown (shape inference did not type it)"
-    return None, "no float16 type for its float32 tensors in the ONNX schema"
+        return Refuse("dtype unknown (shape inference did not type it)")
+    return Refuse("no float16 type for its float32 tensors in the ONNX schema")
 
 
 def _member(node: Node, m: tuple[bool, int]) -> Value:

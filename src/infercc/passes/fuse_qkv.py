@@ -196,7 +196,7 @@ def _member(x: Value, mm: Node) -> _Member | str:
         return f"reads {x.name!r} as both operands"
     weight = _const_tensor(w)
     reason = _weight_problem(x, weight)
-    if reason:
+    if reason is not None:
         return reason
     assert weight is not None
     member = _Member(mm, weight)
@@ -204,14 +204,15 @@ def _member(x: Value, mm: Node) -> _Member | str:
     return member
 
 
-def _weight_problem(x: Value, weight: Tensor | None) -> str:
+def _weight_problem(x: Value, weight: Tensor | None) -> str | None:
+    """Why `weight` cannot be a member's weight (None when it can)."""
     if weight is None:
         return "weight (input B) is not a constant"
     if len(weight.shape) != 2:
         return f"weight is not 2-D (rank {len(weight.shape)})"
     if x.dtype is not None and weight.dtype != x.dtype:
         return "weight dtype differs from the activation dtype"
-    return ""
+    return None
 
 
 def _const_tensor(v: Value) -> Tensor | None:
