@@ -27,6 +27,10 @@ GPU = {"target": "a100", "backend": "tensorrt"}
 # rule -> (a config that breaks it and no other rule, the flag its message must name)
 BROKEN = {
     "_disabled_passes_exist": (BuildConfig(disable_passes=("nope",)), "'nope'"),
+    "_disabled_passes_run": (
+        BuildConfig(disable_passes=("quantize-qdq",)),
+        "--disable-pass quantize-qdq has no effect",
+    ),
     "_fp16_options_need_fp16": (BuildConfig(keep_fp32=("Softmax",)), "--keep-fp32"),
     "_fp16_needs_convert_pass": (
         BuildConfig(precision="fp16", disable_passes=("convert-fp16",)),

@@ -7,7 +7,7 @@ print(report.nodes_before, report.nodes_after, report.validation.passed)
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from infercc.version import __version__
 
 __all__ = ["__version__", "calibrate", "inspect_model", "optimize", "validate"]
 

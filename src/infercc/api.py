@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercc import passes as _passes
 from infercc.analysis.memory import MemoryPlan, plan_memory
 from infercc.analysis.targets import get_target
 from infercc.backends.base import MODEL_FILE, CompileOptions
@@ -25,8 +24,10 @@ from infercc.config import BuildConfig, OrtOptions, TrtOptions, canonical_target
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import external_info
 from infercc.passes.manager import PassContext, run_passes
+from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
@@ -34,8 +35,6 @@ from infercc.runtime.artifact import manifest as artifact_manifest
 log = logging.getLogger(__name__)
 
 __all__ = ["BuildConfig", "OptimizeReport", "build_config", "optimize", "read_ranges"]
-
-FP16_PIPELINE = ("convert-fp16", "eliminate-dead-code")
 
 
 @dataclass
@@ -97,7 +96,7 @@ class OptimizeReport:
 def op_histogram(model: Model) -> dict[str, int]:
     """Op type -> count over the main graph and its subgraphs (custom domains as domain.Op)."""
     counts = Counter(
-        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        n.op_type if n.domain in STANDARD_DOMAINS else f"{n.domain}.{n.op_type}"
         for n in model.graph.all_nodes()
     )
     return dict(sorted(counts.items()))
@@ -253,19 +252,16 @@ def pass_context(cfg: BuildConfig, profile: dict[str, tuple[int, ...]] | None) -
         target=cfg.target, portable=cfg.portable, fold_limit=cfg.fold_limit_bytes, verify=cfg.verify
     )
     ctx.backend = cfg.backend if cfg.backend in ("ort", "tensorrt") else "ort"
-    if profile is not None:
-        ctx.options["shapes"] = profile
+    ctx.shapes = profile
     if cfg.precision == "fp16":
-        ctx.options.update(fp16_io=cfg.fp16_io, keep_fp32=list(cfg.keep_fp32))
-        if cfg.ranges:
-            ctx.options["ranges"] = cfg.range_map
+        ctx.fp16_io, ctx.keep_fp32 = cfg.fp16_io, tuple(cfg.keep_fp32)
+        ctx.ranges = cfg.range_map or None
     return ctx
 
 
 def pipelines(cfg: BuildConfig) -> list[tuple[str, ...]]:
-    """The pipelines a build runs, in order: the default one, then fp16's lowering."""
-    stages = [tuple(_passes.DEFAULT_PIPELINE)]
-    return [*stages, FP16_PIPELINE] if cfg.precision == "fp16" else stages
+    """The stages a build runs, in order (`passes.pipelines`: optimize, then fp16's lowering)."""
+    return optimize_stages(cfg.precision)
 
 
 def check_model(model: Model, cfg: BuildConfig) -> None:
@@ -307,10 +303,12 @@ class _Job:
         self.pipe = runs[0]
         for later in runs[1:]:
             self.pipe.passes.update(later.passes)
+        plan = self.pipe.details("convert-fp16")
+        self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
         self.nodes_after = sum(1 for _ in self.ir.graph.all_nodes())
         self.ops_after = op_histogram(self.ir)
         self.step("planning memory")
-        schedule = self.ctx.options.get("schedule", {})
+        schedule = self.pipe.details("schedule-memory")
         self.plan = _plan(self.ir, self.profile, self.cfg.alignment, schedule)
 
     def _on_pass(self, name: str) -> None:
@@ -394,7 +392,7 @@ class _Job:
             seconds=0.0,
             memory=memory,
             precision=self.cfg.precision,
-            kept_fp32=list(self.ctx.options.get("fp16", {}).get("kept_fp32", [])),
+            kept_fp32=self.kept_fp32,
             build=self.cfg.to_dict(),
         )
 
@@ -543,13 +541,16 @@ def shape_profile(
 
 
 def _plan(
-    model: Model, profile: dict[str, tuple[int, ...]] | None, alignment: int, schedule: dict
+    model: Model, profile: dict[str, tuple[int, ...]] | None, alignment: int, peaks: Any
 ) -> MemoryPlan | None:
+    """The memory plan at `profile`, with schedule-memory's `SchedulePeaks` (None when it did
+    not run)."""
     if profile is None:
         return None
     plan = plan_memory(model, profile, alignment=alignment)
-    plan.peak_before_schedule = schedule.get("peak_before")
-    plan.peak_after_schedule = schedule.get("peak_after")
+    if peaks is not None:
+        plan.peak_before_schedule = peaks.peak_before
+        plan.peak_after_schedule = peaks.peak_after
     return plan
 
 

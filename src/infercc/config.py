@@ -650,8 +650,24 @@ def _disabled_passes_exist(c: BuildConfig) -> Broken:
     return None
 
 
+def _disabled_passes_run(c: BuildConfig) -> Broken:
+    """A known pass that this build's pipelines do not run (an int8 pass in optimize)."""
+    from infercc.passes.manager import REGISTRY
+    from infercc.passes.pipelines import optimize_stages
+
+    runs = {name for stage in optimize_stages(c.precision) for name in stage} | {FP16_PASS}
+    for name in c.disable_passes:
+        if name in REGISTRY and name not in runs:
+            return (
+                f"--disable-pass {name} has no effect: optimize does not run it",
+                "optimize runs: " + ", ".join(sorted(runs - {FP16_PASS})),
+            )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     _disabled_passes_exist,
+    _disabled_passes_run,
     _fp16_options_need_fp16,
     _fp16_needs_convert_pass,
     _bf16_needs_tensorrt,

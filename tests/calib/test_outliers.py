@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
 from infercc.calib import outliers
 from infercc.calib.calibrate import INT8_FILE, calibrate
 from infercc.ir import export_model, import_model, infer_shapes
+from infercc.passes import split_outliers
 
 K, N = 96, 32
 OUTLIER = 7  # the channel that is 40x the others
@@ -73,11 +79,11 @@ def test_split_is_exact_and_only_for_projections(tmp_path):
     path, proto = projection(tmp_path)
     model = import_model(proto)
     infer_shapes(model)
-    found = outliers.candidates(model)
+    found = split_outliers.candidates(model)
     assert found == {"proj": "h"}
     amax = outliers.channel_absmax(path, _samples(3), ["h"])
     assert outliers.outlier_channels(amax["h"]) == [OUTLIER]
-    made = outliers.split(model, {"proj": [OUTLIER]})
+    made = split_outliers.split(model, {"proj": [OUTLIER]})
     assert list(made.values()) == ["proj"]
     model.graph.lint()
     out = export_model(model)
@@ -120,4 +126,78 @@ def test_a_2d_matmul_is_not_a_candidate():
     )
     model = import_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     infer_shapes(model)
-    assert outliers.candidates(model) == {}
+    assert split_outliers.candidates(model) == {}
+
+
+def _sample_dir(tmp_path: Path) -> Path:
+    data = tmp_path / "samples"
+    data.mkdir()
+    for i, sample in enumerate(_samples(6, seed=1)):
+        np.savez(data / f"{i}.npz", **sample)
+    return data
+
+
+def test_calibrate_disable_pass_of_an_int8_pass(tmp_path):
+    """`disable_passes` reaches the int8 pipeline: without split-outlier-channels nothing is
+    split, and eliminate-dead-code can be skipped in both pipelines."""
+    path, _ = projection(tmp_path)
+    data = _sample_dir(tmp_path)
+    off = calibrate(
+        path, data, tmp_path / "off", speed_check=False, disable_passes=["split-outlier-channels"]
+    )
+    assert off.passed and off.outlier_channels == {} and off.quantized == ["proj"]
+    ops = Counter(n.op_type for n in onnx.load(tmp_path / "off" / INT8_FILE).graph.node)
+    assert ops["Gather"] == 0 and ops["QuantizeLinear"] == 1
+    no_dce = calibrate(
+        path, data, tmp_path / "nodce", speed_check=False, disable_passes=["eliminate-dead-code"]
+    )
+    assert no_dce.passed and no_dce.outlier_channels == {"proj": [OUTLIER]}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "infercc", "calibrate", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_cli_calibrate_disable_pass(tmp_path):
+    path, _ = projection(tmp_path)
+    data = _sample_dir(tmp_path)
+    common = [str(path), "--data", str(data), "--no-speed-check", "--json"]
+    r = _cli(*common, "-o", str(tmp_path / "a"), "--disable-pass", "split-outlier-channels")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["outlier_channels"] == {}
+    for name, message in [
+        ("quantize-qdq", "--disable-pass quantize-qdq leaves calibrate nothing to do"),
+        ("convert-fp16", "--disable-pass convert-fp16 has no effect: calibrate does not run it"),
+        ("fold-constant", "unknown pass 'fold-constant'"),
+    ]:
+        out = tmp_path / name
+        r = _cli(*common, "-o", str(out), "--disable-pass", name)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) <= 2 and "Traceback" not in r.stderr
+        assert not out.exists()
+
+
+def test_calibrate_verify_names_an_int8_pass_that_breaks_the_graph(tmp_path, monkeypatch):
+    """Under verify the graph is linted after every pass, the int8 ones too: a quantize-qdq
+    that leaves a node reading a value nothing defines is named."""
+    from infercc.errors import PassError
+    from infercc.ir import Value
+    from infercc.passes import quantize_qdq
+
+    rewrite = quantize_qdq._Rewriter.rewrite
+
+    def broken(self, node, plan, ctx):
+        rewrite(self, node, plan, ctx)
+        node.set_input(1, Value("nowhere"))
+
+    monkeypatch.setattr(quantize_qdq._Rewriter, "rewrite", broken)
+    path, _ = projection(tmp_path)
+    data = _sample_dir(tmp_path)
+    with pytest.raises(PassError, match="pass 'quantize-qdq' broke the graph"):
+        calibrate(path, data, tmp_path / "v", speed_check=False, verify=True)
+    assert not (tmp_path / "v").exists()

@@ -278,10 +278,10 @@ def test_bisect_names_the_rewrite_of_an_eliminate_no_ops_bug(tmp_path: Path, mon
 
     forward = no_ops._forward
 
-    def broken(node, src, ctx, kind):
+    def broken(node, src, kind):
         if node.name == "id2":
             src = node.graph.inputs[0]
-        return forward(node, src, ctx, kind)
+        return forward(node, src, kind)
 
     monkeypatch.setattr(no_ops, "_forward", broken)
     reference = _save(NO_OPS_MODEL, tmp_path / "ref.onnx")
@@ -355,7 +355,7 @@ def test_every_rebuild_gets_the_recorded_pass_context(tmp_path: Path, monkeypatc
     assert not report.passed and report.bisect.trials == len(seen) > 1
     for ctx in seen:
         assert (ctx.portable, ctx.fold_limit, ctx.backend) == (True, 2**20, "ort")
-        assert ctx.options["keep_fp32"] == ["Softmax"]
+        assert ctx.keep_fp32 == ("Softmax",)
 
 
 def test_validate_target_without_effect_is_refused(reference: Path, tmp_path: Path) -> None:

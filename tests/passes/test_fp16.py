@@ -36,7 +36,7 @@ def _w(*shape: int, seed: int = 0, scale: float | None = None) -> np.ndarray:
 
 
 def _convert(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, object, PassContext]:
-    ctx = PassContext(options=dict(options))
+    ctx = PassContext(**options)
     out, report = optimize_proto(proto, PASSES, ctx)
     return out, report, ctx
 
@@ -128,9 +128,9 @@ def test_mlp_converts_with_casts_only_at_the_boundary():
     assert out.graph.output[0].type.tensor_type.elem_type == F32
     assert out.graph.input[0].type.tensor_type.elem_type == F32
     assert "Softmax stays fp32 (numerically risky" in _reasons(ctx)[softmax.name]
-    summary = ctx.options["fp16"]
-    assert summary["converted"] == 5
-    assert [k["op"] for k in summary["kept_fp32"]] == ["Softmax"]
+    summary = report.details("convert-fp16")
+    assert summary.converted == 5
+    assert [k["op"] for k in summary.kept_fp32] == ["Softmax"]
     _assert_close(original, out, random_feeds(original, dims=5))
 
 

@@ -252,6 +252,6 @@ def test_a_limited_pass_reaches_the_fixpoint(case: Case) -> None:
 
 def test_a_cut_rewrite_is_not_recorded_as_a_refusal() -> None:
     case = CASES[IDS.index("convert-fp16")]
-    _, ctx, _ = _run_once(case, 1)
+    _, ctx, result = _run_once(case, 1)
     assert [r.node for r in ctx.refusals] == ["exp"]  # neg, tanh, abs were cut off
-    assert [k["node"] for k in ctx.options["fp16"]["kept_fp32"]] == ["exp"]
+    assert [k["node"] for k in result.details.kept_fp32] == ["exp"]

@@ -9,7 +9,7 @@ import infercc.passes.schedule  # noqa: F401  (registers schedule-memory)
 from infercc.analysis.memory import peak_live, value_sizes
 from infercc.ir import export_model, import_model
 from infercc.passes import PassContext
-from infercc.passes.schedule import greedy_order, relink, schedule_memory
+from infercc.passes.schedule import SchedulePeaks, greedy_order, relink, schedule_memory
 from tests.helpers import assert_same_outputs, optimize_proto, parse
 
 # Two branches, each a big [N, N] tensor reduced to a scalar; the given order builds both big
@@ -30,7 +30,7 @@ BIG = 64 * 64 * 4
 
 def run(proto: onnx.ModelProto, shapes: dict | None = None):
     model = import_model(proto)
-    ctx = PassContext(options={"shapes": shapes} if shapes else {})
+    ctx = PassContext(shapes=shapes)
     result = schedule_memory(model.graph, ctx)
     model.graph.lint()
     return model, result, ctx
@@ -41,10 +41,7 @@ def test_greedy_order_lowers_the_peak_and_keeps_outputs():
     model, result, ctx = run(proto, {"x": (64, 1)})
     assert result.changed and result.stats["reordered"] == 1
     # before: xt + a_big + b_big; after: xt + b_big + a_small (a_big reduced first)
-    assert ctx.options["schedule"] == {
-        "peak_before": 256 + 2 * BIG,
-        "peak_after": 256 + BIG + 4,
-    }
+    assert result.details == SchedulePeaks(peak_before=256 + 2 * BIG, peak_after=256 + BIG + 4)
     assert [n.output.name for n in model.graph] == [
         "xt",
         "a_big",
@@ -56,10 +53,10 @@ def test_greedy_order_lowers_the_peak_and_keeps_outputs():
     out = export_model(model)
     onnx.checker.check_model(out, full_check=True)
     assert_same_outputs(proto, out)
-    ctx2 = PassContext(options={"shapes": {"x": (64, 1)}})
+    ctx2 = PassContext(shapes={"x": (64, 1)})
     again = schedule_memory(model.graph, ctx2)
     assert not again.changed and again.stats["reordered"] == 0
-    assert ctx2.options["schedule"] == {"peak_before": 256 + BIG + 4, "peak_after": 256 + BIG + 4}
+    assert again.details == SchedulePeaks(256 + BIG + 4, 256 + BIG + 4)
 
 
 def test_default_shapes_when_none_are_given():
@@ -67,18 +64,18 @@ def test_default_shapes_when_none_are_given():
     # order is not strictly better and stays
     _, result, ctx = run(parse(TWO_BRANCHES))
     assert result.stats == {"reordered": 0}
-    assert ctx.options["schedule"] == {"peak_before": 12, "peak_after": 12}
+    assert result.details == SchedulePeaks(12, 12)
 
 
 def test_pipeline_reaches_a_fixpoint():
     proto = parse(TWO_BRANCHES)
-    ctx = PassContext(options={"shapes": {"x": (64, 1)}})
+    ctx = PassContext(shapes={"x": (64, 1)})
     out, report = optimize_proto(proto, ["schedule-memory"], ctx)
     # a reordering pass runs once, after the fixpoint: no second round, no re-inference
     assert report.reached_fixpoint and report.iterations == 1
     assert report.passes["schedule-memory"].runs == 1
     assert report.passes["schedule-memory"].counts["reordered"] == 1
-    assert ctx.options["schedule"] == {"peak_before": 256 + 2 * BIG, "peak_after": 256 + BIG + 4}
+    assert report.details("schedule-memory") == SchedulePeaks(256 + 2 * BIG, 256 + BIG + 4)
     assert_same_outputs(proto, out)
 
 
@@ -93,8 +90,7 @@ g (float[N, 8] x) => (float[N, 8] y) {
 }""")
     model, result, ctx = run(proto, {"x": (4, 8)})
     assert not result.changed and result.stats["reordered"] == 0
-    assert ctx.options["schedule"]["peak_before"] == 2 * 4 * 8 * 4
-    assert ctx.options["schedule"]["peak_after"] == 2 * 4 * 8 * 4
+    assert result.details == SchedulePeaks(2 * 4 * 8 * 4, 2 * 4 * 8 * 4)
     assert [n.output.name for n in model.graph] == ["a", "b", "c", "y"]
     again = schedule_memory(model.graph, ctx)
     assert not again.changed

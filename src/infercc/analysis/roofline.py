@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from infercc.errors import InferccError
 from infercc.ir import Model, Node, dtypes
 from infercc.ir.dtypes import tensor_bytes
+from infercc.ir.ops import CONTROL_FLOW_OPS, INT8_COMPUTE_OPS
 from infercc.ir.shapes import concrete_types
 
 if TYPE_CHECKING:
@@ -109,8 +110,6 @@ _DATA_MOVEMENT = frozenset(
     }
 )  # fmt: skip
 
-_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-_INT8_OPS = frozenset({"MatMulInteger", "ConvInteger", "MatMulIntegerToFloat"})
 _DENSE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul"})
 
 Ins = Sequence[Shape | None]
@@ -283,7 +282,7 @@ def _io(node: Node, values: Iterable, types: Types) -> tuple[list[Shape | None],
 
 def node_cost(node: Node, types: Types, index: int | None = None) -> NodeCost | None:
     """FLOPs, bytes and precision of `node` at the shapes in `types`; None when unknown."""
-    if node.op_type in _CONTROL_FLOW or node.subgraphs():
+    if node.op_type in CONTROL_FLOW_OPS or node.subgraphs():
         return None
     ins = _io(node, node.inputs, types)
     outs = _io(node, node.outputs, types)
@@ -328,7 +327,7 @@ def _dequantized(v, types: Types) -> str | None:
 
 def node_precision(node: Node, types: Types) -> str:
     """The precision a node computes in (see module doc); fp32 when nothing says otherwise."""
-    if node.op_type in _INT8_OPS or node.op_type.startswith("QLinear"):
+    if node.op_type in INT8_COMPUTE_OPS or node.op_type.startswith("QLinear"):
         return "int8"
     if node.op_type in _DENSE_OPS:
         a, b = _dequantized(node.input(0), types), _dequantized(node.input(1), types)

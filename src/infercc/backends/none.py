@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infercc import __version__
 from infercc.analysis.targets import Target
 from infercc.backends.base import Artifact, CompileOptions, Runner
 from infercc.data.profiles import ShapeProfile
 from infercc.precisions import BUILD_PRECISIONS
+from infercc.version import __version__
 
 
 class NoneBackend:

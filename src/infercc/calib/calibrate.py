@@ -11,14 +11,15 @@
    more, never all) is held out for evaluation; the rest calibrates. With holdout 0, or a
    single sample, the evaluation runs on
    the calibration samples and the report says so (`samples.evaluated_on`).
-2. **fp32 first.** The model goes through infercc's default pipeline with
-   `PassContext(portable=True)`: constants are folded, BatchNormalization is folded into the
-   Conv before it, and no onnxruntime contrib op (FusedConv, ...) appears, so the Q/DQ model stays
-   standard ONNX that TensorRT also reads. Quantizable nodes (Conv, MatMul, Gemm) without a name
-   get one (`exclude` and the report need names). With `outlier_channels` (default), the
-   channel maxima of transformer projections' inputs are measured on the calibration samples
-   and a projection whose input has a few outlier channels is split exactly, those channels
-   kept float (`infercc.calib.outliers`). The result, `model_fp32.onnx`, is the
+2. **fp32 first.** The model goes through the calibrate-fp32 pipeline
+   (`infercc.passes.pipelines`: the optimize passes, portable): constants are folded,
+   BatchNormalization is folded into the Conv before it, and no onnxruntime contrib op
+   (FusedConv, ...) appears, so the Q/DQ model stays standard ONNX that TensorRT also reads.
+   Quantizable nodes (Conv, MatMul, Gemm) without a name get one (`exclude` and the report need
+   names). With `outlier_channels` (default), the channel maxima of transformer projections'
+   inputs are measured on the calibration samples (`infercc.calib.outliers`) and the int8
+   pipeline's first stage, split-outlier-channels, splits a projection whose input has a few
+   outlier channels exactly, those channels kept float. The result, `model_fp32.onnx`, is the
    reference for the ranges and for the evaluation, and it is written to `out_dir` too:
    `ranges.json` and `calibration.cache` name tensors of *this* graph (a fused Conv takes its
    BatchNormalization's output name, folded constants disappear), which is the graph a
@@ -26,8 +27,10 @@
 3. **Ranges.** `collect_ranges` observes the activations `calibration_tensors` names (the inputs
    of the quantizable nodes and the outputs that get Q/DQ pairs) with `method` (minmax, entropy
    or percentile).
-4. **Quantize.** `quantize_qdq` rewrites a fresh copy of the fp32 graph (per-channel int8
-   weights, per-tensor activations), keeping the user's `exclude` nodes float.
+4. **Quantize.** The int8 pipeline's second stage (quantize-qdq, then eliminate-dead-code)
+   rewrites a fresh copy of the fp32 graph (per-channel int8 weights, per-tensor activations),
+   keeping the user's `exclude` nodes float. `disable_passes` skips passes of both pipelines
+   (all but quantize-qdq itself).
 5. **Evaluate.** fp32 (onnxruntime CPU, graph optimizations off) and the int8 candidate
    (optimizations on, so onnxruntime fuses Q/DQ into int8 kernels) run on the evaluation
    samples. Per output: cosine similarity (the minimum over samples), max abs error (the
@@ -78,7 +81,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc import passes as _passes
 from infercc.calib import outliers
 from infercc.calib.observers import (
     DEFAULT_PERCENTILE,
@@ -89,24 +91,25 @@ from infercc.calib.observers import (
     collect_ranges,
     tensor_values,
 )
-from infercc.calib.quantize import (
+from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
+from infercc.check.compare import compare_outputs, run_model
+from infercc.data.samples import iter_samples
+from infercc.errors import InferccError
+from infercc.ir import Model, export_model, load_model, save_model
+from infercc.passes.manager import PassContext, QuantizeSettings, check_pass_names, run_passes
+from infercc.passes.match import const_value
+from infercc.passes.pipelines import CALIBRATE_FP32, INT8, check_disabled
+from infercc.passes.quantize_qdq import (
     ACTIVATION_TYPES,
     TARGET_INPUTS,
     QuantizeReport,
     activation_params,
     calibration_tensors,
     check_opset,
-    const_array,
-    quantize_qdq,
     weight_axis,
     weight_sqnr,
 )
-from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
-from infercc.check.compare import compare_outputs, run_model
-from infercc.data.samples import iter_samples
-from infercc.errors import InferccError
-from infercc.ir import Model, export_model, infer_shapes, load_model, save_model
-from infercc.passes.manager import PassContext, run_passes
+from infercc.passes.split_outliers import candidates as outlier_candidates
 from infercc.runtime.artifact import publish, staging_dir
 from infercc.util import json_float
 
@@ -363,17 +366,24 @@ def calibrate(
     max_trials: int = DEFAULT_MAX_TRIALS,
     speed_check: bool = True,
     outlier_channels: bool = True,
+    disable_passes: Sequence[str] = (),
+    verify: bool = False,
     on_step: Callable[[str], None] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> CalibrationReport:
     """Calibrate `model` on the samples in `data` and write an INT8 model to `out_dir`.
 
-    See the module docstring for the method. `on_step(text)` is called at each stage and each
-    sensitivity round; `on_progress(done, total)` after each calibration sample.
+    See the module docstring for the method. `disable_passes` skips passes of the
+    calibrate-fp32 and int8 pipelines (`infercc.passes.pipelines`) by name; `verify` lints the
+    graph after every pass (a pass that breaks it is named). `on_step(text)` is
+    called at each stage and each sensitivity round; `on_progress(done, total)` after each
+    calibration sample.
     """
     t0 = time.perf_counter()
     targets = Targets(min_cosine, max_top1_drop)
     _check_options(method, percentile, num_samples, holdout, targets)
+    disabled = check_calibrate_passes(disable_passes)
+    outlier_channels = outlier_channels and "split-outlier-channels" not in disabled
     activations = resolve_activations(activations, target)
     if max_trials < 0:
         raise InferccError(f"max_trials must be >= 0, got {max_trials}", "e.g. 64")
@@ -388,7 +398,7 @@ def calibrate(
     stage = staging_dir(dest)
     try:
         job = _Job(stage, targets, evaluation_set, step)
-        job.options = _QuantOptions(activations, activation_matmuls, max_trials)
+        job.options = _QuantOptions(activations, activation_matmuls, max_trials, disabled, verify)
         job.prepare_fp32(ir, exclude, calib if outlier_channels else ())
         del ir
         job.calibrate(calib, method, percentile, on_progress)
@@ -416,6 +426,19 @@ def calibrate(
         shutil.rmtree(stage, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def check_calibrate_passes(disable_passes: Sequence[str]) -> tuple[str, ...]:
+    """The passes to skip, checked: known, run by calibrate, and not the quantization itself."""
+    disabled = tuple(disable_passes)
+    check_pass_names(disabled)
+    check_disabled(disabled, [CALIBRATE_FP32, INT8], "calibrate")
+    if "quantize-qdq" in disabled:
+        raise InferccError(
+            "--disable-pass quantize-qdq leaves calibrate nothing to do: it is the int8 rewrite",
+            "to keep nodes in float, name them with --exclude",
+        )
+    return disabled
 
 
 def resolve_activations(activations: str, target: str) -> str:
@@ -514,6 +537,8 @@ class _QuantOptions:
     activations: str = "int8"
     activation_matmuls: bool = False
     max_trials: int = DEFAULT_MAX_TRIALS
+    disabled: tuple[str, ...] = ()
+    verify: bool = False
 
 
 @dataclass
@@ -554,7 +579,8 @@ class _Job:
         """Run the portable fp32 pipeline, name the targets, split outlier channels (when
         `samples` are given), save the fp32 reference."""
         self.step("optimizing fp32")
-        run_passes(ir, PassContext(portable=True), _passes.DEFAULT_PIPELINE)
+        ctx = PassContext(portable=True, verify=self.options.verify)
+        run_passes(ir, ctx, CALIBRATE_FP32.passes, self.options.disabled)
         _name_targets(ir)
         _check_exclude(ir, exclude)
         if samples:
@@ -573,7 +599,7 @@ class _Job:
     def split_outliers(self, ir: Model, samples: Samples) -> None:
         """Measure the candidates' channel maxima on `samples` and split the MatMuls whose
         inputs have outlier channels (`infercc.calib.outliers`)."""
-        found = outliers.candidates(ir)
+        found = outlier_candidates(ir)
         if not found:
             return
         self.step("looking for outlier channels")
@@ -589,10 +615,11 @@ class _Job:
             idx = outliers.outlier_channels(amax[tensor]) if tensor in amax else []
             if idx:
                 channels[node] = idx
-        self.float_nodes = outliers.split(ir, channels)
-        self.outlier_channels = channels
         if channels:
-            infer_shapes(ir)
+            ctx = PassContext(outlier_channels=channels, verify=self.options.verify)
+            split = run_passes(ir, ctx, INT8.stages[0], self.options.disabled)
+            self.float_nodes = split.details("split-outlier-channels") or {}
+        self.outlier_channels = channels
 
     def calibrate(
         self, samples: Samples, method: Method, percentile: float, on_progress: ProgressFn | None
@@ -613,14 +640,15 @@ class _Job:
 
     def quantize(self, exclude: Sequence[str], path: Path) -> tuple[QuantizeReport, list[Path]]:
         ir = load_model(self.fp32_path)
-        report = quantize_qdq(
-            ir,
+        settings = QuantizeSettings(
             self.ranges,
             exclude=(*exclude, *self.float_nodes),
             activations=self.options.activations,
             activation_matmuls=self.options.activation_matmuls,
         )
-        return report, save_model(ir, path)
+        ctx = PassContext(quantize=settings, verify=self.options.verify)
+        ran = run_passes(ir, ctx, INT8.stages[1], self.options.disabled)
+        return ran.details("quantize-qdq"), save_model(ir, path)
 
     def trial(self, exclude: tuple[str, ...]) -> _Trial:
         report, files = self.quantize(exclude, self.stage / _TRIAL_FILE)
@@ -809,7 +837,7 @@ def _activation_inputs(ir: Model) -> dict[str, list[str]]:
     for node in ir.graph:
         if _is_target(node):
             values = [node.input(i) for i in TARGET_INPUTS[node.op_type]]
-            result[node.name] = [v.name for v in values if v is not None and const_array(v) is None]
+            result[node.name] = [v.name for v in values if v is not None and const_value(v) is None]
     return result
 
 
@@ -826,7 +854,7 @@ def node_weight_sqnr(ir: Model) -> dict[str, float]:
         figures = []
         for i in TARGET_INPUTS[node.op_type]:
             value = node.input(i)
-            array = None if value is None else const_array(value)
+            array = None if value is None else const_value(value)
             if array is not None and array.dtype == np.float32 and np.isfinite(array).all():
                 figures.append(weight_sqnr(array, weight_axis(node, i, array.ndim)))
         result[node.name] = min(figures, default=-math.inf)

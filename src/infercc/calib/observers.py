@@ -76,6 +76,7 @@ import onnxruntime as ort
 from onnx import TensorProto
 
 from infercc.errors import InferccError
+from infercc.passes.quantize_qdq import INT8_MAX, MIN_SCALE
 from infercc.util import first_line
 
 logger = logging.getLogger(__name__)
@@ -85,8 +86,6 @@ METHODS: tuple[str, ...] = ("minmax", "entropy", "percentile")
 DEFAULT_BINS = 2048
 NUM_QUANTIZED_BINS = 128
 DEFAULT_PERCENTILE = 99.99
-INT8_MAX = 127
-MIN_SCALE = float(np.finfo(np.float32).tiny)  # 2**-126
 _Q_FLOOR = 1e-12
 
 # Element types whose tensors are observed (onnxruntime returns them as numpy floats).

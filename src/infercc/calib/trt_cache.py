@@ -46,11 +46,11 @@ from os import PathLike, fspath
 from pathlib import Path
 
 from infercc.errors import InferccError
+from infercc.passes.quantize_qdq import INT8_MAX
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TRT_VERSION = "10.3.0"
-INT8_MAX = 127
 
 # Our method names <-> TensorRT's calibrator names in the header.
 _WRITE_NAMES = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration"}

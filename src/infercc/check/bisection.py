@@ -49,6 +49,7 @@ from infercc.config import BuildConfig
 from infercc.errors import InferccError
 from infercc.ir import export_model, load_model
 from infercc.passes.manager import PassContext, run_passes
+from infercc.passes.pipelines import optimize_stages
 from infercc.util import first_line
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,7 @@ class PipelineConfig:
     def pipeline(self) -> list[tuple[str, ...]]:
         if self.stages is not None:
             return [tuple(s) for s in self.stages]
-        from infercc.api import pipelines
-
-        return pipelines(self.build)
+        return optimize_stages(self.build.precision)
 
     def pass_names(self) -> list[str]:
         """Every pass that runs, in pipeline order, once each."""

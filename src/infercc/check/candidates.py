@@ -41,7 +41,7 @@ from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.data.signature import input_dtype, real_inputs
 from infercc.errors import InferccError
-from infercc.runtime.artifact import open_source, read_skeleton
+from infercc.runtime.artifact import candidate_model_path, open_source, read_skeleton
 from infercc.util import first_line
 
 # --------------------------------------------------------------------------- report
@@ -113,13 +113,6 @@ def _as_dtype(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
     if dtype is not None and dtype.kind == "f" and arr.dtype.kind == "f" and arr.dtype != dtype:
         return arr.astype(dtype)
     return arr
-
-
-def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
-    """The .onnx file of a candidate (an artifact's model.onnx)."""
-    path = Path(candidate)
-    return open_source(path).model_path if path.is_dir() else path
-
 
 
 # --------------------------------------------------------------------------- entry point

@@ -11,12 +11,10 @@ from pathlib import Path
 import onnx
 
 from infercc.errors import InferccError
+from infercc.ir.ops import QUANTIZATION_OPS
 from infercc.precisions import BUILD_PRECISIONS, tolerance
 from infercc.runtime.artifact import open_source, read_skeleton
 
-_QUANT_OPS = frozenset(
-    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
-)
 # --------------------------------------------------------------------------- precision
 
 
@@ -35,7 +33,7 @@ def detect_precision(
 def model_precision(model: onnx.ModelProto) -> str:
     """int8 with quantize ops, fp16 with float16 weights or Casts to float16, else fp32."""
     nodes = list(model.graph.node)
-    if any(n.op_type in _QUANT_OPS for n in nodes):
+    if any(n.op_type in QUANTIZATION_OPS for n in nodes):
         return "int8"
     fp16 = onnx.TensorProto.FLOAT16
     if any(t.data_type == fp16 for t in model.graph.initializer):

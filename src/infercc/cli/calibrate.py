@@ -115,6 +115,17 @@ def calibrate(
             "channels stay float, the rest int8 (exact; a Mul, Gather, small MatMul and Add)."
         ),
     ] = True,
+    disable_pass: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--disable-pass",
+            help="Skip a pass of the calibrate-fp32 or int8 pipeline by name (repeatable); "
+            "`infercc passes` lists them.",
+        ),
+    ] = None,
+    verify: Annotated[
+        bool, typer.Option(help="Check the IR's invariants after every pass (slower).")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
@@ -143,6 +154,8 @@ def calibrate(
             max_trials=max_trials,
             speed_check=speed_check,
             outlier_channels=outlier_channels,
+            disable_passes=disable_pass or [],
+            verify=verify,
             on_step=progress.step,
             on_progress=progress.tick,
         )

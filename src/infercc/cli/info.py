@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from infercc.cli.app import app
 from infercc.cli.common import JsonOpt, ShapeOpt, finish
@@ -51,16 +50,15 @@ def inspect(
 
 @app.command()
 def passes(as_json: JsonOpt = False) -> None:
-    """List the passes, in pipeline order."""
-    from infercc.passes import DEFAULT_PIPELINE, REGISTRY
+    """List every pipeline (its stages, in order) and every pass with what it does.
 
-    rows = [{"name": n, "doc": REGISTRY[n].doc} for n in DEFAULT_PIPELINE]
-    finish(rows, as_json, _render_passes, data=rows)
+    `--disable-pass NAME` of optimize and calibrate takes these names; a pass that the command
+    does not run is refused."""
+    from infercc.cli.render import render_passes
+    from infercc.passes import catalog
 
-
-def _render_passes(rows: list[dict[str, str]], console: Console) -> None:
-    for r in rows:
-        console.print(f"[bold]{r['name']}[/]  {r['doc']}")
+    listed = catalog()
+    finish(listed, as_json, render_passes, data=listed)
 
 
 @app.command()

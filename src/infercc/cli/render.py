@@ -428,3 +428,23 @@ def render_ci(report, console: Console) -> None:
     n = len(report.failures())
     verdict = "[green]all passed[/]" if n == 0 else f"[red]{n} of {len(report.models)} failed[/]"
     console.print(f"{len(report.models)} model(s), {verdict} in {report.seconds:.1f} s")
+
+
+def render_passes(listed: dict, console: Console) -> None:
+    """The pipelines (stages joined by " | ") and the passes, as `infercc passes` shows them."""
+    console.print("[bold]Pipelines[/] (each stage runs to a fixpoint; | separates stages)")
+    pipelines = Table(box=None, show_header=False, padding=(0, 2, 0, 2))
+    pipelines.add_column(no_wrap=True, style="bold")
+    pipelines.add_column()
+    for p in listed["pipelines"]:
+        stages = " | ".join(" -> ".join(stage) for stage in p["stages"])
+        pipelines.add_row(p["name"], f"{escape(p['doc'])}\n[dim]{stages}[/]")
+    console.print(pipelines)
+    console.print("[bold]Passes[/] (the names --disable-pass takes)")
+    passes = Table(box=None, show_header=False, padding=(0, 2, 0, 2))
+    passes.add_column(no_wrap=True, style="bold")
+    passes.add_column()
+    for p in listed["passes"]:
+        where = ", ".join(p["pipelines"]) or "no pipeline"
+        passes.add_row(p["name"], f"{escape(p['doc'])} [dim]({where})[/]")
+    console.print(passes)

@@ -29,6 +29,7 @@ from infercc.data.signature import (
     resolve_shapes,
 )
 from infercc.errors import InferccError
+from infercc.ir.ops import STANDARD_DOMAINS
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
 def _constant_dims(model: onnx.ModelProto) -> dict[str, list[int]]:
     dims = {init.name: list(init.dims) for init in model.graph.initializer}
     for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and node.domain in STANDARD_DOMAINS:
             for attr in node.attribute:
                 if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                     dims[node.output[0]] = list(attr.t.dims)
@@ -65,7 +66,7 @@ def _gather_bound(
     constant_dims: dict[str, list[int]],
     feedable: set[str],
 ) -> tuple[str, int] | None:
-    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+    if node.op_type != "Gather" or node.domain not in STANDARD_DOMAINS or len(node.input) < 2:
         return None
     table = constant_dims.get(node.input[0])
     source = _index_source(node.input[1], producers)

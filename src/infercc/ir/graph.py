@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto
 
+from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 
 Dim = int | str | None
@@ -251,7 +252,7 @@ class Node:
 
     @property
     def is_standard(self) -> bool:
-        return self.domain in ("", "ai.onnx")
+        return self.domain in STANDARD_DOMAINS
 
 
 class Graph:

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 
 from infercc.errors import InferccError
 from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn
+from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 from infercc.ir.wire import RawSlice, read_model
 from infercc.util import first_line, gc_paused
@@ -94,13 +95,13 @@ def _check_versions(proto: onnx.ModelProto) -> None:
         )
     latest = onnx.defs.onnx_opset_version()
     for op in proto.opset_import:
-        if op.domain in ("", "ai.onnx") and op.version > latest:
+        if op.domain in STANDARD_DOMAINS and op.version > latest:
             raise InferccError(
                 f"model uses opset {op.version} but the installed onnx knows up to {latest}",
                 "upgrade onnx (pip install -U onnx), or export the model with a lower opset",
             )
-    if not any(op.domain in ("", "ai.onnx") for op in proto.opset_import) and proto.graph.node:
-        if any(n.domain in ("", "ai.onnx") for n in proto.graph.node):
+    if not any(op.domain in STANDARD_DOMAINS for op in proto.opset_import) and proto.graph.node:
+        if any(n.domain in STANDARD_DOMAINS for n in proto.graph.node):
             raise InferccError(
                 "model has standard ONNX nodes but no opset import for the default domain",
                 "re-export the model with an opset version",

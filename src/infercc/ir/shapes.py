@@ -15,6 +15,7 @@ import onnx
 from infercc.ir.exporter import export_model, type_proto_of
 from infercc.ir.graph import Model, Value
 from infercc.ir.importer import apply_type
+from infercc.ir.ops import MS_DOMAIN, QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def _standard_stand_ins(graph: onnx.GraphProto) -> None:
     the same output type and shape (FusedConv is a Conv followed by an elementwise activation).
     """
     for n in graph.node:
-        if n.domain == "com.microsoft" and n.op_type == "FusedConv":
+        if n.domain == MS_DOMAIN and n.op_type == "FusedConv":
             keep = [a for a in n.attribute if a.name not in ("activation", "activation_params")]
             n.domain, n.op_type = "", "Conv"
             del n.attribute[:]
@@ -213,7 +214,7 @@ def _evaluate_shape_tensors(skeleton: onnx.ModelProto, types: dict) -> bool:
 def _shape_node_value(node: onnx.NodeProto, types: dict, data: dict):
     import numpy as np
 
-    if node.domain not in ("", "ai.onnx") or node.op_type not in ("Shape", "Size"):
+    if node.domain not in STANDARD_DOMAINS or node.op_type not in ("Shape", "Size"):
         return None
     shape = types.get(node.input[0], (None, None))[1]
     if not _static(shape):
@@ -228,7 +229,7 @@ def _shape_node_value(node: onnx.NodeProto, types: dict, data: dict):
 
 def _evaluable(node: onnx.NodeProto, types: dict, data: dict) -> bool:
     if (
-        node.domain not in ("", "ai.onnx")
+        node.domain not in STANDARD_DOMAINS
         or node.attribute
         and any(
             a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -269,7 +270,4 @@ def _generated_size(node: onnx.NodeProto, data: dict) -> int | None:
     return None
 
 
-_NO_EVAL = {
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-    "Bernoulli", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-}  # fmt: skip
+_NO_EVAL = RANDOM_OPS | QUANTIZATION_OPS

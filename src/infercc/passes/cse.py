@@ -9,23 +9,25 @@ equal copies of a constant become duplicates too. Excluded: random ops (each cal
 nodes with subgraphs, nodes of non-standard domains (their semantics are unknown), and nodes
 whose outputs are graph outputs (each output keeps its own name).
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one duplicate node merged into the first (named
-by the duplicate) or one duplicate constant merged (named by its first reader, since a constant
-has no node).
+Duplicate nodes are found by a rule (`infercc.passes.rules`) on every op; equal constants are
+not anchored on a node, so that loop asks `ctx.allow_rewrite` itself. For bisection one rewrite
+is one duplicate node merged into the first (named by the duplicate) or one duplicate constant
+merged (named by its first reader, since a constant has no node).
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.ops import DRAWS_IN_TRAINING, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.rules import Rule, apply_rules
 
 MAX_CONSTANT_BYTES = 4096  # larger constants are not hashed (that would read every weight)
-_RANDOM = {
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-    "Bernoulli", "Dropout",
-}  # fmt: skip
+# Dropout draws a new mask per call in training mode, which this pass does not check.
+_RANDOM = RANDOM_OPS | DRAWS_IN_TRAINING
 
 
 @register_pass("eliminate-common-subexpressions")
@@ -34,7 +36,7 @@ def eliminate_common_subexpressions(graph: Graph, ctx: PassContext) -> PassResul
     constants = nodes = 0
     for g in graphs_of(graph):
         constants += _merge_constants(g, ctx)
-        nodes += _merge_nodes(g, ctx)
+        nodes += apply_rules(g, ctx, [_duplicates()], subgraphs=False).counts["nodes"]
     return PassResult(constants + nodes > 0, {"constants": constants, "nodes": nodes})
 
 
@@ -75,18 +77,30 @@ def _node_key(node: Node) -> tuple | None:
     return (node.domain, node.op_type, node.overload, len(node.outputs), inputs, attrs)
 
 
-def _merge_nodes(graph: Graph, ctx: PassContext) -> int:
+@dataclass(frozen=True)
+class _Duplicate:
+    """The node computes what `first`, earlier in the graph, computes."""
+
+    first: Node
+
+
+def _duplicates() -> Rule:
+    """A rule for one graph: its check remembers the first node of each key it sees."""
     seen: dict[tuple, Node] = {}
-    merged = 0
-    for node in graph.nodes:
+
+    def check(node: Node, ctx: PassContext) -> _Duplicate | None:
         key = _node_key(node)
         if key is None:
-            continue
+            return None
         first = seen.setdefault(key, node)
-        if first is node or not ctx.allow_rewrite(node):
-            continue
-        for old, new in zip(node.outputs, first.outputs, strict=True):
-            graph.replace_all_uses_with(old, new)  # type: ignore[arg-type]
-        graph.remove(node)
-        merged += 1
-    return merged
+        return None if first is node else _Duplicate(first)
+
+    return Rule("nodes", None, check, _merge_node)
+
+
+def _merge_node(node: Node, found: _Duplicate, ctx: PassContext) -> None:
+    graph = node.graph
+    assert graph is not None
+    for old, new in zip(node.outputs, found.first.outputs, strict=True):
+        graph.replace_all_uses_with(old, new)  # type: ignore[arg-type]
+    graph.remove(node)

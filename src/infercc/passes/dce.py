@@ -10,6 +10,7 @@ default domain's import always stays; graph inputs stay (they are the model's in
 from __future__ import annotations
 
 from infercc.ir.graph import Graph, Model
+from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
 
 
@@ -71,7 +72,7 @@ def _dead_functions(model: Model) -> int:
 def _dead_opsets(model: Model) -> int:
     domains = {d for d, _ in _used_ops(model)} | {f.domain for f in model.functions}
     domains |= {o.domain for f in model.functions for o in f.opset_import}
-    domains |= {"", "ai.onnx"} & set(model.opset_imports)
+    domains |= set(STANDARD_DOMAINS) & set(model.opset_imports)
     if "ai.onnx" in domains:
         domains.add("")
     dead = [d for d in model.opset_imports if d not in domains and d != ""]

@@ -22,16 +22,17 @@ before evaluating where the size is predictable). Ops that onnx defines by a fun
 input types (GroupNormalization, ...) are evaluated with typed inputs.
 Graph outputs keep their names; no existing initializer is modified.
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one node replaced by its value (a Constant, a
-Shape/Size, an evaluated node) or one If inlined, asked once the value is computed and checked.
+One rule (`infercc.passes.rules`) on every op: its check computes the value (or the branch
+an If takes) and says why a node does not fold; for bisection one rewrite is one node replaced
+by its value (a Constant, a Shape/Size, an evaluated node) or one If inlined.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -39,33 +40,17 @@ from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 
 from infercc.ir.graph import Graph, Model, Node, Value
+from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
-from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import constant_node_tensor, default_opset, is_live
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
 NEVER_FOLD = {
-    "QuantizeLinear": "quantization node: kept for the backend",
-    "DequantizeLinear": "quantization node: kept for the backend",
-    "DynamicQuantizeLinear": "quantization node: kept for the backend",
-    "RandomNormal": "random op: folding would freeze one sample",
-    "RandomUniform": "random op: folding would freeze one sample",
-    "RandomNormalLike": "random op: folding would freeze one sample",
-    "RandomUniformLike": "random op: folding would freeze one sample",
-    "Multinomial": "random op: folding would freeze one sample",
-    "Bernoulli": "random op: folding would freeze one sample",
-}
-
-_STANDARD = ("", "ai.onnx")
-
-# Constant attribute -> (numpy dtype, ONNX dtype) for the non-tensor forms.
-_VALUE_ATTRS = {
-    "value_float": (np.float32, TensorProto.FLOAT),
-    "value_floats": (np.float32, TensorProto.FLOAT),
-    "value_int": (np.int64, TensorProto.INT64),
-    "value_ints": (np.int64, TensorProto.INT64),
-    "value_string": (object, TensorProto.STRING),
-    "value_strings": (object, TensorProto.STRING),
+    **dict.fromkeys(QUANTIZATION_OPS, "quantization node: kept for the backend"),
+    **dict.fromkeys(RANDOM_OPS, "random op: folding would freeze one sample"),
 }
 
 
@@ -78,65 +63,62 @@ def fold_constants(graph: Graph, ctx: PassContext) -> PassResult:
     """Turn Constant nodes into initializers and evaluate what depends only on constants."""
     model = graph.model
     assert model is not None
-    folder = _Folder(model, ctx)
-    for g in graphs_of(graph):
-        folder.run(g)
-    stats = folder.stats
-    changed = any(stats[k] for k in ("constants", "folded", "shapes", "ifs"))
-    return PassResult(changed=changed, stats=stats)
+    folder = _Folder(default_opset(model))
+    run = apply_rules(graph, ctx, [Rule("folded", None, folder.check, _rewrite, False)])
+    stats = {**dict.fromkeys(_KINDS, 0), **run.counts, "refused": len(run.refused)}
+    return PassResult(changed=any(stats[k] for k in _KINDS), stats=stats)
+
+
+_KINDS = ("constants", "folded", "shapes", "ifs")
+
+
+@dataclass(frozen=True)
+class _Values:
+    """The node's outputs are these constants (None for an output nobody reads)."""
+
+    key: str
+    tensors: list[Tensor | None]
+
+
+@dataclass(frozen=True)
+class _Branch:
+    """The If always takes this branch (True: then_branch)."""
+
+    then: bool
+    key: str = "ifs"
 
 
 class _Folder:
-    def __init__(self, model: Model, ctx: PassContext):
-        self.model = model
-        self.ctx = ctx
-        self.opset = _default_opset(model)
-        self.stats = {"constants": 0, "folded": 0, "shapes": 0, "ifs": 0, "refused": 0}
+    """The check of fold-constants: what a live node folds to, or why it does not."""
 
-    def run(self, graph: Graph) -> None:
-        work = deque(graph.nodes)
-        while work:
-            node = work.popleft()
-            if node.graph is not graph or not _is_live(node):
-                continue
-            try:
-                work.extendleft(reversed(self.visit(graph, node)))
-            except _Refuse as e:
-                self.stats["refused"] += 1
-                self.ctx.refuse(node, str(e))
+    def __init__(self, opset: int):
+        self.opset = opset
 
-    def visit(self, graph: Graph, node: Node) -> list[Node]:
-        """Fold `node` if possible; returns nodes inserted that still need a visit."""
-        if node.domain not in _STANDARD:
+    def check(self, node: Node, ctx: PassContext) -> _Values | _Branch | Refuse | None:
+        if not is_live(node):
+            return None
+        try:
+            return self._fold(node, ctx.fold_limit)
+        except _Refuse as e:
+            return Refuse(str(e))
+
+    def _fold(self, node: Node, limit: int) -> _Values | _Branch | None:
+        if node.domain not in STANDARD_DOMAINS:
             if _all_inputs_constant(node):
                 raise _Refuse(f"domain {node.domain!r} is not evaluated")
-            return []
+            return None
         if node.op_type == "Constant":
-            self.substitute(graph, node, [_constant_tensor(node, self.model)], "constants")
-        elif node.op_type in ("Shape", "Size") and _shape_known(node):
-            self.substitute(graph, node, [Tensor(_shape_value(node))], "shapes")
-        elif not _all_inputs_constant(node):
-            return []
-        elif node.op_type == "If":
-            taken = _if_taken(node)
-            if not self.ctx.allow_rewrite(node):
-                return []
-            moved = _inline_if(graph, node, taken)
-            self.stats["ifs"] += 1
-            return moved
-        else:
-            self.evaluate(graph, node)
-        return []
+            return _Values("constants", [_constant_tensor(node)])
+        if node.op_type in ("Shape", "Size") and _shape_known(node):
+            return _Values("shapes", [Tensor(_shape_value(node))])
+        if not _all_inputs_constant(node):
+            return None
+        if node.op_type == "If":
+            return _Branch(_if_taken(node))
+        return _Values("folded", self.evaluate(node, limit))
 
-    def substitute(self, graph: Graph, node: Node, tensors: list[Tensor | None], key: str) -> None:
-        """Replace the node by its computed values, unless bisection cuts the rewrite off."""
-        if self.ctx.allow_rewrite(node):
-            _substitute(graph, node, tensors)
-            self.stats[key] += 1
-
-    def evaluate(self, graph: Graph, node: Node) -> None:
+    def evaluate(self, node: Node, limit: int) -> list[Tensor | None]:
         _check_foldable(node, self.opset)
-        limit = self.ctx.fold_limit
         predicted = _predicted_nbytes(node)
         if predicted is not None and predicted > limit:
             raise _Refuse(f"result would be {predicted} bytes, over the fold limit of {limit}")
@@ -144,20 +126,21 @@ class _Folder:
         size = sum(a.nbytes for a in arrays)
         if size > limit:
             raise _Refuse(f"result is {size} bytes, over the fold limit of {limit}")
-        tensors = [_conform(a, v) if v is not None else None for a, v in _pair(node, arrays)]
-        self.substitute(graph, node, tensors, "folded")
+        return [_conform(a, v) if v is not None else None for a, v in _pair(node, arrays)]
+
+
+def _rewrite(node: Node, found: _Values | _Branch, ctx: PassContext) -> list[Node] | None:
+    """Replace the node by its values, or inline the branch an If takes (whose moved nodes
+    are visited next)."""
+    graph = node.graph
+    assert graph is not None
+    if isinstance(found, _Branch):
+        return _inline_if(graph, node, found.then)
+    _substitute(graph, node, found.tensors)
+    return None
 
 
 # -- conditions --------------------------------------------------------------------------------
-
-
-def _default_opset(model: Model) -> int:
-    opsets = model.opset_imports
-    return opsets.get("", opsets.get("ai.onnx", onnx.defs.onnx_opset_version()))
-
-
-def _is_live(node: Node) -> bool:
-    return any(v is not None and (v._uses or v.is_graph_output) for v in node.outputs)
 
 
 def _all_inputs_constant(node: Node) -> bool:
@@ -446,14 +429,11 @@ _FAST: dict[str, Callable[[Node, list, int], np.ndarray | None]] = {
 # -- rewriting ---------------------------------------------------------------------------------
 
 
-def _constant_tensor(node: Node, model: Model) -> Tensor:
-    for key, attr in node.attributes.items():
-        if key == "value":
-            return Tensor.from_proto(attr.t, model.base_dir)
-        if key in _VALUE_ATTRS:
-            np_dtype, dtype = _VALUE_ATTRS[key]
-            return Tensor(np.array(node.attr(key), dtype=np_dtype), dtype=dtype)
-    raise _Refuse("sparse or empty Constant stays a node")
+def _constant_tensor(node: Node) -> Tensor:
+    tensor = constant_node_tensor(node)
+    if tensor is None:
+        raise _Refuse("sparse or empty Constant stays a node")
+    return tensor
 
 
 def _substitute(graph: Graph, node: Node, tensors: list[Tensor | None]) -> None:

@@ -14,7 +14,7 @@ take float16 at that input (a float32 node, a control-flow subgraph reading an o
 graph output) reads a Cast(to=FLOAT) of it instead (one per value, shared). A converted graph
 output is renamed and the Cast back takes its name, so outputs keep their names and types.
 
-With ctx.options["fp16_io"] True, float32 graph inputs and outputs become float16 too (their
+With ctx.fp16_io True, float32 graph inputs and outputs become float16 too (their
 declared type_proto is updated, keeping dimension names): the model's interface changes, on
 request only.
 
@@ -50,22 +50,23 @@ rounding, or keep float32 where float16 is unsafe:
   inf: its reader keeps float32 ("weight 'w' overflows fp16 (max ...)"). Clip's bounds are the
   exception: a bound beyond the float16 range saturates to +-inf, which clips a float16 value
   exactly as the float32 bound did.
-- With ctx.options["ranges"] (tensor name -> (min, max), from calibration), a node that produces
+- With ctx.ranges (tensor name -> (min, max), from calibration), a node that produces
   or reads a tensor whose range exceeds 65504 in magnitude keeps float32.
-- ctx.options["keep_fp32"] lists op types or node names that keep float32.
+- ctx.keep_fp32 lists op types or node names that keep float32.
 - Weights below float16's smallest subnormal (6e-8) flush to zero; no check is made for that.
 
-Every node kept in float32 is recorded with its reason through
-ctx.refuse, and ctx.options["fp16"] = {"kept_fp32": [{node, op, reason}], "converted": n}.
+Every node kept in float32 is recorded with its reason through ctx.refuse, and in the
+result's details, an `Fp16Plan` (kept_fp32: [{node, op, reason}], converted: n).
 
 Idempotent: after a run no float32 tensor is left in a convertible position (kept nodes are kept
 again for the same reasons, Casts are never converted), so a second run changes nothing and
 reports changed=False (with zero stats).
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one node converted to float16 (with the casts
-and float16 weights it reads), asked once the node's plan is made; a node cut off keeps float32
-and is not recorded as kept. The Casts back to float32 follow from the conversions, and the
-fp16_io interface change is made whatever the limit.
+The per-node decision is a rule (`infercc.passes.rules`) on every op: its check makes the
+node's plan or says why it keeps float32. For bisection one rewrite is one node converted to
+float16 (with the casts and float16 weights it reads), asked once the node's plan is made; a
+node cut off keeps float32 and is not recorded as kept. The Casts back to float32 follow from
+the conversions, and the fp16_io interface change is made whatever the limit.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ import onnx
 from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import const_value, default_opset
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -107,23 +111,6 @@ _ACCUMULATING = {
     "CumSum",
 }
 _RISKY = {"Softmax", "LogSoftmax", "Exp", "Pow", "Log"}
-_QUANT = {
-    "QuantizeLinear",
-    "DequantizeLinear",
-    "DynamicQuantizeLinear",
-    "QLinearConv",
-    "QLinearMatMul",
-    "ConvInteger",
-    "MatMulInteger",
-}
-_RANDOM = {
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-}
 _TYPE_ATTRS = ("to", "dtype", "output_dtype", "output_datatype")
 # Readers that accept float16 as it is, with the same result (never converted themselves).
 _AGNOSTIC = {"Shape", "Size", "Cast"}
@@ -132,6 +119,22 @@ _COORD_INPUTS = {"Resize": (1, 2), "Upsample": (1,), "GridSample": (1,)}
 # Inputs whose out-of-range constants saturate exactly (Clip bounds).
 _SATURATING = {"Clip": (1, 2)}
 _FP16_TYPE = "tensor(float16)"
+
+
+@dataclass
+class Fp16Plan:
+    """What convert-fp16 did beyond counts: the nodes kept in float32, with their reasons (each
+    entry once, in the order first met), and how many nodes were converted."""
+
+    kept_fp32: list[dict[str, str]] = field(default_factory=list)
+    converted: int = 0
+
+    def merged(self, later: Fp16Plan) -> Fp16Plan:
+        kept = list(self.kept_fp32)
+        for entry in later.kept_fp32:
+            if entry not in kept:
+                kept.append(entry)
+        return Fp16Plan(kept, self.converted + later.converted)
 
 
 @dataclass
@@ -158,69 +161,57 @@ class _State:
     def orig_dtype(self, v: Value) -> int | None:
         return self.converted.get(v, v.dtype)
 
+    def check(self, node: Node, ctx: PassContext) -> _Plan | Refuse | None:
+        """The node's plan, or why it keeps float32 (a refusal, listed in kept_fp32)."""
+        return _decide(self, node)
+
+    def convert(self, node: Node, plan: _Plan, ctx: PassContext) -> None:
+        _convert_node(self, node, plan)
+
 
 @register_pass("convert-fp16")
 def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     """Convert float32 weights and compute to float16, keeping risky ops in float32."""
-    model = graph.model
-    opsets = model.opset_imports if model is not None else {}
-    st = _State(graph, ctx, opsets.get("", opsets.get("ai.onnx", 1)))
-    fp16_io = bool(ctx.options.get("fp16_io"))
+    st = _State(graph, ctx, default_opset(graph))
+    fp16_io = bool(ctx.fp16_io)
     if fp16_io:
         _convert_inputs(st)
-    for node in graph.nodes:
-        _visit(st, node)
+    rule = Rule("nodes_fp16", None, st.check, st.convert, standard_only=False)
+    for node, reason in apply_rules(graph, ctx, [rule], subgraphs=False).refused:
+        st.kept.append({"node": node.name, "op": node.op_type, "reason": reason})
+        st.stats["nodes_fp32_kept"] += 1
     _cast_back_readers(st, fp16_io)
     if fp16_io:
         _convert_outputs(st)
     changed = st.io_changed or any(st.stats[k] for k in ("nodes_fp16", "casts"))
-    _summarize(st, changed)
+    plan = Fp16Plan().merged(Fp16Plan(st.kept, st.stats["nodes_fp16"] if changed else 0))
     log.debug("convert-fp16: changed=%s %s", changed, st.stats)
     if not changed:
-        return PassResult(changed=False, stats=dict.fromkeys(STAT_KEYS, 0))
-    return PassResult(changed=True, stats=st.stats)
-
-
-def _summarize(st: _State, changed: bool) -> None:
-    summary = st.ctx.options.setdefault("fp16", {"kept_fp32": [], "converted": 0})
-    if changed:
-        summary["converted"] += st.stats["nodes_fp16"]
-    for entry in st.kept:
-        if entry not in summary["kept_fp32"]:
-            summary["kept_fp32"].append(entry)
+        return PassResult(changed=False, stats=dict.fromkeys(STAT_KEYS, 0), details=plan)
+    return PassResult(changed=True, stats=st.stats, details=plan)
 
 
 # -- per-node decision ---------------------------------------------------------------------
 
 
-def _visit(st: _State, node: Node) -> None:
-    plan, reason = _decide(st, node)
-    if reason is not None:
-        st.ctx.refuse(node, reason)
-        st.kept.append({"node": node.name, "op": node.op_type, "reason": reason})
-        st.stats["nodes_fp32_kept"] += 1
-    if plan is not None and st.ctx.allow_rewrite(node):
-        _convert_node(st, node, plan)
-
-
-def _decide(st: _State, node: Node) -> tuple[_Plan | None, str | None]:
-    """(plan, None) to convert; (None, reason) to keep float32; (None, None) to skip quietly."""
+def _decide(st: _State, node: Node) -> _Plan | Refuse | None:
+    """The plan to convert; Refuse(reason) to keep float32; None to skip quietly."""
     if node.is_standard and node.op_type in _AGNOSTIC:
-        return None, None
+        return None
     tensors = [v for v in (*node.inputs, *node.outputs) if v is not None]
     dtypes = [st.orig_dtype(v) for v in tensors]
     if FLOAT not in dtypes:
-        return None, None  # integer or already-converted data: nothing to convert
+        return None  # integer or already-converted data: nothing to convert
     reason = _exclusion(st, node)
     if reason is not None:
-        return None, reason
+        return Refuse(reason)
     return _schema_plan(st, node)
 
 
 def _exclusion(st: _State, node: Node) -> str | None:
     """Why a node touching float32 data keeps float32 whatever its types (None if it may not)."""
     op = node.op_type
-    keep = st.ctx.options.get("keep_fp32", []) or []
+    keep = st.ctx.keep_fp32 or ()
     if not node.is_standard:
         return f"non-standard domain '{node.domain}' (its kernels run float32 only)"
     if node.subgraphs():
@@ -235,9 +226,9 @@ def _exclusion(st: _State, node: Node) -> str | None:
         return "Range stays fp32 (positions and indices)"
     if op == "Constant":
         return "Constant stays fp32 (fold-constants folds these; a Cast converts its value)"
-    if op in _QUANT:
+    if op in QUANTIZATION_OPS:
         return f"quantization op ({op}) stays fp32"
-    if op in _RANDOM:
+    if op in RANDOM_OPS:
         return f"random op ({op}) stays fp32 (its output type is an attribute)"
     typed = [a for a in _TYPE_ATTRS if a in node.attributes]
     if typed:
@@ -245,24 +236,24 @@ def _exclusion(st: _State, node: Node) -> str | None:
     return None
 
 
-def _schema_plan(st: _State, node: Node) -> tuple[_Plan | None, str | None]:
+def _schema_plan(st: _State, node: Node) -> _Plan | Refuse | None:
     schema = _schema(node.op_type, st.opset)
     groups = _type_groups(node, schema) if schema is not None else None
     if groups is None:
-        return None, "no ONNX schema for its inputs and outputs"
+        return Refuse("no ONNX schema for its inputs and outputs")
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    plan, reason = _plan_from_groups(st, node, groups, allowed)
-    if plan is None:
-        return None, reason
+    plan = _plan_from_groups(st, node, groups, allowed)
+    if not isinstance(plan, _Plan):
+        return plan
     reason = _overflow_reason(st, node, plan) or _attr_overflow_reason(node)
     if reason is None and not plan.outputs:
         reason = _no_float_output_reason(st, node, plan)
-    return (None, reason) if reason is not None else (plan, None)
+    return Refuse(reason) if reason is not None else plan
 
 
 def _plan_from_groups(
     st: _State, node: Node, groups: dict[str, list[tuple[bool, int]]], allowed: dict[str, set]
-) -> tuple[_Plan | None, str | None]:
+) -> _Plan | Refuse | None:
     plan = _Plan(set(), set())
     coords = _COORD_INPUTS.get(node.op_type, ())
     unknown = already = False
@@ -278,12 +269,12 @@ def _plan_from_groups(
         for is_in, i in members:
             (plan.inputs if is_in else plan.outputs).add(i)
     if plan.inputs or plan.outputs:
-        return plan, None
+        return plan
     if already:
-        return None, None  # converted before: float32 is left only where it must be
+        return None  # converted before: float32 is left only where it must be
     if unknown:
-        return None, "dtype unknown (shape inference did not type it)"
-    return None, "no float16 type for its float32 tensors in the ONNX schema"
+        return Refuse("dtype unknown (shape inference did not type it)")
+    return Refuse("no float16 type for its float32 tensors in the ONNX schema")
 
 
 def _member(node: Node, m: tuple[bool, int]) -> Value:
@@ -349,7 +340,7 @@ def _attr_overflow_reason(node: Node) -> str | None:
 
 
 def _range_reason(st: _State, values: list[Value | None]) -> str | None:
-    ranges = st.ctx.options.get("ranges") or {}
+    ranges = st.ctx.ranges or {}
     for v in values:
         r = ranges.get(v.name) if v is not None else None
         if r is not None and max(abs(float(r[0])), abs(float(r[1]))) > FP16_MAX:
@@ -359,7 +350,7 @@ def _range_reason(st: _State, values: list[Value | None]) -> str | None:
 
 def _const_peak(v: Value) -> float | None:
     """Largest finite magnitude of a constant (initializer or Constant node) input."""
-    a = _const_array(v)
+    a = const_value(v)
     return None if a is None else _peak(a)
 
 
@@ -367,15 +358,6 @@ def _peak(a: np.ndarray) -> float | None:
     if a.size == 0:
         return None
     return float(np.max(np.abs(a), initial=0.0, where=np.isfinite(a)))
-
-
-def _const_array(v: Value) -> np.ndarray | None:
-    if v.const is not None:
-        return v.numpy()
-    p = v.producer
-    if p is None or p.op_type != "Constant" or not p.is_standard or "value" not in p.attributes:
-        return None
-    return np.asarray(p.attr("value"))
 
 
 def _no_float_output_reason(st: _State, node: Node, plan: _Plan) -> str | None:

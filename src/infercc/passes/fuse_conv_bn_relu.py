@@ -26,24 +26,28 @@ HardSigmoid or Tanh becomes onnxruntime's com.microsoft FusedConv, which applies
 activation to the convolution result (activation / activation_params attributes). FusedConv is
 never matched again, so the pass is idempotent.
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one BatchNormalization, Mul or Add folded into
-the node before it (named by the folded node), or one activation fused into a FusedConv (named
-by the activation), asked after every check.
+Three rules (`infercc.passes.rules`): BatchNormalization, Mul/Add and, last, the activations.
+For bisection one rewrite is one BatchNormalization, Mul or Add folded into the node before it
+(named by the folded node), or one activation fused into a FusedConv (named by the
+activation).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
-from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.ir.ops import MS_DOMAIN
+from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import const_value, sole_reader
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
-MS_DOMAIN = "com.microsoft"
 STAT_KEYS = (
     "bn_into_conv",
     "bn_into_convtranspose",
@@ -59,49 +63,26 @@ _FLOATS = (np.float16, np.float32, np.float64)
 _ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh")
 _F32_MAX = float(np.finfo(np.float32).max)
 
-Stats = dict[str, int]
-# Returned instead of a refusal reason when bisection cut the rewrite off: not a refusal.
-_SKIPPED = "rewrite cut off by ctx.rewrite_limits"
-
 
 @register_pass("fuse-conv-bn-relu")
 def fuse_conv_bn_relu(graph: Graph, ctx: PassContext) -> PassResult:
     """Fold BatchNormalization / per-channel Mul, Add into Conv, Gemm, MatMul; fuse activations."""
-    stats: Stats = dict.fromkeys(STAT_KEYS, 0)
-    for g in graphs_of(graph):
-        _fold_affine(g, ctx, stats)
+    stats = dict.fromkeys(STAT_KEYS, 0)
+    stats.update(apply_rules(graph, ctx, AFFINE_RULES).counts)
     if ctx.fused_ops_allowed and ctx.target == "cpu":
-        for g in graphs_of(graph):
-            _fuse_activations(g, ctx, stats)
+        stats.update(apply_rules(graph, ctx, ACTIVATION_RULES).counts)
     return PassResult(changed=any(stats.values()), stats=stats)
 
 
 # -- small helpers ------------------------------------------------------------------------------
 
 
-def _const(v: Value | None) -> np.ndarray | None:
-    """The data of an initializer or of a Constant node's output; None otherwise."""
-    if v is None:
-        return None
-    if v.const is not None:
-        return v.numpy()
-    p = v.producer
-    if p is None or p.op_type != "Constant" or not p.is_standard:
-        return None
-    if "value" in p.attributes:
-        return np.asarray(p.attr("value"))
-    for key in ("value_float", "value_floats"):
-        if key in p.attributes:
-            return np.asarray(p.attr(key), dtype=np.float32)
-    return None
+def _reads_only(v: Value, node: Node) -> bool:
+    return sole_reader(v) is node
 
 
 def _is_float(a: np.ndarray) -> bool:
     return a.dtype in _FLOATS
-
-
-def _sole_reader(v: Value, node: Node) -> bool:
-    return not v.is_graph_output and v.users() == [node]
 
 
 def _new_const(graph: Graph, array: np.ndarray, like: Value | None, base: str) -> Value:
@@ -145,7 +126,7 @@ def _bn_reason(bn: Node) -> str | None:
         return "BatchNormalization with spatial=0 is not per-channel"
     if any(o is not None and (o.uses() or o.is_graph_output) for o in bn.outputs[1:]):
         return "BatchNormalization has more than one output in use"
-    params = [_const(bn.input(i)) for i in range(1, 5)]
+    params = [const_value(bn.input(i)) for i in range(1, 5)]
     if any(p is None for p in params):
         return "BatchNormalization parameters are not constant"
     if any(p.ndim != 1 or p.shape != params[0].shape or not _is_float(p) for p in params):
@@ -155,7 +136,7 @@ def _bn_reason(bn: Node) -> str | None:
 
 def _bn_affine(bn: Node) -> tuple[np.ndarray, np.ndarray]:
     """(s, t) in float64 with BN(y) = y·s + t per channel."""
-    gamma, beta, mean, var = (_const(bn.input(i)).astype(np.float64) for i in range(1, 5))
+    gamma, beta, mean, var = (const_value(bn.input(i)).astype(np.float64) for i in range(1, 5))
     s = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
     return s, beta - mean * s
 
@@ -163,34 +144,48 @@ def _bn_affine(bn: Node) -> tuple[np.ndarray, np.ndarray]:
 # -- BN / Mul / Add folding ---------------------------------------------------------------------
 
 
-def _fold_affine(graph: Graph, ctx: PassContext, stats: Stats) -> None:
-    for node in graph.nodes:
-        if node.graph is not graph or not node.is_standard:
-            continue
-        if node.op_type == "BatchNormalization":
-            _fold_bn(graph, node, ctx, stats)
-        elif node.op_type in ("Mul", "Add"):
-            _fold_mul_add(graph, node, ctx, stats)
+@dataclass(frozen=True)
+class _Fold:
+    """An affine map (`scale`, `shift` per output channel; None: identity) that `layer`
+    absorbs, replacing `node` (a BatchNormalization, Mul or Add) after it. For a MatMul,
+    `layer` is the MatMul or the Add of a constant bias after it."""
+
+    key: str
+    layer: Node
+    scale: np.ndarray | None
+    shift: np.ndarray | None
 
 
-def _fold_bn(graph: Graph, bn: Node, ctx: PassContext, stats: Stats) -> None:
+def _check_bn(bn: Node, ctx: PassContext) -> _Fold | Refuse | None:
     x = bn.input(0)
     p = x.producer if x is not None else None
-    target = _bn_target(p) if p is not None and p.graph is graph else None
+    target = _bn_target(p) if p is not None and p.graph is bn.graph else None
     if target is None:
-        return
+        return None
+    assert p is not None
     reason = _bn_reason(bn) or _reader_reason(p, bn)
-    if reason is None:
-        scale, shift = _bn_affine(bn)
-        fold = {"conv": _bn_into_conv, "gemm": _bn_into_gemm, "matmul": _bn_into_matmul}[target]
-        reason = fold(graph, p, bn, scale, shift, ctx)
-    if reason is _SKIPPED:
-        return
     if reason is not None:
-        ctx.refuse(bn, reason)
-        return
+        return Refuse(reason)
+    scale, shift = _bn_affine(bn)
+    check = {"conv": _bn_conv_reason, "gemm": _bn_gemm_reason, "matmul": _bn_matmul_reason}
+    reason = check[target](p, bn, scale)
+    if reason is not None:
+        return Refuse(reason)
     key = {"Conv": "bn_into_conv", "ConvTranspose": "bn_into_convtranspose", "Gemm": "bn_into_gemm"}
-    stats[key.get(p.op_type, "bn_into_matmul")] += 1
+    return _Fold(key.get(p.op_type, "bn_into_matmul"), p, scale, shift)
+
+
+def _fold_bn(bn: Node, fold: _Fold, ctx: PassContext) -> None:
+    graph = bn.graph
+    assert graph is not None and fold.scale is not None and fold.shift is not None
+    layer = fold.layer
+    if layer.op_type in _CONVS:
+        _rewrite_conv(graph, layer, fold.scale, fold.shift)
+        _replace_node(graph, bn, layer.output)
+    elif layer.op_type == "Gemm":
+        _bn_into_gemm(graph, layer, bn, fold.scale, fold.shift)
+    else:
+        _bn_into_matmul(graph, layer, bn, fold.scale, fold.shift)
 
 
 def _bn_target(p: Node | None) -> str | None:
@@ -207,19 +202,19 @@ def _bn_target(p: Node | None) -> str | None:
 
 
 def _reader_reason(p: Node, node: Node) -> str | None:
-    if _sole_reader(p.output, node):
+    if _reads_only(p.output, node):
         return None
     return "conv output has other readers" if p.op_type in _CONVS else "output has other readers"
 
 
 def _conv_reason(conv: Node, m: int | None = None) -> str | None:
     """Why conv's weight/bias cannot absorb a per-output-channel scale (None when they can)."""
-    w = _const(conv.input(1))
+    w = const_value(conv.input(1))
     if w is None:
         return "conv weight is not constant"
     if not _is_float(w) or w.ndim < 3:
         return "conv weight is not a float tensor of rank >= 3"
-    if conv.input(2) is not None and _const(conv.input(2)) is None:
+    if conv.input(2) is not None and const_value(conv.input(2)) is None:
         return "conv bias is not constant"
     group = int(conv.attr("group", 1))
     if conv.op_type == "ConvTranspose" and w.shape[0] % group:
@@ -230,7 +225,7 @@ def _conv_reason(conv: Node, m: int | None = None) -> str | None:
 
 
 def _out_channels(conv: Node) -> int:
-    w = _const(conv.input(1))
+    w = const_value(conv.input(1))
     if conv.op_type == "Conv":
         return int(w.shape[0])
     return int(w.shape[1]) * int(conv.attr("group", 1))
@@ -251,8 +246,8 @@ def _rewrite_conv(
 ) -> None:
     """conv' = conv·scale + shift per output channel (new weight/bias constants)."""
     w_val = conv.input(1)
-    w = _const(w_val)
-    b = _const(conv.input(2))
+    w = const_value(w_val)
+    b = const_value(conv.input(2))
     bias = np.zeros(_out_channels(conv)) if b is None else b.astype(np.float64)
     if scale is not None:
         group = int(conv.attr("group", 1))
@@ -265,24 +260,13 @@ def _rewrite_conv(
     _set_input(conv, 2, new_b)
 
 
-def _bn_into_conv(
-    graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray, ctx: PassContext
-) -> str | None:
-    reason = _conv_reason(conv, len(scale))
-    if reason is not None:
-        return reason
-    if not ctx.allow_rewrite(bn):
-        return _SKIPPED
-    _rewrite_conv(graph, conv, scale, shift)
-    _replace_node(graph, bn, conv.output)
-    return None
+def _bn_conv_reason(conv: Node, bn: Node, scale: np.ndarray) -> str | None:
+    return _conv_reason(conv, len(scale))
 
 
-def _bn_into_gemm(
-    graph: Graph, gemm: Node, bn: Node, scale: np.ndarray, shift: np.ndarray, ctx: PassContext
-) -> str | None:
-    b, c_val = _const(gemm.input(1)), gemm.input(2)
-    c = _const(c_val)
+def _bn_gemm_reason(gemm: Node, bn: Node, scale: np.ndarray) -> str | None:
+    b, c_val = const_value(gemm.input(1)), gemm.input(2)
+    c = const_value(c_val)
     trans_b = int(gemm.attr("transB", 0))
     if b is None or not _is_float(b) or b.ndim != 2:
         return "Gemm weight is not a constant float matrix"
@@ -290,8 +274,13 @@ def _bn_into_gemm(
         return "Gemm bias is not constant"
     if b.shape[0 if trans_b else 1] != len(scale):
         return "channel count does not match the Gemm's output columns"
-    if not ctx.allow_rewrite(bn):
-        return _SKIPPED
+    return None
+
+
+def _bn_into_gemm(graph: Graph, gemm: Node, bn: Node, scale: np.ndarray, shift: np.ndarray) -> None:
+    b, c_val = const_value(gemm.input(1)), gemm.input(2)
+    c = const_value(c_val)
+    trans_b = int(gemm.attr("transB", 0))
     cols = scale[:, None] if trans_b else scale[None, :]
     gemm.set_input(
         1, _new_const(graph, (b.astype(np.float64) * cols).astype(b.dtype), gemm.input(1), "B")
@@ -301,7 +290,6 @@ def _bn_into_gemm(
     _set_input(gemm, 2, _new_const(graph, (c64 * scale + shift).astype(b.dtype), c_val, "C"))
     gemm.set_attr("beta", 1.0)
     _replace_node(graph, bn, gemm.output)
-    return None
 
 
 def _matmul_add(add: Node) -> tuple[Node, int] | None:
@@ -311,39 +299,45 @@ def _matmul_add(add: Node) -> tuple[Node, int] | None:
         p = x.producer if x is not None else None
         if p is None or p.graph is not add.graph or not p.is_standard:
             continue
-        if p.op_type == "MatMul" and _const(c) is not None:
+        if p.op_type == "MatMul" and const_value(c) is not None:
             return p, 1 - i
     return None
 
 
-def _bn_into_matmul(
-    graph: Graph, node: Node, bn: Node, scale: np.ndarray, shift: np.ndarray, ctx: PassContext
-) -> str | None:
+def _matmul_and_add(node: Node) -> tuple[Node, Node | None, int]:
+    """(MatMul, the Add of its bias or None, the bias input's index) for the layer `node`."""
+    if node.op_type != "Add":
+        return node, None, -1
+    mm, bias_i = _matmul_add(node)  # type: ignore[misc]
+    return mm, node, bias_i
+
+
+def _bn_matmul_reason(node: Node, bn: Node, scale: np.ndarray) -> str | None:
     """node is the MatMul, or the Add of a constant bias after it."""
-    add, bias_i = (node, _matmul_add(node)[1]) if node.op_type == "Add" else (None, -1)
-    mm = _matmul_add(node)[0] if add is not None else node
-    reason = _matmul_reason(mm, add, bn, len(scale))
-    if reason is not None:
-        return reason
-    if not ctx.allow_rewrite(bn):
-        return _SKIPPED
+    mm, add, _ = _matmul_and_add(node)
+    return _matmul_reason(mm, add, bn, len(scale))
+
+
+def _bn_into_matmul(
+    graph: Graph, node: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+) -> None:
+    mm, add, bias_i = _matmul_and_add(node)
     w_val = mm.input(1)
-    w = _const(w_val)
+    w = const_value(w_val)
     mm.set_input(1, _new_const(graph, (w.astype(np.float64) * scale).astype(w.dtype), w_val, "W"))
     if add is not None:
-        bias = _const(add.input(bias_i)).astype(np.float64) * scale + shift
+        bias = const_value(add.input(bias_i)).astype(np.float64) * scale + shift
         add.set_input(bias_i, _new_const(graph, bias.astype(w.dtype), add.input(bias_i), "b"))
         _replace_node(graph, bn, add.output)
-        return None
+        return
     b = _new_const(graph, shift.astype(w.dtype), None, f"{w_val.name}_bias")
     new_add = graph.make_node("Add", [mm.output, b], before=bn)
     new_add.output.dtype, new_add.output.shape = bn.output.dtype, bn.output.shape
     _replace_node(graph, bn, new_add.output)
-    return None
 
 
 def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
-    w = _const(mm.input(1))
+    w = const_value(mm.input(1))
     if w is None or not _is_float(w) or w.ndim != 2:
         return "MatMul weight is not a constant float matrix"
     if w.shape[1] != m:
@@ -352,9 +346,9 @@ def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
         return "BatchNormalization input is not 2-D, so its channels are not the MatMul columns"
     if add is None:
         return None
-    if not _sole_reader(mm.output, add):
+    if not _reads_only(mm.output, add):
         return "output has other readers"
-    bias = _const(add.input(_matmul_add(add)[1]))
+    bias = const_value(add.input(_matmul_add(add)[1]))
     if bias.ndim > 2 or bias.size not in (1, m) or (bias.ndim and bias.shape[-1] not in (1, m)):
         return "MatMul bias is not per column"
     return None
@@ -363,109 +357,114 @@ def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
 def _data_and_const(node: Node) -> tuple[Value, int, np.ndarray] | None:
     """(data input, index of the constant input, constant) of a binary op with one constant."""
     a, b = node.input(0), node.input(1)
-    ca, cb = _const(a), _const(b)
+    ca, cb = const_value(a), const_value(b)
     if a is None or b is None or (ca is None) == (cb is None):
         return None
     return (b, 0, ca) if ca is not None else (a, 1, cb)
 
 
-def _fold_mul_add(graph: Graph, node: Node, ctx: PassContext, stats: Stats) -> None:
+def _check_mul_add(node: Node, ctx: PassContext) -> _Fold | Refuse | None:
     found = _data_and_const(node)
-    if found is None or found[0].producer is None or found[0].producer.graph is not graph:
-        return  # no producer here (a graph input, or an outer-scope value)
+    if found is None or found[0].producer is None or found[0].producer.graph is not node.graph:
+        return None  # no producer here (a graph input, or an outer-scope value)
     x, _, c = found
     p = x.producer
+    assert p is not None
     if not p.is_standard or p.op_type not in (*_CONVS, "BatchNormalization"):
-        return
+        return None
     if p.op_type in _CONVS:
-        reason = _mul_add_into_conv(graph, p, node, c, ctx)
-        key = "mul_into_conv" if node.op_type == "Mul" else "add_into_conv"
-    else:
-        reason = _mul_add_into_bn(graph, p, node, c, ctx)
-        key = "affine_into_bn"
-    if reason is _SKIPPED:
-        return
-    if reason is not None:
-        ctx.refuse(node, reason)
-        return
-    stats[key] += 1
+        return _mul_add_conv(p, node, c)
+    return _mul_add_bn(p, node, c)
 
 
-def _mul_add_into_conv(
-    graph: Graph, conv: Node, node: Node, c: np.ndarray, ctx: PassContext
-) -> str | None:
+def _mul_add_conv(conv: Node, node: Node, c: np.ndarray) -> _Fold | Refuse:
     reason = _reader_reason(conv, node) or _conv_reason(conv)
     if reason is not None:
-        return reason
-    w = _const(conv.input(1))
+        return Refuse(reason)
+    w = const_value(conv.input(1))
     if c.dtype != w.dtype:
-        return "constant dtype differs from the conv weight"
+        return Refuse("constant dtype differs from the conv weight")
     vec = _per_channel(c, w.ndim, _out_channels(conv))
     if vec is None:
-        return f"{node.op_type} constant does not broadcast per output channel"
-    if not ctx.allow_rewrite(node):
-        return _SKIPPED
-    scale, shift = (vec, None) if node.op_type == "Mul" else (None, vec)
-    _rewrite_conv(graph, conv, scale, shift)
-    _replace_node(graph, node, conv.output)
-    return None
+        return Refuse(f"{node.op_type} constant does not broadcast per output channel")
+    if node.op_type == "Mul":
+        return _Fold("mul_into_conv", conv, vec, None)
+    return _Fold("add_into_conv", conv, None, vec)
 
 
-def _mul_add_into_bn(
-    graph: Graph, bn: Node, node: Node, c: np.ndarray, ctx: PassContext
-) -> str | None:
+def _mul_add_bn(bn: Node, node: Node, c: np.ndarray) -> _Fold | Refuse:
     reason = _bn_reason(bn)
-    if reason is None and not _sole_reader(bn.output, node):
+    if reason is None and not _reads_only(bn.output, node):
         reason = "BatchNormalization output has other readers"
     if reason is not None:
-        return reason
-    gamma_v, beta_v = bn.input(1), bn.input(2)
-    gamma, beta = _const(gamma_v), _const(beta_v)
+        return Refuse(reason)
+    gamma = const_value(bn.input(1))
     rank = bn.output.rank if bn.output.rank is not None else bn.input(0).rank
     vec = _per_channel(c, rank, len(gamma))
     if vec is None or c.dtype not in _FLOATS:
-        return f"{node.op_type} constant does not broadcast per channel"
-    if not ctx.allow_rewrite(node):
-        return _SKIPPED
-    g64, b64 = gamma.astype(np.float64), beta.astype(np.float64)
+        return Refuse(f"{node.op_type} constant does not broadcast per channel")
     if node.op_type == "Mul":
-        g64, b64 = g64 * vec, b64 * vec
-        bn.set_input(1, _new_const(graph, g64.astype(gamma.dtype), gamma_v, "scale"))
+        return _Fold("affine_into_bn", bn, vec, None)
+    return _Fold("affine_into_bn", bn, None, vec)
+
+
+def _fold_mul_add(node: Node, fold: _Fold, ctx: PassContext) -> None:
+    graph = node.graph
+    assert graph is not None
+    layer = fold.layer
+    if layer.op_type in _CONVS:
+        _rewrite_conv(graph, layer, fold.scale, fold.shift)
+        _replace_node(graph, node, layer.output)
+        return
+    gamma_v, beta_v = layer.input(1), layer.input(2)
+    gamma, beta = const_value(gamma_v), const_value(beta_v)
+    g64, b64 = gamma.astype(np.float64), beta.astype(np.float64)
+    if fold.scale is not None:
+        g64, b64 = g64 * fold.scale, b64 * fold.scale
+        layer.set_input(1, _new_const(graph, g64.astype(gamma.dtype), gamma_v, "scale"))
     else:
-        b64 = b64 + vec
-    bn.set_input(2, _new_const(graph, b64.astype(beta.dtype), beta_v, "bias"))
-    _replace_node(graph, node, bn.output)
-    return None
+        b64 = b64 + fold.shift
+    layer.set_input(2, _new_const(graph, b64.astype(beta.dtype), beta_v, "bias"))
+    _replace_node(graph, node, layer.output)
+
+
+AFFINE_RULES = [
+    Rule("bn_into_conv", ("BatchNormalization",), _check_bn, _fold_bn),
+    Rule("mul_into_conv", ("Mul", "Add"), _check_mul_add, _fold_mul_add),
+]
 
 
 # -- activation fusion (onnxruntime FusedConv) --------------------------------------------------
 
 
-def _fuse_activations(graph: Graph, ctx: PassContext, stats: Stats) -> None:
-    for act in graph.nodes:
-        if act.graph is not graph or not act.is_standard or act.op_type not in _ACTIVATIONS:
-            continue
-        x = act.input(0)
-        conv = x.producer if x is not None else None
-        if conv is None or conv.op_type != "Conv" or not conv.is_standard:
-            continue
-        if conv.graph is not graph:
-            continue
-        reason = _fused_conv_reason(conv, act)
-        params = _activation_params(act) if reason is None else None
-        if isinstance(params, str):
-            reason = params
-        if reason is not None:
-            ctx.refuse(act, reason)
-            continue
-        if not ctx.allow_rewrite(act):
-            continue
-        _make_fused_conv(graph, conv, act, params)
-        stats["activation_fused"] += 1
+def _check_activation(act: Node, ctx: PassContext) -> tuple[Node, list[float]] | Refuse | None:
+    x = act.input(0)
+    conv = x.producer if x is not None else None
+    if conv is None or conv.op_type != "Conv" or not conv.is_standard:
+        return None
+    if conv.graph is not act.graph:
+        return None
+    reason = _fused_conv_reason(conv, act)
+    params = _activation_params(act) if reason is None else None
+    if isinstance(params, str):
+        reason = params
+    if reason is not None:
+        return Refuse(reason)
+    assert params is not None
+    return conv, params
+
+
+def _fuse_activation(act: Node, found: tuple[Node, list[float]], ctx: PassContext) -> None:
+    conv, params = found
+    assert act.graph is not None
+    _make_fused_conv(act.graph, conv, act, params)
+
+
+ACTIVATION_RULES = [Rule("activation_fused", _ACTIVATIONS, _check_activation, _fuse_activation)]
 
 
 def _fused_conv_reason(conv: Node, act: Node) -> str | None:
-    if not _sole_reader(conv.output, act):
+    if not _reads_only(conv.output, act):
         return "conv output has other readers"
     w = conv.input(1)
     if w is None or w.rank != 4:
@@ -491,7 +490,7 @@ def _activation_params(act: Node) -> list[float] | str:
     bounds = []
     for i, default in ((1, -_F32_MAX), (2, _F32_MAX)):
         v = act.input(i)
-        c = _const(v) if v is not None else np.float32(default)
+        c = const_value(v) if v is not None else np.float32(default)
         if c is None or c.size != 1:
             return "Clip bounds are not constant scalars"
         bounds.append(float(np.asarray(c).reshape(())))

@@ -34,7 +34,9 @@ dtype as the rest of the group and as X when X's dtype is known; a MatMul readin
 operands is never a member. Opsets below 11 need a non-negative Split axis, so there the rank of
 X must be known. Split takes its sizes as an input from opset 13 and as an attribute before.
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one group fused, named by its first MatMul.
+One rule (`infercc.passes.rules`) on MatMul: the first MatMul of a group (in graph order) is
+the anchor, and the others' refusals are reported at them. For bisection one rewrite is one
+group fused, named by its first MatMul.
 """
 
 from __future__ import annotations
@@ -43,11 +45,18 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import AttributeProto
 
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.tensor import Tensor
-from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import (
+    const_tensor,
+    default_opset,
+    is_live,
+    producer,
+    through_identity,
+)
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -69,24 +78,65 @@ class _Member:
 @register_pass("fuse-qkv")
 def fuse_qkv(graph: Graph, ctx: PassContext) -> PassResult:
     """Merge MatMuls (+ bias Adds) that read the same input into one MatMul and a Split."""
-    stats: dict[str, int] = {"groups": 0, "matmuls": 0, "biases": 0}
-    for g in graphs_of(graph):
-        _fuse_graph(g, ctx, stats)
-    return PassResult(changed=stats["groups"] > 0, stats=stats)
+    fuser = _Fuser()
+    apply_rules(graph, ctx, [Rule("groups", ("MatMul",), fuser.check, fuser.rewrite)])
+    return PassResult(changed=fuser.stats["groups"] > 0, stats=fuser.stats)
 
 
-def _fuse_graph(graph: Graph, ctx: PassContext, stats: dict[str, int]) -> None:
-    order = {node: i for i, node in enumerate(graph)}
-    for x, matmuls in _shared_inputs(graph).items():
+@dataclass(frozen=True)
+class _Group:
+    """Projections of `x` to fuse, in graph order (the first is the anchor), split on `axis`."""
+
+    x: Value
+    members: list[_Member]
+    axis: int
+
+
+class _Fuser:
+    """The rule's state for one run: per graph, what each MatMul is (the first member of a
+    group, or refused with a reason), planned from the graph as it was when the run reached it,
+    so the MatMuls made by this run wait for the next round."""
+
+    def __init__(self) -> None:
+        self.plans: dict[Graph, dict[Node, list[_Member] | str]] = {}
+        self.stats: dict[str, int] = {"groups": 0, "matmuls": 0, "biases": 0}
+
+    def check(self, mm: Node, ctx: PassContext) -> _Group | Refuse | None:
+        graph = mm.graph
+        assert graph is not None
+        if graph not in self.plans:
+            self.plans[graph] = _plan(graph)
+        found = self.plans[graph].get(mm)
+        if found is None:
+            return None
+        if isinstance(found, str):
+            return Refuse(found)
+        x = mm.input(0)
         # An earlier group's rewrite may have moved these MatMuls onto its Split's outputs
         # (when x was one of its projections): they are fused on the next round, if at all.
-        matmuls = [m for m in matmuls if m.graph is graph and m.input(0) is x]
-        if len(matmuls) < 2:
-            continue
-        for group in _groups(x, matmuls, ctx):
+        moved = [m for m in found if m.matmul.graph is not graph or m.matmul.input(0) is not x]
+        if x is None or moved:
+            return None
+        axis = _split_axis(x, default_opset(graph))
+        if axis is None:
+            return Refuse("opset < 11 needs the activation's rank for the Split axis")
+        return _Group(x, found, axis)
+
+    def rewrite(self, mm: Node, group: _Group, ctx: PassContext) -> None:
+        assert mm.graph is not None
+        _rewrite(mm.graph, group)
+        _count(self.stats, group.members)
+
+
+def _plan(graph: Graph) -> dict[Node, list[_Member] | str]:
+    """MatMul -> its group (for the group's first MatMul) or why it is no member."""
+    order = {node: i for i, node in enumerate(graph)}
+    plan: dict[Node, list[_Member] | str] = {}
+    for x, matmuls in _shared_inputs(graph).items():
+        for group in _groups(x, matmuls, plan):
             group.sort(key=lambda m: order[m.matmul])
-            if _rewrite(graph, x, group, ctx):
-                _count(stats, group)
+            plan[group[0].matmul] = group
+    return plan
 
 
 def _count(stats: dict[str, int], group: list[_Member]) -> None:
@@ -102,7 +152,7 @@ def _shared_inputs(graph: Graph) -> dict[Value, list[Node]]:
     """Activations read as input A by two or more live standard MatMuls of this graph."""
     found: dict[Value, list[Node]] = {}
     for node in graph:
-        if node.op_type != "MatMul" or not node.is_standard or not _is_live(node):
+        if node.op_type != "MatMul" or not node.is_standard or not is_live(node):
             continue
         a = node.input(0)
         if a is not None:
@@ -110,23 +160,23 @@ def _shared_inputs(graph: Graph) -> dict[Value, list[Node]]:
     return {x: ms for x, ms in found.items() if len(ms) >= 2}
 
 
-def _is_live(node: Node) -> bool:
-    out = node.outputs[0] if node.outputs else None
-    return out is not None and (bool(out.uses()) or out.is_graph_output)
-
-
-def _groups(x: Value, matmuls: list[Node], ctx: PassContext) -> list[list[_Member]]:
-    """Split the MatMuls on `x` into fusible groups keyed by (weight dtype, K)."""
+def _groups(
+    x: Value, matmuls: list[Node], refused: dict[Node, list[_Member] | str]
+) -> list[list[_Member]]:
+    """Split the MatMuls on `x` into fusible groups keyed by (weight dtype, K); the reason
+    each other MatMul is no member goes to `refused`."""
     buckets: dict[tuple[int, int], list[_Member]] = {}
     for mm in matmuls:
-        member = _member(x, mm, ctx)
-        if member is not None:
+        member = _member(x, mm)
+        if isinstance(member, str):
+            refused[mm] = member
+        else:
             key = (member.weight.dtype, int(member.weight.shape[0]))
             buckets.setdefault(key, []).append(member)
     groups = [ms for ms in buckets.values() if len(ms) >= 2]
     for key, ms in buckets.items():
         if len(ms) == 1:
-            ctx.refuse(ms[0].matmul, _lonely_reason(x, key, buckets))
+            refused[ms[0].matmul] = _lonely_reason(x, key, buckets)
     return groups
 
 
@@ -139,68 +189,43 @@ def _lonely_reason(x: Value, key: tuple[int, int], buckets: dict) -> str:
     return f"weight rows (K) differ from the other projections of {x.name!r}"
 
 
-def _member(x: Value, mm: Node, ctx: PassContext) -> _Member | None:
-    """The MatMul as a group member, or None (with a refusal) when it cannot be one."""
+def _member(x: Value, mm: Node) -> _Member | str:
+    """The MatMul as a group member, or why it cannot be one."""
     w = mm.input(1)
     if w is None or w is x:
-        ctx.refuse(mm, f"reads {x.name!r} as both operands")
-        return None
+        return f"reads {x.name!r} as both operands"
     weight = _const_tensor(w)
     reason = _weight_problem(x, weight)
-    if reason:
-        ctx.refuse(mm, reason)
-        return None
+    if reason is not None:
+        return reason
     assert weight is not None
     member = _Member(mm, weight)
     _attach_bias(member)
     return member
 
 
-def _weight_problem(x: Value, weight: Tensor | None) -> str:
+def _weight_problem(x: Value, weight: Tensor | None) -> str | None:
+    """Why `weight` cannot be a member's weight (None when it can)."""
     if weight is None:
         return "weight (input B) is not a constant"
     if len(weight.shape) != 2:
         return f"weight is not 2-D (rank {len(weight.shape)})"
     if x.dtype is not None and weight.dtype != x.dtype:
         return "weight dtype differs from the activation dtype"
-    return ""
-
-
-def _const_tensor(v: Value) -> Tensor | None:
-    """The constant data of `v`: an initializer, a standard Constant node's `value`, seen
-    through Identity, or a 2-D Transpose of one (as the dynamo exporter emits before folding).
-    """
-    while _producer_op(v) == "Identity" and v.producer is not None:
-        inner = v.producer.input(0)
-        if inner is None:
-            return None
-        v = inner
-    if v.const is not None:
-        return v.const
-    if _producer_op(v) == "Constant":
-        return _constant_node_tensor(v)
-    if _producer_op(v) == "Transpose":
-        return _transposed(v)
     return None
 
 
-def _producer_op(v: Value) -> str:
-    p = v.producer
-    return p.op_type if p is not None and p.is_standard else ""
+def _const_tensor(v: Value) -> Tensor | None:
+    """The constant data of `v` (`infercc.passes.match.const_tensor`), or a 2-D Transpose of
+    one (as the dynamo exporter emits before folding)."""
+    tensor = const_tensor(v)
+    if tensor is not None:
+        return tensor
+    node = producer(through_identity(v), "Transpose")
+    return None if node is None else _transposed(node)
 
 
-def _constant_node_tensor(v: Value) -> Tensor | None:
-    assert v.producer is not None
-    a = v.producer.attributes.get("value")
-    if not isinstance(a, AttributeProto) or a.type != AttributeProto.TENSOR:
-        return None
-    tensor = Tensor.from_proto(a.t)
-    return None if tensor.is_external else tensor
-
-
-def _transposed(v: Value) -> Tensor | None:
-    node = v.producer
-    assert node is not None
+def _transposed(node: Node) -> Tensor | None:
     src = node.input(0)
     inner = _const_tensor(src) if src is not None else None
     if inner is None or len(inner.shape) != 2 or node.attr("perm", [1, 0]) != [1, 0]:
@@ -225,12 +250,6 @@ def _attach_bias(member: _Member) -> None:
     member.add, member.bias = add, bias
 
 
-def _opset(graph: Graph) -> int:
-    model = graph.model
-    imports = model.opset_imports if model is not None else {}
-    return int(imports.get("", imports.get("ai.onnx", 1)))
-
-
 def _split_axis(x: Value, opset: int) -> int | None:
     """-1 where Split accepts it (opset >= 11), else the last axis when the rank is known."""
     if opset >= 11:
@@ -238,20 +257,14 @@ def _split_axis(x: Value, opset: int) -> int | None:
     return None if x.rank is None else x.rank - 1
 
 
-def _rewrite(graph: Graph, x: Value, group: list[_Member], ctx: PassContext) -> bool:
-    opset = _opset(graph)
-    axis = _split_axis(x, opset)
-    if axis is None:
-        ctx.refuse(group[0].matmul, "opset < 11 needs the activation's rank for the Split axis")
-        return False
+def _rewrite(graph: Graph, found: _Group) -> None:
+    x, group = found.x, found.members
     anchor = group[0].matmul
-    if not ctx.allow_rewrite(anchor):
-        return False
     fused = _fused_matmul(graph, x, group, anchor)
     with_bias = all(m.add is not None for m in group)
     if with_bias:
         fused = _fused_add(graph, fused, group, anchor)
-    parts = _split(graph, fused, group, anchor, axis, opset)
+    parts = _split(graph, fused, group, anchor, found.axis, default_opset(graph))
     for member, part in zip(group, parts, strict=True):
         old = member.add.outputs[0] if with_bias and member.add else member.matmul.outputs[0]
         assert old is not None
@@ -259,7 +272,6 @@ def _rewrite(graph: Graph, x: Value, group: list[_Member], ctx: PassContext) -> 
         graph.replace_all_uses_with(old, part)
         _remove_replaced(graph, member, with_bias)
     log.debug("fuse-qkv: fused %d MatMuls on %s", len(group), x.name)
-    return True
 
 
 def _remove_replaced(graph: Graph, member: _Member, with_bias: bool) -> None:

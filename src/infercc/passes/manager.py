@@ -9,20 +9,27 @@ sums its statistics, re-infers shapes after a change, lints the graph after ever
 Bisection hooks (used by `infercc validate --bisect`): a pass that calls
 `ctx.allow_rewrite(node)` before each rewrite gets its rewrites counted and can be cut off
 after the first `ctx.rewrite_limits[name]` of them; any pass can be cut off after its first
-`ctx.run_limits[name]` runs. Without limits both hooks change nothing.
+`ctx.run_limits[name]` runs. Without limits both hooks change nothing. Rules applied by
+`infercc.passes.rules` get both hooks from the driver.
+
+What a pass reads is in typed fields of `PassContext` (the shape profile, fp16 and int8
+settings); what it finds that is not a count (memory peaks, the nodes kept in float32, the
+quantization report) it returns in `PassResult.details`, which the manager keeps per pass
+(`PipelineReport.details(name)`), merging the details of repeated runs when they know how.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infercc.errors import InferccError, PassError
 from infercc.ir.graph import Graph, IRError, Model, Node
 from infercc.ir.shapes import infer_shapes
+from infercc.passes.pipelines import OPTIMIZE
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +54,43 @@ class Refusal:
         }
 
 
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """What quantize-qdq reads (`infercc.passes.quantize_qdq`): a calibrated range per
+    activation (an object with `min`, `max` and `scale`, as `infercc.calib.TensorRange`), the
+    node names kept float, and the form of the quantization."""
+
+    ranges: Mapping[str, Any]
+    exclude: tuple[str, ...] = ()
+    per_channel: bool = True
+    output_qdq: bool = True
+    activations: str = "int8"
+    activation_matmuls: bool = True
+
+
 @dataclass
 class PassContext:
-    """What passes may know about the job: target, options, and a log of refusals."""
+    """What passes may know about the job (target, inputs of the passes that need them) and a
+    log of refusals and rewrites.
+
+    `shapes`: the input shapes schedule-memory sizes tensors at (None: the defaults of
+    `infercc.data.signature.resolve_shapes`). `fp16_io`, `keep_fp32` (op types or node
+    names) and `ranges` (tensor name -> calibrated (min, max)): convert-fp16.
+    `outlier_channels` (MatMul name -> input channels kept float): split-outlier-channels.
+    `quantize`: quantize-qdq.
+    """
 
     target: str = "cpu"
     backend: str = "ort"
     portable: bool = False
     fold_limit: int = DEFAULT_FOLD_LIMIT
     verify: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
+    shapes: Mapping[str, tuple[int, ...]] | None = None
+    fp16_io: bool = False
+    keep_fp32: Sequence[str] = ()
+    ranges: Mapping[str, tuple[float, float]] | None = None
+    outlier_channels: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    quantize: QuantizeSettings | None = None
     refusals: list[Refusal] = field(default_factory=list)
     current_pass: str = ""
     rewrite_limits: dict[str, int] = field(default_factory=dict)
@@ -89,8 +123,14 @@ class PassContext:
 
 @dataclass
 class PassResult:
+    """What one run of a pass did: whether it changed the graph, counts (summed over runs by
+    the manager), and `details` that are not counts (an object; when it has a
+    `merged(later)` method, the manager merges the details of successive runs with it, else
+    the last run's stand)."""
+
     changed: bool
     stats: dict[str, int] = field(default_factory=dict)
+    details: Any = None
 
 
 PassFn = Callable[[Graph, PassContext], PassResult]
@@ -102,33 +142,30 @@ class PassInfo:
     fn: PassFn
     doc: str
     final: bool = False  # runs once after the fixpoint: it only reorders, shapes stay valid
+    once: bool = False  # runs in the first round only: its rewrite would apply to its result
 
 
 REGISTRY: dict[str, PassInfo] = {}
 
 
-def register_pass(name: str, *, final: bool = False) -> Callable[[PassFn], PassFn]:
+def register_pass(
+    name: str, *, final: bool = False, once: bool = False
+) -> Callable[[PassFn], PassFn]:
     """Register a pass. `final`: a pass that only reorders nodes (no value, type or shape
     changes, nothing another pass could act on) runs once, after the others reach their
-    fixpoint, and its change neither re-infers shapes nor starts another round."""
+    fixpoint, and its change neither re-infers shapes nor starts another round. `once`: a
+    pass that runs in the first round only (a rewrite driven by measurements of the graph it
+    was given, which would apply again to its own result)."""
 
     def deco(fn: PassFn) -> PassFn:
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassInfo(name, fn, doc, final)
+        REGISTRY[name] = PassInfo(name, fn, doc, final, once)
         return fn
 
     return deco
 
 
-DEFAULT_PIPELINE = (
-    "fold-constants",
-    "eliminate-no-ops",
-    "eliminate-common-subexpressions",
-    "eliminate-dead-code",
-    "fuse-conv-bn-relu",
-    "fuse-qkv",
-    "schedule-memory",
-)
+DEFAULT_PIPELINE = OPTIMIZE.passes  # every pipeline is named in infercc.passes.pipelines
 
 
 @dataclass
@@ -137,6 +174,7 @@ class PassStats:
     changed: int = 0
     time_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+    details: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -153,6 +191,11 @@ class PipelineReport:
     iterations: int
     reached_fixpoint: bool
     refusals: list[Refusal]
+
+    def details(self, name: str) -> Any:
+        """What pass `name` returned beyond counts (merged over its runs), or None."""
+        st = self.passes.get(name)
+        return None if st is None else st.details
 
 
 def check_pass_names(names: Iterable[str]) -> None:
@@ -188,6 +231,8 @@ def run_passes(
         changed_round = False
         for name in rounds:
             if stats[name].runs >= ctx.run_limits.get(name, max_iterations):
+                continue
+            if REGISTRY[name].once and iterations > 1:
                 continue
             if on_pass is not None:
                 on_pass(name)
@@ -233,6 +278,9 @@ def _run_one(name: str, model: Model, ctx: PassContext, st: PassStats) -> PassRe
     st.changed += int(result.changed)
     for key, val in result.stats.items():
         st.counts[key] = st.counts.get(key, 0) + val
+    if result.details is not None:
+        merge = getattr(st.details, "merged", None)
+        st.details = merge(result.details) if merge is not None else result.details
     log.debug("pass %s: changed=%s %s", name, result.changed, result.stats)
     return result
 

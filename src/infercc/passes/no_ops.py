@@ -36,26 +36,27 @@ graph input, another graph output, an outer-scope value): replacing it would onl
 Identity again and the pipeline would never reach a fixpoint. Nodes left dead by a rewrite of a
 pair are removed by eliminate-dead-code. Runs on every subgraph too.
 
-Bisection (`ctx.allow_rewrite`): one rewrite is one node forwarded to its input (removed when
-nothing reads it any more) or one pair merged (a Reshape or Transpose rewired past the one
-before it), asked after every check and named by the node rewritten.
+Each rule is a `infercc.passes.rules.Rule` on its op type: its check returns the rewrite (a
+`_Forward` to the value that already holds the result, or a `_Rewire` of a Reshape or
+Transpose past the one before it) or the reason it refused, and the driver makes it. For
+bisection one rewrite is one node forwarded to its input (removed when nothing reads it any
+more) or one pair merged, named by the node rewritten.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from infercc.ir.graph import Dim, Graph, Node, Value
-from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import const_ints, const_value, default_opset, producer
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
-
-# A rule inspects one node and returns the stats key of the rewrite it made, or None.
-Rule = Callable[[Node, PassContext], "str | None"]
 
 _HUGE_END = 2**62  # a Slice end this large reaches past any dimension a tensor can have
 
@@ -63,76 +64,66 @@ _HUGE_END = 2**62  # a Slice end this large reaches past any dimension a tensor 
 @register_pass("eliminate-no-ops")
 def eliminate_no_ops(graph: Graph, ctx: PassContext) -> PassResult:
     """Remove operators that provably return their input (Identity, same-type Cast, ...)."""
-    stats: Counter[str] = Counter()
-    for g in graphs_of(graph):
-        for node in g.nodes:
-            rule = _RULES.get(node.op_type)
-            if rule is None or node.graph is not g or not node.is_standard:
-                continue
-            kind = rule(node, ctx)
-            if kind is not None:
-                stats[kind] += 1
-    return PassResult(changed=bool(stats), stats=dict(stats))
+    counts = apply_rules(graph, ctx, RULES).counts
+    return PassResult(changed=bool(counts), stats=dict(counts))
 
 
-# -- forwarding -------------------------------------------------------------------------------
+# -- the two rewrites ---------------------------------------------------------------------------
 
 
-def _forward(node: Node, src: Value | None, ctx: PassContext, kind: str) -> str | None:
-    """Make every reader of the node's first output read `src`; remove the node."""
+@dataclass(frozen=True)
+class _Forward:
+    """Every reader of the node's first output reads `src` instead; the node goes once nothing
+    reads it."""
+
+    src: Value
+    key: str
+
+
+@dataclass(frozen=True)
+class _Rewire:
+    """The node reads `src` as its first input (and takes `perm`, when given)."""
+
+    src: Value | None
+    key: str
+    perm: list[int] | None = None
+
+
+Found = _Forward | _Rewire | Refuse | None
+
+
+def _forward(node: Node, src: Value | None, kind: str) -> _Forward | Refuse | None:
+    """The forwarding of the node's first output to `src`, if its name can move."""
     graph = node.graph
     out = node.outputs[0]
     if graph is None or src is None or out is None:
         return None
     if out.is_graph_output and not graph.can_take_output_name(src):
-        ctx.refuse(node, "output is a graph output and its input cannot take the output's name")
-        return None
-    if not ctx.allow_rewrite(node):
-        return None
-    graph.replace_all_uses_with(out, src)
+        return Refuse("output is a graph output and its input cannot take the output's name")
+    return _Forward(src, kind)
+
+
+def _apply(node: Node, found: _Forward | _Rewire, ctx: PassContext) -> None:
+    graph = node.graph
+    assert graph is not None
+    if isinstance(found, _Rewire):
+        node.set_input(0, found.src)
+        if found.perm is not None:
+            node.set_attr("perm", found.perm)
+        return
+    graph.replace_all_uses_with(node.outputs[0], found.src)  # type: ignore[arg-type]
     if not any(v is not None and (v.uses() or v.is_graph_output) for v in node.outputs):
         graph.remove(node)
-    log.debug("eliminate-no-ops: %s %s", kind, node.name)
-    return kind
+    log.debug("eliminate-no-ops: %s %s", found.key, node.name)
 
 
 # -- constants, shapes and attributes ---------------------------------------------------------
 
 
-def _const(value: Value | None) -> np.ndarray | None:
-    """The value's data when it is an initializer or the output of a Constant node."""
-    if value is None:
-        return None
-    if value.const is not None:
-        return value.numpy()
-    p = value.producer
-    if p is None or p.op_type != "Constant" or not p.is_standard:
-        return None
-    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
-        data = p.attr(key)
-        if data is not None:
-            return np.asarray(data)
-    return None
-
-
-def _const_ints(value: Value | None) -> list[int] | None:
-    data = _const(value)
-    if data is None or data.ndim > 1 or not np.issubdtype(data.dtype, np.integer):
-        return None
-    return [int(x) for x in data.reshape(-1)]
-
-
-def _opset(node: Node) -> int:
-    model = node.graph.model if node.graph is not None else None
-    if model is None:
-        return 21
-    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21))
-
-
 def _ints_input_or_attr(node: Node, index: int, name: str) -> list[int] | None:
     """An int list given as a constant input (newer opsets) or as an attribute (older)."""
     if node.input(index) is not None:
-        return _const_ints(node.input(index))
+        return const_ints(node.input(index))
     attr = node.attr(name)
     return None if attr is None else [int(x) for x in attr]
 
@@ -162,40 +153,32 @@ def _broadcast_keeps(shape: tuple[Dim, ...], other: Sequence[int]) -> bool:
     return all(o == 1 or (isinstance(d, int) and d == o) for d, o in aligned)
 
 
-def _producer(value: Value | None, op_type: str) -> Node | None:
-    p = value.producer if value is not None else None
-    if p is None or p.op_type != op_type or not p.is_standard:
-        return None
-    return p
-
-
 # -- Identity, Dropout, Cast ------------------------------------------------------------------
 
 
-def _identity(node: Node, ctx: PassContext) -> str | None:
-    return _forward(node, node.input(0), ctx, "identity")
+def _identity(node: Node, ctx: PassContext) -> Found:
+    return _forward(node, node.input(0), "identity")
 
 
-def _dropout(node: Node, ctx: PassContext) -> str | None:
+def _dropout(node: Node, ctx: PassContext) -> Found:
     reason = _dropout_training(node)
     if reason is None:
         mask = node.outputs[1] if len(node.outputs) > 1 else None
         if mask is not None and (mask.uses() or mask.is_graph_output):
             reason = "the mask output is used"
     if reason is not None:
-        ctx.refuse(node, reason)
-        return None
-    return _forward(node, node.input(0), ctx, "dropout")
+        return Refuse(reason)
+    return _forward(node, node.input(0), "dropout")
 
 
 def _dropout_training(node: Node) -> str | None:
     """Why the Dropout may be in training mode, or None when it provably is not."""
-    if _opset(node) < 7 and node.attr("is_test", 0) != 1:
+    if default_opset(node) < 7 and node.attr("is_test", 0) != 1:
         return "is_test is not set (training mode before opset 7)"
     mode = node.input(2)
     if mode is None:
         return None
-    data = _const(mode)
+    data = const_value(mode)
     if data is None:
         return "training_mode is not a constant"
     if data.size != 1 or bool(data.reshape(-1)[0]):
@@ -203,39 +186,37 @@ def _dropout_training(node: Node) -> str | None:
     return None
 
 
-def _cast(node: Node, ctx: PassContext) -> str | None:
+def _cast(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     if x is None or x.dtype is None:
-        ctx.refuse(node, "input dtype unknown")
-        return None
+        return Refuse("input dtype unknown")
     if node.attr("to") != x.dtype:
         return None
-    return _forward(node, x, ctx, "cast")
+    return _forward(node, x, "cast")
 
 
-def _cast_like(node: Node, ctx: PassContext) -> str | None:
+def _cast_like(node: Node, ctx: PassContext) -> Found:
     x, like = node.input(0), node.input(1)
     if x is None or like is None or x.dtype is None or like.dtype is None:
-        ctx.refuse(node, "input dtype unknown")
-        return None
+        return Refuse("input dtype unknown")
     if x.dtype != like.dtype:
         return None
-    return _forward(node, x, ctx, "cast")
+    return _forward(node, x, "cast")
 
 
 # -- Reshape and friends ----------------------------------------------------------------------
 
 
-def _reshape(node: Node, ctx: PassContext) -> str | None:
+def _reshape(node: Node, ctx: PassContext) -> Found:
     x, out = node.input(0), node.outputs[0]
-    target = _const_ints(node.input(1))
+    target = const_ints(node.input(1))
     allowzero = node.attr("allowzero", 0) == 1
     if x is not None and x.shape is not None and target is not None:
         if _reshape_keeps(x.shape, target, allowzero):
-            return _forward(node, x, ctx, "reshape")
+            return _forward(node, x, "reshape")
     elif _same_shape(x, out):
-        return _forward(node, x, ctx, "reshape")
-    return _reshape_chain(node, target, allowzero, ctx)
+        return _forward(node, x, "reshape")
+    return _reshape_chain(node, target, allowzero)
 
 
 def _reshape_keeps(shape: tuple[Dim, ...], target: list[int], allowzero: bool) -> bool:
@@ -257,80 +238,70 @@ def _reshape_keeps(shape: tuple[Dim, ...], target: list[int], allowzero: bool) -
     return len(unresolved) == 1 and all(isinstance(d, int) and d > 0 for d in others)
 
 
-def _reshape_chain(
-    node: Node, target: list[int] | None, allowzero: bool, ctx: PassContext
-) -> str | None:
+def _reshape_chain(node: Node, target: list[int] | None, allowzero: bool) -> Found:
     """Reshape(Reshape(x, s1), s2) -> Reshape(x, s2) when s2 never copies a dimension."""
-    first = _producer(node.input(0), "Reshape")
+    first = producer(node.input(0), "Reshape")
     if first is None:
         if node.input(0) is not None and node.input(0).shape is None:
-            ctx.refuse(node, "input shape unknown")
+            return Refuse("input shape unknown")
         return None
     if target is None:
-        ctx.refuse(node, "shape is not a constant (cannot merge with the Reshape before it)")
-        return None
+        return Refuse("shape is not a constant (cannot merge with the Reshape before it)")
     if 0 in target and not allowzero:
-        ctx.refuse(node, "shape has a 0 copying a dimension of the Reshape before it")
-        return None
-    if not ctx.allow_rewrite(node):
-        return None
-    node.set_input(0, first.input(0))
-    return "reshape_chain"
+        return Refuse("shape has a 0 copying a dimension of the Reshape before it")
+    return _Rewire(first.input(0), "reshape_chain")
 
 
-def _flatten(node: Node, ctx: PassContext) -> str | None:
+def _flatten(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     axis = node.attr("axis", 1)
     if x is not None and x.rank == 2 and axis in (1, -1):
-        return _forward(node, x, ctx, "flatten")
-    return _shape_only(node, ctx, "flatten")
+        return _forward(node, x, "flatten")
+    return _shape_only(node, "flatten")
 
 
-def _shape_only(node: Node, ctx: PassContext, kind: str) -> str | None:
+def _shape_only(node: Node, kind: str) -> Found:
     """A pure relabelling of dimensions whose static output shape equals its input's."""
     x = node.input(0)
     if _same_shape(x, node.outputs[0]):
-        return _forward(node, x, ctx, kind)
+        return _forward(node, x, kind)
     return None
 
 
 def _axes(node: Node) -> list[int] | None:
-    if _opset(node) >= 13:
-        return _const_ints(node.input(1)) if node.input(1) is not None else None
+    if default_opset(node) >= 13:
+        return const_ints(node.input(1)) if node.input(1) is not None else None
     attr = node.attr("axes")
     return None if attr is None else [int(a) for a in attr]
 
 
-def _squeeze_pair(node: Node, ctx: PassContext) -> str | None:
+def _squeeze_pair(node: Node, ctx: PassContext) -> Found:
     """Squeeze(Unsqueeze(x, a), a) or Unsqueeze(Squeeze(x, a), a): x, for equal axes."""
     inverse = "Unsqueeze" if node.op_type == "Squeeze" else "Squeeze"
-    first = _producer(node.input(0), inverse)
+    first = producer(node.input(0), inverse)
     if first is None:
-        return _shape_only(node, ctx, node.op_type.lower())
+        return _shape_only(node, node.op_type.lower())
     rank = node.input(0).rank if node.op_type == "Squeeze" else first.input(0).rank
     a1, a2 = _axes(first), _axes(node)
     if rank is not None and a1 is not None and a2 is not None:
         n1, n2 = _normalize(a1, rank), _normalize(a2, rank)
         if n1 and n1 == n2:
-            return _forward(node, first.input(0), ctx, "squeeze_unsqueeze")
-    return _shape_only(node, ctx, node.op_type.lower())
+            return _forward(node, first.input(0), "squeeze_unsqueeze")
+    return _shape_only(node, node.op_type.lower())
 
 
-def _expand(node: Node, ctx: PassContext) -> str | None:
+def _expand(node: Node, ctx: PassContext) -> Found:
     x, out = node.input(0), node.outputs[0]
-    shape = _const_ints(node.input(1))
+    shape = const_ints(node.input(1))
     if shape is None:
         if _same_shape(x, out):
-            return _forward(node, x, ctx, "expand")
-        ctx.refuse(node, "target shape is not a constant")
-        return None
+            return _forward(node, x, "expand")
+        return Refuse("target shape is not a constant")
     if x is None or x.shape is None:
-        ctx.refuse(node, "input shape unknown")
-        return None
+        return Refuse("input shape unknown")
     if not _broadcast_keeps(x.shape, shape):
-        ctx.refuse(node, "Expand broadcasts to a larger shape")
-        return None
-    return _forward(node, x, ctx, "expand")
+        return Refuse("Expand broadcasts to a larger shape")
+    return _forward(node, x, "expand")
 
 
 # -- Transpose --------------------------------------------------------------------------------
@@ -344,39 +315,33 @@ def _perm(node: Node) -> list[int] | None:
     return None if rank is None else list(range(rank))[::-1]
 
 
-def _transpose(node: Node, ctx: PassContext) -> str | None:
+def _transpose(node: Node, ctx: PassContext) -> Found:
     perm = _perm(node)
     if perm is None:
-        ctx.refuse(node, "no perm and input rank unknown")
-        return None
+        return Refuse("no perm and input rank unknown")
     if perm == list(range(len(perm))):
-        return _forward(node, node.input(0), ctx, "transpose")
-    first = _producer(node.input(0), "Transpose")
+        return _forward(node, node.input(0), "transpose")
+    first = producer(node.input(0), "Transpose")
     p1 = _perm(first) if first is not None else None
     if first is None or p1 is None or len(p1) != len(perm):
         return None
     composed = [p1[p] for p in perm]
     if composed == list(range(len(composed))):
-        return _forward(node, first.input(0), ctx, "transpose_pair")
-    if not ctx.allow_rewrite(node):
-        return None
-    node.set_input(0, first.input(0))
-    node.set_attr("perm", composed)
-    return "transpose_pair"
+        return _forward(node, first.input(0), "transpose_pair")
+    return _Rewire(first.input(0), "transpose_pair", composed)
 
 
 # -- Slice, Split, Concat, Pad ----------------------------------------------------------------
 
 
-def _slice(node: Node, ctx: PassContext) -> str | None:
+def _slice(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     if x is None or x.shape is None:
-        ctx.refuse(node, "input shape unknown")
-        return None
+        return Refuse("input shape unknown")
     starts = _ints_input_or_attr(node, 1, "starts")
     ends = _ints_input_or_attr(node, 2, "ends")
     axes = _ints_input_or_attr(node, 3, "axes")
-    steps = _const_ints(node.input(4)) if node.input(4) is not None else None
+    steps = const_ints(node.input(4)) if node.input(4) is not None else None
     if starts is None or ends is None or len(starts) != len(ends):
         return None
     axes = list(range(len(starts))) if axes is None else axes
@@ -388,7 +353,7 @@ def _slice(node: Node, ctx: PassContext) -> str | None:
     for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
         if step != 1 or not _covers(x.shape[axis], start, end):
             return None
-    return _forward(node, x, ctx, "slice")
+    return _forward(node, x, "slice")
 
 
 def _covers(dim: Dim, start: int, end: int) -> bool:
@@ -398,7 +363,7 @@ def _covers(dim: Dim, start: int, end: int) -> bool:
     return start == 0 and end >= _HUGE_END
 
 
-def _split(node: Node, ctx: PassContext) -> str | None:
+def _split(node: Node, ctx: PassContext) -> Found:
     if len(node.outputs) != 1:
         return None
     x = node.input(0)
@@ -406,25 +371,23 @@ def _split(node: Node, ctx: PassContext) -> str | None:
     if sizes is not None:
         axis = node.attr("axis", 0)
         if x is None or x.rank is None or not -x.rank <= axis < x.rank:
-            ctx.refuse(node, "input shape unknown")
-            return None
+            return Refuse("input shape unknown")
         if sizes != [x.shape[axis]]:  # type: ignore[index]
-            ctx.refuse(node, "split size does not cover the whole axis")
-            return None
-    return _forward(node, x, ctx, "split")
+            return Refuse("split size does not cover the whole axis")
+    return _forward(node, x, "split")
 
 
-def _concat(node: Node, ctx: PassContext) -> str | None:
+def _concat(node: Node, ctx: PassContext) -> Found:
     if len(node.inputs) != 1:
         return None
-    return _forward(node, node.input(0), ctx, "concat")
+    return _forward(node, node.input(0), "concat")
 
 
-def _pad(node: Node, ctx: PassContext) -> str | None:
-    pads = _ints_input_or_attr(node, 1, "pads") if _opset(node) >= 11 else node.attr("pads")
+def _pad(node: Node, ctx: PassContext) -> Found:
+    pads = _ints_input_or_attr(node, 1, "pads") if default_opset(node) >= 11 else node.attr("pads")
     if pads is None or any(int(p) != 0 for p in pads):
         return None
-    return _forward(node, node.input(0), ctx, "pad")
+    return _forward(node, node.input(0), "pad")
 
 
 # -- arithmetic with a neutral constant -------------------------------------------------------
@@ -439,37 +402,34 @@ _NEUTRAL: dict[str, tuple[int, tuple[int, ...]]] = {
 }
 
 
-def _arith(node: Node, ctx: PassContext) -> str | None:
+def _arith(node: Node, ctx: PassContext) -> Found:
     neutral, sides = _NEUTRAL[node.op_type]
     for side in sides:
-        data = _const(node.input(side))
+        data = const_value(node.input(side))
         if data is None or data.dtype == object or not np.all(data == neutral):
             continue
         x = node.input(1 - side)
         if x is None or x.shape is None:
-            ctx.refuse(node, "input shape unknown")
-            return None
+            return Refuse("input shape unknown")
         if not _broadcast_keeps(x.shape, data.shape):
-            ctx.refuse(node, "the constant's broadcast changes the output shape")
-            return None
-        return _forward(node, x, ctx, node.op_type.lower())
+            return Refuse("the constant's broadcast changes the output shape")
+        return _forward(node, x, node.op_type.lower())
     return None
 
 
-_RULES: dict[str, Rule] = {
-    "Identity": _identity,
-    "Dropout": _dropout,
-    "Cast": _cast,
-    "CastLike": _cast_like,
-    "Reshape": _reshape,
-    "Flatten": _flatten,
-    "Squeeze": _squeeze_pair,
-    "Unsqueeze": _squeeze_pair,
-    "Expand": _expand,
-    "Transpose": _transpose,
-    "Slice": _slice,
-    "Split": _split,
-    "Concat": _concat,
-    "Pad": _pad,
-    **{op: _arith for op in _NEUTRAL},
-}
+RULES = [
+    Rule("identity", ("Identity",), _identity, _apply),
+    Rule("dropout", ("Dropout",), _dropout, _apply),
+    Rule("cast", ("Cast",), _cast, _apply),
+    Rule("cast", ("CastLike",), _cast_like, _apply),
+    Rule("reshape", ("Reshape",), _reshape, _apply),
+    Rule("flatten", ("Flatten",), _flatten, _apply),
+    Rule("squeeze", ("Squeeze", "Unsqueeze"), _squeeze_pair, _apply),
+    Rule("expand", ("Expand",), _expand, _apply),
+    Rule("transpose", ("Transpose",), _transpose, _apply),
+    Rule("slice", ("Slice",), _slice, _apply),
+    Rule("split", ("Split",), _split, _apply),
+    Rule("concat", ("Concat",), _concat, _apply),
+    Rule("pad", ("Pad",), _pad, _apply),
+    Rule("neutral", tuple(_NEUTRAL), _arith, _apply),
+]

@@ -13,16 +13,17 @@ freed); ties go to the earlier node of the current order. The peak of live bytes
 order is adopted only when its peak is strictly lower, so an already scheduled graph is left
 alone and the pipeline reaches a fixpoint.
 
-Sizes come from `infercc.analysis.memory.value_sizes` at the shape profile `ctx.options["shapes"]`
-(defaults of `infercc.data.signature.resolve_shapes` for inputs it does not pin); a value of unknown
-size counts as 0 bytes. The peak figures go to `ctx.options["schedule"]` (the manager sums
-stats over rounds, which would make byte figures meaningless there).
+Sizes come from `infercc.analysis.memory.value_sizes` at the shape profile `ctx.shapes`
+(defaults of `infercc.data.signature.resolve_shapes` for inputs it does not pin); a value of
+unknown size counts as 0 bytes. The peak figures are the result's details, a `SchedulePeaks`
+(byte figures are not counts the manager could sum).
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+from dataclasses import dataclass
 
 from infercc.analysis.memory import peak_live, value_sizes
 from infercc.data.signature import resolve_shapes
@@ -41,7 +42,8 @@ def schedule_memory(graph: Graph, ctx: PassContext) -> PassResult:
     if model is None or graph is not model.graph or len(graph) < 2:
         return PassResult(changed=False, stats={"reordered": 0})
     try:
-        shapes = resolve_shapes(export_model(model, with_weights=False), ctx.options.get("shapes"))
+        skeleton = export_model(model, with_weights=False)
+        shapes = resolve_shapes(skeleton, dict(ctx.shapes) if ctx.shapes is not None else None)
     except InferccError as e:  # an input it cannot size (a sequence, say): leave the order
         log.info("schedule-memory skipped: %s", e)
         return PassResult(changed=False, stats={"reordered": 0})
@@ -55,12 +57,20 @@ def schedule_memory(graph: Graph, ctx: PassContext) -> PassResult:
         relink(graph, proposed)
     else:
         after = before
-    # The pipeline runs this pass once per round: keep the first round's "before".
-    info = ctx.options.setdefault("schedule", {})
-    info.setdefault("peak_before", before)
-    info["peak_after"] = after
     log.debug("schedule-memory: peak %d -> %d bytes (adopted: %s)", before, after, adopt)
-    return PassResult(changed=adopt, stats={"reordered": int(adopt)})
+    peaks = SchedulePeaks(before, after)
+    return PassResult(changed=adopt, stats={"reordered": int(adopt)}, details=peaks)
+
+
+@dataclass(frozen=True)
+class SchedulePeaks:
+    """The peak of live intermediate bytes before and after scheduling."""
+
+    peak_before: int
+    peak_after: int
+
+    def merged(self, later: SchedulePeaks) -> SchedulePeaks:
+        return SchedulePeaks(self.peak_before, later.peak_after)
 
 
 def _reads(graph: Graph, nodes: list[Node]) -> dict[Node, list[Value]]:

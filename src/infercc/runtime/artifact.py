@@ -26,13 +26,13 @@ from typing import Any
 
 import onnx
 
-from infercc import __version__
 from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact, Runner
 from infercc.backends.registry import get_backend, require_available
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
 from infercc.util import first_line, read_schema_json
+from infercc.version import __version__
 
 SCHEMA = "infercc.manifest/1"
 
@@ -53,6 +53,12 @@ def check_destination(out_dir: Path) -> None:
 def staging_dir(out_dir: Path) -> Path:
     """A fresh directory beside `out_dir` (same file system, so the final move is a rename)."""
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.infercc-", dir=out_dir.parent))
+
+
+def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
+    """The .onnx file of a model or an artifact (the model its manifest names)."""
+    path = Path(candidate)
+    return open_source(path).model_path if path.is_dir() else path
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:

@@ -45,7 +45,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from infercc import __version__
 from infercc.analysis.targets import parse_cpuinfo
 from infercc.backends.base import (
     Feeds,
@@ -57,6 +56,7 @@ from infercc.errors import InferccError
 from infercc.runtime import timing
 from infercc.runtime.artifact import open_source
 from infercc.util import json_float
+from infercc.version import __version__
 
 log = logging.getLogger(__name__)
 

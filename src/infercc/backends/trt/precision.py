@@ -43,6 +43,7 @@ import onnx
 from infercc.backends.trt.versions import SUPPORTED_MAJORS, major_version, tensorrt_names
 from infercc.errors import InferccError
 from infercc.ir import dtypes
+from infercc.ir.ops import QDQ_OPS
 from infercc.precisions import BUILD_PRECISIONS as PRECISIONS
 
 # TensorRT turns BuilderFlag.TF32 on by default: fp32 convolutions and matrix products of an
@@ -52,7 +53,6 @@ TF32_MIN_CC = 8
 _ORDER = ("int8", "fp8", "fp16", "bf16", "fp32")
 # TensorRT 10's weak-typing builder flags (TensorRT 11 has none of them).
 _FLAG = tensorrt_names({"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}, 10)
-_QDQ = {"QuantizeLinear", "DequantizeLinear"}
 _REDUCED = ("fp16", "bf16", "int8")  # precisions a graph's tensor types can carry for TensorRT
 
 
@@ -161,7 +161,7 @@ def graph_precisions(proto: onnx.ModelProto) -> set[str]:
         if vi.type.HasField("tensor_type"):
             types.append(vi.type.tensor_type.elem_type)
     for node in graph.node:
-        if node.op_type in _QDQ:
+        if node.op_type in QDQ_OPS:
             found.add("int8")
         if node.op_type == "Cast":
             types += [a.i for a in node.attribute if a.name == "to"]

@@ -12,8 +12,13 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
-from infercc.calib.observers import MIN_SCALE, TensorRange, collect_ranges
-from infercc.calib.quantize import (
+from infercc.calib.observers import TensorRange, collect_ranges
+from infercc.errors import InferccError
+from infercc.ir import export_model, import_model
+from infercc.passes import PassContext, QuantizeSettings, run_passes
+from infercc.passes.pipelines import INT8
+from infercc.passes.quantize_qdq import (
+    MIN_SCALE,
     activation_params,
     calibration_tensors,
     dequantize_weight,
@@ -21,8 +26,6 @@ from infercc.calib.quantize import (
     quantize_weight,
     weight_sqnr,
 )
-from infercc.errors import InferccError
-from infercc.ir import export_model, import_model
 
 RNG_SEED = 0
 
@@ -505,3 +508,69 @@ def test_2d_matmul_with_bias_keeps_its_output_pair(mlp_case):
     outputs_quantized = {n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear"}
     matmuls = [n for n in proto.graph.node if n.op_type == "MatMul"]
     assert any(n.output[0] in outputs_quantized for n in matmuls)
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def _fixed_ranges(model) -> dict[str, TensorRange]:
+    """Ranges without data: [-2, 2] for every tensor calibration would observe."""
+    return {t: TensorRange(t, -2.0, 2.0, 2.0 / 127, "minmax") for t in calibration_tensors(model)}
+
+
+def _settings(model, **kwargs) -> QuantizeSettings:
+    return QuantizeSettings(_fixed_ranges(model), **kwargs)
+
+
+def test_the_pass_runs_in_the_int8_pipeline_with_lint_after_each_pass() -> None:
+    model = import_model(conv_net())
+    ctx = PassContext(quantize=_settings(model), verify=True)
+    report = run_passes(model, ctx, INT8.stages[1])
+    model.graph.lint()
+    details = report.details("quantize-qdq")
+    assert details.quantized == ["conv1", "conv2", "fc"]
+    assert report.passes["quantize-qdq"].runs == 1  # once: not in the fixpoint's 2nd round
+    assert report.passes["quantize-qdq"].counts["quantized"] == 3
+    assert report.reached_fixpoint
+    onnx.checker.check_model(export_model(model), full_check=True)
+
+
+def test_kept_float_nodes_are_refusals_that_explain_shows() -> None:
+    model = import_model(mlp())
+    ranges = _fixed_ranges(model)
+    del ranges["r"]  # mm2's input has no range
+    ctx = PassContext(quantize=QuantizeSettings(ranges, exclude=("mm1",)))
+    report = run_passes(model, ctx, ["quantize-qdq"])
+    kept = report.details("quantize-qdq").kept_float
+    assert kept == {"mm1": "excluded by name", "mm2": "no calibrated range for input 'r'"}
+    refusals = [(r.pass_name, r.node, r.reason) for r in report.refusals]
+    assert refusals == [("quantize-qdq", n, reason) for n, reason in kept.items()]
+
+
+def test_a_rewrite_limit_quantizes_exactly_the_first_nodes() -> None:
+    """Bisection over quantize-qdq: with a limit of k the first k targets are quantized."""
+    for k in range(4):
+        model = import_model(conv_net())
+        ctx = PassContext(quantize=_settings(model), rewrite_limits={"quantize-qdq": k})
+        report = run_passes(model, ctx, ["quantize-qdq"], max_iterations=1)
+        model.graph.lint()
+        assert report.details("quantize-qdq").quantized == ["conv1", "conv2", "fc"][:k]
+        assert [name for name, _ in ctx.rewrites["quantize-qdq"]] == ["conv1", "conv2", "fc"][:k]
+        assert report.details("quantize-qdq").kept_float == {}  # a cut is no refusal
+
+
+def test_a_second_run_changes_nothing() -> None:
+    model = import_model(mlp())
+    quantize_qdq(model, _fixed_ranges(import_model(mlp())))
+    before = export_model(model).SerializeToString()
+    again = run_passes(model, PassContext(quantize=_settings(model)), ["quantize-qdq"])
+    assert not again.passes["quantize-qdq"].changed
+    assert set(again.details("quantize-qdq").kept_float.values()) == {
+        "already quantized (its inputs come from DQ nodes)"
+    }
+    assert export_model(model).SerializeToString() == before
+
+
+def test_the_pass_without_settings_says_what_it_needs() -> None:
+    with pytest.raises(InferccError, match="quantize-qdq needs calibrated ranges"):
+        run_passes(import_model(mlp()), PassContext(), ["quantize-qdq"])

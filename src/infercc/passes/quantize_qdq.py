@@ -1,7 +1,8 @@
-"""Static INT8 quantization: rewrite the IR into a QDQ model from calibrated ranges.
+"""quantize-qdq: rewrite the IR into a static INT8 QDQ model from calibrated ranges.
 
-`quantize_qdq(model, ranges)` puts ONNX QuantizeLinear/DequantizeLinear (Q/DQ) pairs where
-onnxruntime's CPU provider and TensorRT turn them into int8 kernels, and nowhere else:
+The pass (reading `ctx.quantize`, a `QuantizeSettings`; `quantize_qdq(model, ranges)` runs it
+on one model) puts ONNX QuantizeLinear/DequantizeLinear (Q/DQ) pairs where onnxruntime's CPU
+provider and TensorRT turn them into int8 kernels, and nowhere else:
 
 - **Targets** are Conv, MatMul and Gemm of the main graph (standard domain). Their data inputs
   (Conv X and W, MatMul A and B, Gemm A and B) are quantized; biases (Conv B, Gemm C) stay
@@ -53,6 +54,12 @@ A target node stays float, with its reason in `QuantizeReport.kept_float`, when:
 finite); an input is not float32 (or its type is unknown); a weight holds NaN or infinity. The
 node is then left entirely untouched (no partial quantization). Subgraphs (If/Loop bodies) are
 not quantized. Per-axis DequantizeLinear needs opset 13, so older models are refused.
+
+One rule (`infercc.passes.rules`) on Conv, MatMul and Gemm: its check makes the plan of every
+quantized input or gives the reason the node stays float (shown by --explain, listed in
+`QuantizeReport.kept_float`); for bisection one rewrite is one node quantized. The pass runs
+once per pipeline (`once`): on its own output every target reads a DequantizeLinear already.
+The report is the result's details.
 """
 
 from __future__ import annotations
@@ -66,13 +73,27 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from infercc.calib.observers import INT8_MAX, MIN_SCALE, TensorRange
 from infercc.errors import InferccError
-from infercc.ir import Graph, Model, Node, Value, infer_shapes
+from infercc.ir import Graph, Model, Node, Value
+from infercc.passes.manager import (
+    PassContext,
+    PassResult,
+    QuantizeSettings,
+    register_pass,
+    run_passes,
+)
+from infercc.passes.match import const_value
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
 
+# A calibrated range: an object with `min`, `max` and `scale` (`infercc.calib.TensorRange`).
+Range = Any
+
 MIN_OPSET = 13
+INT8_MAX = 127
+UINT8_MAX = 255
+MIN_SCALE = float(np.finfo(np.float32).tiny)  # 2**-126: the scale of an all-zero tensor
 # Target op -> the input indices quantized (the rest, biases, stay float).
 TARGET_INPUTS: dict[str, tuple[int, ...]] = {"Conv": (0, 1), "MatMul": (0, 1), "Gemm": (0, 1)}
 # Ops whose output gets a Q/DQ pair with output_qdq (onnxruntime fuses them only then).
@@ -82,7 +103,6 @@ ACTIVATION_MATMUL_REASON = (
     "for little speed"
 )
 _FLOAT32_TINY = np.finfo(np.float32).tiny
-UINT8_MAX = 255
 # int8: symmetric, zero point 0 (TensorRT's only form); uint8: asymmetric, which onnxruntime's
 # CPU kernels (u8 x s8, the VNNI instruction's own form) run fastest.
 ACTIVATION_TYPES = ("int8", "uint8")
@@ -180,7 +200,7 @@ def _broadcast(scales: np.ndarray, ndim: int, axis: int | None) -> np.ndarray:
 # --------------------------------------------------------------------------- activations
 
 
-def activation_params(tensor_range: TensorRange, activations: str) -> tuple[float, int]:
+def activation_params(tensor_range: Range, activations: str) -> tuple[float, int]:
     """(scale, zero point) of an activation: int8 symmetric, or uint8 over [min, max].
 
     uint8 covers [min(lo, 0), max(hi, 0)] in 255 steps (so 0.0 is exact): a one-sided tensor
@@ -205,27 +225,23 @@ def _check_activations(activations: str) -> None:
 # --------------------------------------------------------------------------- the rewrite
 
 
-def quantize_qdq(
-    model: Model,
-    ranges: Mapping[str, TensorRange],
-    *,
-    exclude: Iterable[str] = (),
-    per_channel: bool = True,
-    output_qdq: bool = True,
-    activations: str = "int8",
-    activation_matmuls: bool = True,
-) -> QuantizeReport:
-    """Rewrite `model` in place into a QDQ int8 model (see the module docstring)."""
+@register_pass("quantize-qdq", once=True)
+def quantize_qdq_pass(graph: Graph, ctx: PassContext) -> PassResult:
+    """Put QuantizeLinear/DequantizeLinear pairs on Conv, MatMul and Gemm from calibrated ranges."""
+    settings = ctx.quantize
+    model = graph.model
+    if settings is None or model is None or graph is not model.graph:
+        raise InferccError(
+            "quantize-qdq needs calibrated ranges (PassContext.quantize) and a model's main graph",
+            "run it through `infercc calibrate`, or `quantize_qdq(model, ranges)`",
+        )
     check_opset(model)
-    _check_activations(activations)
-    graph = model.graph
-    excluded = _check_exclude(graph, exclude)
-    if any(_needs_types(node) for node in graph if _is_target(node)):
-        infer_shapes(model)
-    rewriter = _Rewriter(graph, ranges, per_channel, activations, activation_matmuls)
-    for index, node in enumerate(graph.nodes):
-        if _is_target(node):
-            rewriter.visit(node, _label(node, index), node.name in excluded, output_qdq)
+    _check_activations(settings.activations)
+    _check_exclude(graph, settings.exclude)
+    rewriter = _Rewriter(graph, settings)
+    rule = Rule("quantized", tuple(TARGET_INPUTS), rewriter.check, rewriter.rewrite)
+    for node, reason in apply_rules(graph, ctx, [rule], subgraphs=False).refused:
+        rewriter.report.kept_float[rewriter.labels[node]] = reason
     report = rewriter.report
     logger.info(
         "quantized %d node(s), kept %d float; %d Q/DQ pair(s), %d weight(s)",
@@ -234,7 +250,37 @@ def quantize_qdq(
         report.qdq_pairs,
         report.weights_quantized,
     )
-    return report
+    stats = {
+        "quantized": len(report.quantized),
+        "kept_float": len(report.kept_float),
+        "qdq_pairs": report.qdq_pairs,
+        "weights_quantized": report.weights_quantized,
+    }
+    return PassResult(changed=bool(report.quantized), stats=stats, details=report)
+
+
+def quantize_qdq(
+    model: Model,
+    ranges: Mapping[str, Range],
+    *,
+    exclude: Iterable[str] = (),
+    per_channel: bool = True,
+    output_qdq: bool = True,
+    activations: str = "int8",
+    activation_matmuls: bool = True,
+) -> QuantizeReport:
+    """Rewrite `model` in place into a QDQ int8 model (see the module docstring): the
+    quantize-qdq pass alone, through the pass manager."""
+    settings = QuantizeSettings(
+        ranges=ranges,
+        exclude=tuple(exclude),
+        per_channel=per_channel,
+        output_qdq=output_qdq,
+        activations=activations,
+        activation_matmuls=activation_matmuls,
+    )
+    report = run_passes(model, PassContext(quantize=settings), ["quantize-qdq"])
+    return report.details("quantize-qdq")
 
 
 def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
@@ -249,7 +295,7 @@ def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
             continue
         for i in TARGET_INPUTS[node.op_type]:
             v = node.input(i)
-            if v is not None and const_array(v) is None and not _is_dq_output(v):
+            if v is not None and const_value(v) is None and not _is_dq_output(v):
                 names.append(v.name)
         if output_qdq and _wants_output_qdq(node):
             names.append(node.output.name)
@@ -282,11 +328,6 @@ def _is_target(node: Node) -> bool:
     return node.is_standard and node.op_type in TARGET_INPUTS
 
 
-def _needs_types(node: Node) -> bool:
-    values = [node.input(i) for i in TARGET_INPUTS[node.op_type]] + [node.output]
-    return any(v is not None and v.dtype is None for v in values)
-
-
 def _wants_output_qdq(node: Node) -> bool:
     """Conv and Gemm; a MatMul whose only reader is an Add of a constant (a bias) and which
     onnxruntime would fuse with it into a Gemm (A of rank 2, or of static shape)."""
@@ -303,23 +344,12 @@ def _wants_output_qdq(node: Node) -> bool:
     return (
         add.op_type == "Add"
         and add.is_standard
-        and any(v is not None and const_array(v) is not None for v in add.inputs)
+        and any(v is not None and const_value(v) is not None for v in add.inputs)
     )
 
 
 def _label(node: Node, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
-
-
-def const_array(value: Value) -> np.ndarray | None:
-    """The data of an initializer or of a Constant node's `value`; None otherwise."""
-    if value.const is not None:
-        return value.numpy()
-    producer = value.producer
-    if producer is not None and producer.op_type == "Constant" and producer.is_standard:
-        data = producer.attr("value")
-        return data if isinstance(data, np.ndarray) else None
-    return None
 
 
 def _is_dq_output(value: Value) -> bool:
@@ -340,7 +370,7 @@ def weight_axis(node: Node, index: int, ndim: int) -> int | None:
     return None
 
 
-def _scale_problem(name: str, tensor_range: TensorRange | None, what: str) -> str | None:
+def _scale_problem(name: str, tensor_range: Range | None, what: str) -> str | None:
     if tensor_range is None:
         return f"no calibrated range for {what} {name!r}"
     scale = float(tensor_range.scale)
@@ -359,38 +389,37 @@ def _dtype_problem(value: Value) -> str | None:
 
 
 class _Rewriter:
-    """Plans and applies the rewrite node by node, sharing activation Q/DQ pairs."""
+    """The rule's state for one run: plans and applies the rewrite node by node, sharing
+    activation Q/DQ pairs."""
 
-    def __init__(
-        self,
-        graph: Graph,
-        ranges: Mapping[str, TensorRange],
-        per_channel: bool,
-        activations: str = "int8",
-        activation_matmuls: bool = True,
-    ):
+    def __init__(self, graph: Graph, settings: QuantizeSettings):
         self.graph = graph
-        self.ranges = ranges
-        self.per_channel = per_channel
-        self.activations = activations
-        self.activation_matmuls = activation_matmuls
+        self.ranges = settings.ranges
+        self.per_channel = settings.per_channel
+        self.output_qdq = settings.output_qdq
+        self.activations = settings.activations
+        self.activation_matmuls = settings.activation_matmuls
+        self.excluded = set(settings.exclude)
+        self.labels = {node: _label(node, i) for i, node in enumerate(graph.nodes)}
         self.report = QuantizeReport()
         self.shared: dict[Value, Value] = {}  # activation -> its DQ output
 
-    def visit(self, node: Node, label: str, excluded: bool, output_qdq: bool) -> None:
-        plan = "excluded by name" if excluded else self._plan(node)
+    def check(self, node: Node, ctx: PassContext) -> list[_Operand] | Refuse:
+        label = self.labels[node]
+        plan = "excluded by name" if node.name in self.excluded else self._plan(node)
         if isinstance(plan, str):
-            self.report.kept_float[label] = plan
             logger.info("%s stays float: %s", label, plan)
-            return
+            return Refuse(plan)
         if all(op.kind == "quantized" for op in plan):
-            self.report.kept_float[label] = "already quantized (its inputs come from DQ nodes)"
-            return
+            return Refuse("already quantized (its inputs come from DQ nodes)")
+        return plan
+
+    def rewrite(self, node: Node, plan: list[_Operand], ctx: PassContext) -> None:
         for operand in plan:
             self._apply(node, operand)
-        if output_qdq and _wants_output_qdq(node):
-            self._quantize_output(node, label)
-        self.report.quantized.append(label)
+        if self.output_qdq and _wants_output_qdq(node):
+            self._quantize_output(node, self.labels[node])
+        self.report.quantized.append(self.labels[node])
 
     def _plan(self, node: Node) -> list[_Operand] | str:
         plan = []
@@ -409,7 +438,7 @@ class _Rewriter:
             return f"input {i} is missing"
         if _is_dq_output(v):
             return _Operand(i, v, "quantized")
-        array = const_array(v)
+        array = const_value(v)
         if array is not None:
             return self._weight_operand(node, i, v, array)
         problem = _dtype_problem(v) or _scale_problem(v.name, self.ranges.get(v.name), "input")

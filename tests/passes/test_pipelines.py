@@ -1,0 +1,75 @@
+"""Every pipeline named in one module: what runs where, the listing, and `--disable-pass` of a
+pass the command does not run."""
+
+from __future__ import annotations
+
+import pytest
+
+from infercc.check.bisection import PipelineConfig
+from infercc.config import BuildConfig
+from infercc.errors import InferccError
+from infercc.passes import DEFAULT_PIPELINE, REGISTRY, catalog
+from infercc.passes.pipelines import (
+    CALIBRATE_FP32,
+    FP16,
+    INT8,
+    OPTIMIZE,
+    PIPELINES,
+    check_disabled,
+    optimize_stages,
+    pipelines_of,
+)
+
+
+def test_every_pipeline_names_registered_passes() -> None:
+    assert set(PIPELINES) == {"optimize", "fp16", "calibrate-fp32", "int8"}
+    for pipeline in PIPELINES.values():
+        assert pipeline.passes and all(name in REGISTRY for name in pipeline.passes)
+
+
+def test_every_registered_pass_is_in_a_pipeline() -> None:
+    assert {name for name in REGISTRY if not pipelines_of(name)} == set()
+
+
+def test_the_pipelines() -> None:
+    assert DEFAULT_PIPELINE == OPTIMIZE.passes
+    assert OPTIMIZE.passes[0] == "fold-constants" and OPTIMIZE.passes[-1] == "schedule-memory"
+    assert FP16.stages == (("convert-fp16", "eliminate-dead-code"),)
+    assert CALIBRATE_FP32.passes == OPTIMIZE.passes
+    assert INT8.stages == (("split-outlier-channels",), ("quantize-qdq", "eliminate-dead-code"))
+    assert INT8.passes == ("split-outlier-channels", "quantize-qdq", "eliminate-dead-code")
+    assert REGISTRY["split-outlier-channels"].once and REGISTRY["quantize-qdq"].once
+    assert REGISTRY["schedule-memory"].final
+
+
+def test_bisection_rebuilds_the_stages_optimize_runs() -> None:
+    assert optimize_stages("fp32") == [OPTIMIZE.passes]
+    assert optimize_stages("fp16") == [OPTIMIZE.passes, FP16.passes]
+    assert PipelineConfig(BuildConfig(precision="fp16")).pipeline() == optimize_stages("fp16")
+    assert PipelineConfig().pass_names() == list(OPTIMIZE.passes)
+    build = BuildConfig(precision="fp16", disable_passes=("fuse-qkv",))
+    fp16 = PipelineConfig(build).pass_names()
+    assert fp16 == [n for n in (*OPTIMIZE.passes, "convert-fp16") if n != "fuse-qkv"]
+
+
+def test_catalog_lists_every_pipeline_and_every_pass_once() -> None:
+    listed = catalog()
+    assert [p["name"] for p in listed["pipelines"]] == list(PIPELINES)
+    names = [p["name"] for p in listed["passes"]]
+    assert sorted(names) == sorted(REGISTRY) and len(names) == len(set(names))
+    by_name = {p["name"]: p for p in listed["passes"]}
+    for name in ("convert-fp16", "split-outlier-channels", "quantize-qdq"):
+        assert by_name[name]["doc"] and by_name[name]["pipelines"]
+    assert by_name["quantize-qdq"]["pipelines"] == ["int8"]
+    assert by_name["eliminate-dead-code"]["pipelines"] == list(PIPELINES)
+    int8 = next(p for p in listed["pipelines"] if p["name"] == "int8")
+    assert int8["stages"] == [["split-outlier-channels"], ["quantize-qdq", "eliminate-dead-code"]]
+
+
+def test_check_disabled_refuses_a_pass_the_command_does_not_run() -> None:
+    check_disabled(["fuse-qkv", "quantize-qdq"], [OPTIMIZE, INT8], "calibrate")
+    with pytest.raises(InferccError) as info:
+        check_disabled(["convert-fp16"], [OPTIMIZE], "optimize")
+    message = "--disable-pass convert-fp16 has no effect: optimize does not run it"
+    assert info.value.message == message
+    assert "fold-constants" in info.value.hint
