@@ -9,23 +9,22 @@ import os
 import shutil
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infercc.analysis.memory import MemoryPlan, plan_memory
+from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
 from infercc.backends.base import MODEL_FILE, CompileOptions
 from infercc.backends.registry import get_backend, require_available
 from infercc.check.compare import ValidationReport, validate
 from infercc.config import BuildConfig, OrtOptions, TrtOptions, canonical_target, read_ranges
 from infercc.data.profiles import ShapeProfile
+from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
-from infercc.ir.ops import STANDARD_DOMAINS
-from infercc.ir.tensor import external_info
 from infercc.passes.manager import PassContext, run_passes
 from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
@@ -91,31 +90,6 @@ class OptimizeReport:
             "build": self.build,
             "seconds": round(self.seconds, 4),
         }
-
-
-def op_histogram(model: Model) -> dict[str, int]:
-    """Op type -> count over the main graph and its subgraphs (custom domains as domain.Op)."""
-    counts = Counter(
-        n.op_type if n.domain in STANDARD_DOMAINS else f"{n.domain}.{n.op_type}"
-        for n in model.graph.all_nodes()
-    )
-    return dict(sorted(counts.items()))
-
-
-def model_files_size(path: Path, model: Model | None = None) -> int:
-    """Bytes on disk: the model file plus the external data files it references."""
-    size = path.stat().st_size
-    if model is None:
-        return size
-    locations = {
-        external_info(v.const.proto).get("location")
-        for v in model.graph.initializers.values()
-        if v.const is not None and v.const.is_external
-    }
-    for loc in locations:
-        if loc and (path.parent / loc).is_file():
-            size += (path.parent / loc).stat().st_size
-    return size
 
 
 def default_output(path: Path) -> Path:
@@ -507,37 +481,8 @@ class _Build:
         )
 
 
-def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
-    names = [v.name for v in model.graph.inputs]
-    for name, dims in (shapes or {}).items():
-        if name not in names:
-            raise InferccError(
-                f"--shape names {name!r}, which is not an input of the model",
-                "model inputs: " + ", ".join(names),
-            )
-        v = model.graph.inputs[names.index(name)]
-        if v.shape is not None and len(v.shape) != len(dims):
-            raise InferccError(
-                f"--shape {name} has rank {len(dims)} but the input has rank {len(v.shape)}",
-                "give one size per dimension, e.g. NAME=1x3x224x224",
-            )
-
-
 def memory_plan_name(out: Path) -> str:
     return f"{out.stem}.memory_plan.json"
-
-
-def shape_profile(
-    model: Model, shapes: Mapping[str, tuple[int, ...]] | None
-) -> dict[str, tuple[int, ...]] | None:
-    """Concrete input shapes for planning (the ones validation uses), or None if unresolvable."""
-    from infercc.data.signature import resolve_shapes
-
-    try:
-        return resolve_shapes(export_model(model, with_weights=False), dict(shapes or {}))
-    except InferccError as e:
-        log.info("no shape profile for memory planning: %s", e)
-        return None
 
 
 def _plan(

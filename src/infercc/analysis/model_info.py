@@ -13,6 +13,7 @@ The shape profile: `shapes` pins inputs; other symbolic dimensions take the defa
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +22,12 @@ from typing import Any
 from infercc.analysis.memory import plan_memory
 from infercc.analysis.roofline import analyze, largest_batch, memory_budget, node_cost
 from infercc.analysis.targets import Target, get_target
-from infercc.api import check_shape_names, model_files_size, op_histogram, shape_profile
+from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, Value, dtypes, load_model
+from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.shapes import concrete_types
+from infercc.ir.tensor import external_info
 
 MATRIX_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul")
 
@@ -181,3 +184,28 @@ def _with_batch(
     profile: dict[str, tuple[int, ...]], names: list[str], batch: int
 ) -> dict[str, tuple[int, ...]]:
     return {k: ((batch, *v[1:]) if k in names and v else v) for k, v in profile.items()}
+
+
+def op_histogram(model: Model) -> dict[str, int]:
+    """Op type -> count over the main graph and its subgraphs (custom domains as domain.Op)."""
+    counts = Counter(
+        n.op_type if n.domain in STANDARD_DOMAINS else f"{n.domain}.{n.op_type}"
+        for n in model.graph.all_nodes()
+    )
+    return dict(sorted(counts.items()))
+
+
+def model_files_size(path: Path, model: Model | None = None) -> int:
+    """Bytes on disk: the model file plus the external data files it references."""
+    size = path.stat().st_size
+    if model is None:
+        return size
+    locations = {
+        external_info(v.const.proto).get("location")
+        for v in model.graph.initializers.values()
+        if v.const is not None and v.const.is_external
+    }
+    for loc in locations:
+        if loc and (path.parent / loc).is_file():
+            size += (path.parent / loc).stat().st_size
+    return size

@@ -221,7 +221,8 @@ class _Bisector:
         run_limits: Mapping[str, int] | None = None,
     ) -> tuple[onnx.ModelProto, PassContext, dict[str, int]]:
         """The reference through the pipeline, with extra passes disabled and limits set."""
-        from infercc.api import pass_context, shape_profile
+        from infercc.api import pass_context
+        from infercc.data.signature import shape_profile
 
         build = self.config.build
         ir = load_model(self.reference)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from infercc.errors import InferccError
-from infercc.ir import dtypes
+from infercc.ir import Model, dtypes, export_model
 
 logger = logging.getLogger(__name__)
 
@@ -186,3 +186,32 @@ def _check_shape_names(inputs: list[onnx.ValueInfoProto], shapes: Shapes) -> Non
             f"--shape names unknown input(s) {', '.join(map(repr, unknown))}",
             f"the model's inputs are: {', '.join(sorted(known)) or '(none)'}",
         )
+
+
+def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
+    names = [v.name for v in model.graph.inputs]
+    for name, dims in (shapes or {}).items():
+        if name not in names:
+            raise InferccError(
+                f"--shape names {name!r}, which is not an input of the model",
+                "model inputs: " + ", ".join(names),
+            )
+        v = model.graph.inputs[names.index(name)]
+        if v.shape is not None and len(v.shape) != len(dims):
+            raise InferccError(
+                f"--shape {name} has rank {len(dims)} but the input has rank {len(v.shape)}",
+                "give one size per dimension, e.g. NAME=1x3x224x224",
+            )
+
+
+def shape_profile(
+    model: Model, shapes: Mapping[str, tuple[int, ...]] | None
+) -> dict[str, tuple[int, ...]] | None:
+    """Concrete input shapes for planning (the ones validation uses), or None if unresolvable."""
+    from infercc.data.signature import resolve_shapes
+
+    try:
+        return resolve_shapes(export_model(model, with_weights=False), dict(shapes or {}))
+    except InferccError as e:
+        logger.info("no shape profile for memory planning: %s", e)
+        return None
