@@ -25,8 +25,9 @@ Storage is one SQLite database, `tuning.sqlite`, in the cache directory (`defaul
   `clear`, `export`, `import_`) raise `InferccError` instead, since a user asked for them.
 
 Export files are JSON objects with `"schema": "infercc.tuning_cache/1"` and an `entries` list;
-import merges them, keeping the entry with the newer `created` time on conflicts. Times are
-seconds since the epoch (UTC).
+import merges them, keeping the entry with the newer `created` time on conflicts; `merge` does
+the same for entries held in memory (`infercc ci --ray` brings each worker's new entries home
+that way). Times are seconds since the epoch (UTC).
 """
 
 from __future__ import annotations
@@ -483,6 +484,13 @@ class TuningCache:
             row["value"] = _decode_value(row["value"], row["digest"])
         return rows
 
+    def entries_since(self, created: float) -> list[dict[str, Any]]:
+        """Entries (with values) created at or after `created` (seconds since the epoch)."""
+        rows = self._select((*ENTRY_COLUMNS, "value"), "WHERE created >= ?", (float(created),))
+        for row in rows:
+            row["value"] = _decode_value(row["value"], row["digest"])
+        return rows
+
     def _select(self, columns: Sequence[str], where: str, args: tuple) -> list[dict[str, Any]]:
         sql = f"SELECT {', '.join(columns)} FROM entries {where} ORDER BY created, digest"
 
@@ -524,7 +532,14 @@ class TuningCache:
         anything is written, so a bad file changes nothing.
         """
         path = Path(path)
-        rows = [_import_row(entry, path, i) for i, entry in enumerate(_read_export(path))]
+        return self.merge(_read_export(path), path)
+
+    def merge(self, entries: Sequence[Any], source: Path | str = "entries") -> int:
+        """`import_` for entries already in memory (as `show` and `entries_since` give them):
+        each checked first, then merged in one transaction, the newer `created` winning.
+        `source` names them in errors. Returns how many were added or replaced."""
+        source = Path(source)
+        rows = [_import_row(entry, source, i) for i, entry in enumerate(entries)]
 
         def op(conn: sqlite3.Connection) -> int:
             with _transaction(conn):
