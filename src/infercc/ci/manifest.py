@@ -32,7 +32,8 @@ _CI_MODEL_KEYS = {
 }
 _NESTED = ("ort", "tensorrt")  # build keys whose value is a table, merged key by key
 _CI_KEYS = {"out_dir": str, "cache_dir": str, "warmup": int, "iters": int}
-_TOP_KEYS = ("ci", "defaults", "models")
+_RAY_KEYS = {"shared_storage": bool, "cpus": int, "max_retries": int}
+_TOP_KEYS = ("ci", "defaults", "models", "ray")
 
 Event = Callable[[str, str], None]
 
@@ -88,10 +89,26 @@ class ModelSpec:
 
 
 @dataclass
+class RaySettings:
+    """The `[ray]` table: how `infercc ci --ray` runs the models on a cluster.
+
+    `shared_storage`: every node sees the manifest's paths (models, samples, out_dir, cache_dir)
+    at the same place, so workers read inputs and write artifacts there; otherwise inputs go to
+    the workers and artifacts come back through Ray's object store. `cpus`: CPUs each model's
+    task asks for. `max_retries`: how often Ray reruns a task whose node or worker was lost.
+    """
+
+    shared_storage: bool = False
+    cpus: int = 1
+    max_retries: int = 2
+
+
+@dataclass
 class CiConfig:
     path: Path
     out_dir: Path
     models: list[ModelSpec]
+    ray: RaySettings = field(default_factory=RaySettings)
 
 
 def load_config(path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None):
@@ -116,7 +133,17 @@ def load_config(path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
     _check_unique(path, specs)
     for spec in specs:
         spec.output = root / spec.output
-    return CiConfig(path, root, specs)
+    ray = _ray_settings(path, _checked(path, "[ray]", _table(path, table, "ray"), _RAY_KEYS))
+    return CiConfig(path, root, specs, ray)
+
+
+def _ray_settings(path: Path, table: Mapping[str, Any]) -> RaySettings:
+    settings = RaySettings(**table)
+    if settings.cpus < 1:
+        _bad(path, "[ray] cpus must be 1 or more", "give the CPUs each model's task needs")
+    if settings.max_retries < 0:
+        _bad(path, "[ray] max_retries must be 0 or more", "give how often a lost task reruns")
+    return settings
 
 
 def _read_table(path: Path) -> dict[str, Any]:

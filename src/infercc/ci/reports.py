@@ -77,7 +77,24 @@ def _summary_line(m: ModelResult) -> str:
         parts.append(f"worst cosine {cosine:.6f}")
     if m.latency and m.latency.get("p50_ms") is not None:
         parts.append(f"p50 {m.latency['p50_ms']:.3f} ms")
+    placed = placement_text(m.placement)
+    if placed:
+        parts.append(placed)
     return ", ".join(parts)
+
+
+def placement_text(placement: Mapping[str, Any] | None) -> str | None:
+    """"built on HOST (A100), queued 0.2 s, ran 3.1 s" for a model built by `--ray`."""
+    p = placement or {}
+    if p.get("host") is None:
+        return None
+    where = p["host"] + (f" ({p['accelerator']})" if p.get("accelerator") else "")
+    text = f"built on {where}, queued {p['queued_s']:.1f} s, ran {p['running_s']:.1f} s"
+    if p.get("attempts", 1) > 1:
+        first = p.get("first_attempt") or {}
+        text += f", attempt {p['attempts']}"
+        text += f" (the first on {first.get('host')}: {first.get('reason')})"
+    return text
 
 
 def _worst_cosine(validation: Mapping[str, Any] | None) -> float | None:
@@ -126,7 +143,33 @@ def ci_markdown(report) -> str:
             m.reason or "",
         ]
         lines.append("| " + " | ".join(_md_cell(str(c)) for c in cells) + " |")
+    if report.ray is not None:
+        lines += _md_placements(report)
     return "\n".join(lines) + "\n"
+
+
+def _md_placements(report) -> list[str]:
+    """Where each model was built under `--ray`, below the verdicts."""
+    lines = [
+        "",
+        f"Built on the Ray cluster at {report.ray.get('address')} "
+        f"({len(report.ray.get('nodes', []))} node(s)):",
+        "",
+        "| model | host | accelerator | queued s | ran s | attempts |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for m in report.models:
+        p = m.placement or {}
+        cells = [
+            m.name,
+            p.get("host") or "-",
+            p.get("accelerator") or "-",
+            metric_cell(p.get("queued_s"), ".1f"),
+            metric_cell(p.get("running_s"), ".1f"),
+            p.get("attempts", "-"),
+        ]
+        lines.append("| " + " | ".join(_md_cell(str(c)) for c in cells) + " |")
+    return lines
 
 
 def _md_cell(text: str) -> str:

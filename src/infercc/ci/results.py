@@ -24,6 +24,9 @@ class ModelResult:
     validation: dict[str, Any] | None = None
     latency: dict[str, Any] | None = None
     seconds: float = 0.0
+    # under `--ray`: the node that built it (host, node id, accelerator), the seconds queued
+    # and running, how many attempts it took
+    placement: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +44,7 @@ class ModelResult:
             "validation": self.validation,
             "latency": self.latency,
             "seconds": round(self.seconds, 4),
+            "placement": self.placement,
         }
 
 
@@ -50,9 +54,11 @@ class CiReport:
 
     config: str
     out_dir: str
-    jobs: int
+    jobs: int | None  # None under --ray, where Ray places the models
     models: list[ModelResult]
     seconds: float
+    ray: dict[str, Any] | None = None  # the cluster a --ray run used: address, nodes
+    interrupted: bool = False  # Ctrl-C: what had not finished is failed as cancelled
 
     @property
     def passed(self) -> bool:
@@ -71,4 +77,6 @@ class CiReport:
             "failed": len(self.failures()),
             "models": [m.to_dict() for m in self.models],
             "seconds": round(self.seconds, 4),
+            "ray": self.ray,
+            "interrupted": self.interrupted,
         }

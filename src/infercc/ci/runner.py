@@ -142,6 +142,7 @@ def run_ci(
     config_path: str | os.PathLike[str],
     jobs: int = 1,
     *,
+    ray: str | bool | None = None,
     out_dir: str | os.PathLike[str] | None = None,
     only: Sequence[str] | None = None,
     junit: str | os.PathLike[str] | None = None,
@@ -155,19 +156,43 @@ def run_ci(
     `only` keeps the named models; `on_event(name, what)` is called as each model starts
     ("compiling"), is timed ("benching") and ends ("passed" or "failed"). `step_summary`
     appends the Markdown summary to `$GITHUB_STEP_SUMMARY` when that is set.
+
+    `ray` runs each model as a task on a Ray cluster instead of local processes
+    (`infercc.ci.cluster`): True starts or joins a local cluster, "auto" joins the one in
+    `RAY_ADDRESS`, any other string is a cluster address. A run interrupted there (Ctrl-C)
+    still writes its reports, with `interrupted` set.
     """
     t0 = time.perf_counter()
     if jobs < 1:
         raise InferccError(f"--jobs {jobs} is not a positive number", "give --jobs 1 or more")
+    if ray is not None and jobs != 1:
+        raise InferccError(
+            "--jobs has no effect with --ray: Ray runs as many models at once as the cluster fits",
+            "drop --jobs; [ray] cpus in the manifest sets the CPUs each model asks for",
+        )
     config = load_config(config_path, out_dir)
     specs = _select(config, only)
-    config.out_dir.mkdir(parents=True, exist_ok=True)
     event = on_event or (lambda _name, _what: None)
-    results = _run_all(specs, jobs, event)
-    _bench_all(specs, results, jobs, event)
+    cluster, interrupted = None, False
+    if ray is None:
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+        results = _run_all(specs, jobs, event)
+        _bench_all(specs, results, jobs, event)
+    else:
+        from infercc.ci.cluster import run_fleet
+
+        results, cluster, interrupted = run_fleet(config, specs, ray, event)
     for r in results:
         event(r.name, "passed" if r.passed else "failed")
-    report = CiReport(str(config.path), str(config.out_dir), jobs, results, 0.0)
+    report = CiReport(
+        str(config.path),
+        str(config.out_dir),
+        None if ray is not None else jobs,
+        results,
+        0.0,
+        ray=cluster,
+        interrupted=interrupted,
+    )
     report.seconds = time.perf_counter() - t0
     write_reports(report, junit, json_report, markdown, step_summary)
     return report

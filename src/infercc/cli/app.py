@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -55,7 +56,7 @@ def main() -> None:
     """Entry point: one-line errors with exit code 2; tracebacks only with --debug."""
     debug = "--debug" in sys.argv[1:]
     try:
-        code = app(standalone_mode=False)
+        code = app(args=bare_options(sys.argv[1:], ("--ray",)), standalone_mode=False)
         if isinstance(code, int) and code:  # typer.Exit(n) comes back as n in this mode
             sys.exit(code)
     except InferccError as e:
@@ -85,6 +86,20 @@ def main() -> None:
 
 def _error(text: str, label: str = "error") -> None:
     err.print(f"[red]{label}:[/] {text}", soft_wrap=True, highlight=False)
+
+
+def bare_options(args: list[str], names: tuple[str, ...]) -> list[str]:
+    """`args` with each of `names` given without its optional value written `NAME=`: it is
+    bare when it comes last, before another option, or before an existing file (the manifest
+    of `infercc ci --ray infercc.toml`), since an address is never a file."""
+    out = []
+    for i, arg in enumerate(args):
+        if arg in names:
+            following = args[i + 1] if i + 1 < len(args) else None
+            if following is None or following.startswith("-") or Path(following).is_file():
+                arg += "="
+        out.append(arg)
+    return out
 
 
 def _click_exceptions() -> tuple[type[Exception], ...]:

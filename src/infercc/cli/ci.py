@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,9 @@ import typer
 
 from infercc.cli.app import app
 from infercc.cli.common import JsonOpt, Progress, finish
+from infercc.errors import InferccError
+
+EXIT_INTERRUPTED = 130
 
 
 @app.command()
@@ -17,8 +21,22 @@ def ci(
         Path, typer.Argument(help="The manifest: infercc.toml, or a pyproject.toml.")
     ],
     jobs: Annotated[
-        int, typer.Option("--jobs", "-j", help="Models built in parallel (processes).", min=1)
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--jobs", "-j", help="Models built in parallel (processes) [default: 1].", min=1
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="[ADDRESS]",
+            help="Run each model as a task on a Ray cluster instead: --ray alone starts or joins "
+            "a local one, --ray auto joins the one in RAY_ADDRESS, --ray HOST:PORT that one. A GPU "
+            "target's model runs on a node with that GPU (a100 -> A100). Needs "
+            'pip install "infercc[ray]"; the manifest\'s [ray] table has its settings.',
+        ),
+    ] = None,
     junit: Annotated[
         Path | None, typer.Option(help="Write JUnit XML here (one testcase per model).")
     ] = None,
@@ -40,14 +58,22 @@ def ci(
     """Compile, validate and time every model of a manifest; write JUnit XML, JSON and
     Markdown reports for CI. One model's failure never stops the others.
 
-    Exit codes: 0 all passed, 1 a model failed (each named with its reason), 2 bad manifest."""
+    Exit codes: 0 all passed, 1 a model failed (each named with its reason), 2 bad manifest
+    (or, with --ray, a target no node of the cluster has), 130 interrupted (the reports are
+    written for what finished)."""
     from infercc.ci.runner import run_ci
     from infercc.cli.render import render_ci
 
+    if ray is not None and jobs is not None:
+        raise InferccError(
+            "--jobs has no effect with --ray: Ray runs as many models at once as the cluster fits",
+            "drop --jobs; [ray] cpus in the manifest sets the CPUs each model asks for",
+        )
     with Progress(as_json, keep=True) as progress:
         report = run_ci(
             config,
-            jobs,
+            jobs or 1,
+            ray=True if ray == "" else ray,
             out_dir=out_dir,
             only=only,
             junit=junit,
@@ -55,4 +81,8 @@ def ci(
             markdown=markdown,
             on_event=progress.event,
         )
+    if report.interrupted:
+        with contextlib.suppress(typer.Exit):
+            finish(report, as_json, render_ci)
+        raise typer.Exit(EXIT_INTERRUPTED)
     finish(report, as_json, render_ci)

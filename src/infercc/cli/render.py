@@ -411,9 +411,14 @@ def render_ci(report, console: Console) -> None:
     t.add_column("status", no_wrap=True)
     for col in ("precision", "nodes", "max abs", "cosine", "p50 ms"):
         t.add_column(col, justify="right", no_wrap=True)
+    placed = report.ray is not None
+    if placed:
+        t.add_column("built on", no_wrap=True)
+        t.add_column("queued s", justify="right", no_wrap=True)
+        t.add_column("ran s", justify="right", no_wrap=True)
     for m in report.models:
         w = worst_metrics(m.validation)
-        t.add_row(
+        row = [
             m.name,
             "[green]passed[/]" if m.passed else "[red]FAILED[/]",
             m.precision or "-",
@@ -421,13 +426,31 @@ def render_ci(report, console: Console) -> None:
             _metric(w["max_abs"], ".3g"),
             _metric(w["cosine"], ".6f"),
             _metric((m.latency or {}).get("p50_ms"), ".3f"),
-        )
+        ]
+        t.add_row(*row, *(_placement_cells(m.placement) if placed else ()))
     console.print(t)
     for m in report.failures():
         console.print(f"[red]{escape(m.name)}[/]: {escape(m.reason or 'failed')}", highlight=False)
     n = len(report.failures())
     verdict = "[green]all passed[/]" if n == 0 else f"[red]{n} of {len(report.models)} failed[/]"
-    console.print(f"{len(report.models)} model(s), {verdict} in {report.seconds:.1f} s")
+    where = ""
+    if placed:
+        nodes = len(report.ray.get("nodes", []))
+        where = f" on {nodes} Ray node(s) at {escape(str(report.ray.get('address')))}"
+    console.print(f"{len(report.models)} model(s){where}, {verdict} in {report.seconds:.1f} s")
+    if report.interrupted:
+        console.print("[red]interrupted[/]: unfinished models were cancelled", highlight=False)
+
+
+def _placement_cells(placement) -> tuple[str, str, str]:
+    """`built on` (host, accelerator, attempts), queued and running seconds of a --ray model."""
+    p = placement or {}
+    if p.get("host") is None:
+        return "-", "-", "-"
+    where = p["host"] + (f" ({p['accelerator']})" if p.get("accelerator") else "")
+    if p.get("attempts", 1) > 1:
+        where += f", attempt {p['attempts']}"
+    return escape(where), f"{p['queued_s']:.1f}", f"{p['running_s']:.1f}"
 
 
 def render_passes(listed: dict, console: Console) -> None:
