@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import onnx
 import pytest
 
 ray = pytest.importorskip("ray", reason="the --ray tests need ray: pip install 'infercc[ray]'")
@@ -51,18 +52,26 @@ def driver_cache(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("INFERCC_CACHE_DIR", str(tmp_path / "driver-cache"))
 
 
-def manifest(tmp_path: Path, *models: tuple[str, str]) -> Path:
-    """A manifest of small_cnn under several (name, target) pairs, as optimized .onnx files."""
-    text = "[defaults]\nbackend = 'none'\n"
-    for name, target in models:
+def manifest(tmp_path: Path, *models: tuple[str, str], extra: str = "") -> Path:
+    """A manifest of small_cnn under several (name, target) pairs, as optimized .onnx files;
+    `extra` goes into the first model's table."""
+    text = "[ci]\nwarmup = 1\niters = 3\n\n[defaults]\nbackend = 'none'\n"
+    for i, (name, target) in enumerate(models):
         text += f'\n[[models]]\nname = "{name}"\npath = "{CNN}"\ntarget = "{target}"\n'
+        text += extra if i == 0 else ""
     path = tmp_path / "infercc.toml"
     path.write_text(text)
     return path
 
 
 def test_each_model_is_built_on_the_node_of_its_target(cluster, tmp_path: Path) -> None:
-    fleet = manifest(tmp_path, ("on_a100", "a100"), ("on_l4", "l4"), ("on_cpu", "cpu"))
+    fleet = manifest(
+        tmp_path,
+        ("on_a100", "a100"),
+        ("on_l4", "l4"),
+        ("on_cpu", "cpu"),
+        extra=f'baseline = "{CNN}"\nmax_slowdown = 100.0\n',
+    )
     report = run_ci(fleet, ray=True, out_dir=tmp_path / "out", step_summary=False)
     assert report.passed, [m.reason for m in report.failures()]
     placed = {m.name: m.placement for m in report.models}
@@ -74,8 +83,13 @@ def test_each_model_is_built_on_the_node_of_its_target(cluster, tmp_path: Path) 
     # built for its target there: no onnxruntime CPU fusions in the GPU builds
     nodes = {m.name: m.nodes_after for m in report.models}
     assert nodes["on_a100"] == nodes["on_l4"] == 10 and nodes["on_cpu"] == 8
+    # away from the driver's node, inputs and artifacts went through the object store
+    assert placed["on_a100"]["files"] == placed["on_l4"]["files"] == "object store"
     for name in ("on_a100", "on_l4", "on_cpu"):
-        assert (tmp_path / "out" / f"{name}.opt.onnx").is_file()
+        onnx.checker.check_model(str(tmp_path / "out" / f"{name}.opt.onnx"))
+    # the artifact (and its baseline) went back to an A100 node to be timed there
+    latency = report.models[0].latency
+    assert latency["baseline"] == CNN and latency["ratio"] > 0
     kinds = sorted(tuple(n["accelerators"]) for n in report.ray["nodes"])
     assert kinds == [(), ("A100",), ("L4",)]
 

@@ -169,7 +169,7 @@ def test_reports_and_artifacts_match_jobs_2(cluster, tmp_path: Path) -> None:
     ray_md, jobs_md = (tmp_path / "ray.md").read_text(), (tmp_path / "jobs.md").read_text()
     assert verdict_table(ray_md) == verdict_table(jobs_md)
     assert f"| small_cnn | {socket.gethostname()} | - |" in ray_md
-    # the artifacts came back through the object store, byte for byte what --jobs wrote
+    # byte for byte what --jobs wrote
     for name in ("small_cnn/model.onnx", "encoder.opt.onnx", "encoder_fp16.opt.onnx"):
         assert file_sha256(tmp_path / "out-ray" / name) == file_sha256(tmp_path / "out-jobs" / name)
     assert (tmp_path / "out-ray" / "small_cnn" / "manifest.json").is_file()
@@ -177,7 +177,7 @@ def test_reports_and_artifacts_match_jobs_2(cluster, tmp_path: Path) -> None:
     placed = {m.name: m.placement for m in on_ray.models}
     node = ray.get_runtime_context().get_node_id()
     assert placed["small_cnn"]["node_id"] == node and placed["small_cnn"]["attempts"] == 1
-    assert placed["small_cnn"]["artifact"] == "object store"
+    assert placed["small_cnn"]["files"] == "the driver's node"  # one node: nothing sent
     assert placed["small_cnn"]["queued_s"] >= 0 and placed["small_cnn"]["running_s"] > 0
     assert jobs.models[0].placement is None and on_ray.jobs is None
     assert on_ray.ray["nodes"][0]["cpus"] == 2

@@ -33,13 +33,20 @@ tensorrt = { workspace = "4GiB", opt_level = 3 }   # with backend = "tensorrt"
 latency_budget_ms = 5.0            # fail when the median latency is above it
 baseline = "build/last/small_cnn"  # or: fail when slower than this model/artifact by more
 max_slowdown = 1.10                #     than this ratio (median of interleaved pairs)
+
+[ray]                              # optional: for `infercc ci --ray` (infercc.ci.cluster)
+shared_storage = false             # every node sees these paths: workers read and write them
+cpus = 1                           # CPUs each model's task asks for
+max_retries = 2                    # reruns of a task whose worker or node was lost
 ```
 
 Each model is compiled with `infercc.api.optimize` (its own validation gates the write), then
 its output is validated through the runner of its backend (`infercc.check.candidates`), so what
 is checked is what will be deployed. Models run in parallel with `jobs > 1` (one process
 each, `spawn`ed, so a crash, even a segfault, fails that model only); every exception is
-caught per model and becomes its failure reason. Benchmarks run after all models are built,
+caught per model and becomes its failure reason. With `ray` (`--ray [ADDRESS]`), each model is
+a task on a Ray cluster instead, placed on a node of its target (`infercc.ci.cluster`).
+Benchmarks run after all models are built,
 one at a time (in a separate process when `jobs > 1`), so timings are not taken on a machine
 busy compiling other models.
 

@@ -18,9 +18,12 @@ finished, the rest failed as cancelled.
 
 Files. With `[ray] shared_storage = true`, every node sees the manifest's paths: workers read
 the inputs and write the artifacts there themselves (the way for artifacts of several GB).
-Otherwise each input (the model and its external data, reference, samples, goldens, baseline)
-goes to the worker through Ray's object store, and the artifact comes back the same way, to be
-written by the driver under the run's out_dir (under a temporary name, then renamed).
+Otherwise each input (the model and its external data, reference, samples, goldens; for a
+benchmark the artifact and the baseline) goes to the worker through Ray's object store, and the
+artifact comes back the same way, to be written by the driver under the run's out_dir (under a
+temporary name, then renamed). A task that lands on the driver's own node reads and writes
+the paths directly, and on a cluster of that one node nothing is sent at all (a task that a
+node joining later takes asks for its inputs, and is sent again with them).
 
 The tuning cache. The driver's cache (`[ci] cache_dir`, else `$INFERCC_CACHE_DIR` or
 `~/.cache/infercc`) goes with every task; the worker merges it into its host's cache
@@ -35,7 +38,8 @@ a machine busy compiling.
 
 The report gets, per model, `placement`: the host and node that built it, its accelerator
 type, the seconds it waited in Ray's queue (from submission to the start of the task, clocks
-of the driver and of that node) and ran, and the attempts it took.
+of the driver and of that node) and ran, the attempts it took, and how it reached its files
+(`files`: shared storage, the driver's node, or the object store).
 
 This module imports `ray` only when a run asks for it (`pip install "infercc[ray]"`).
 """
@@ -83,9 +87,11 @@ ACCELERATOR_TYPES = {
 }
 ACCELERATOR_PREFIX = "accelerator_type:"
 NODE_ID_LABEL = "ray.io/node-id"
-# The inputs a build reads, by ModelSpec field; a benchmark reads the baseline.
+# The inputs a build reads, by ModelSpec field; a benchmark reads the artifact and baseline.
 BUILD_INPUTS = ("path", "reference", "data", "golden")
-BENCH_INPUTS = ("baseline",)
+BENCH_INPUTS = ("output", "baseline")
+# Where a task read its inputs and wrote its artifact (`placement["files"]`).
+SHARED, DIRECT, SHIPPED = "shared storage", "the driver's node", "object store"
 WAIT_S = 0.5  # ray.wait's timeout, so Ctrl-C is seen at once
 
 
@@ -334,11 +340,24 @@ class TaskSpec:
     """What a task gets besides its input archives (Ray resolves those before it starts)."""
 
     spec: ModelSpec  # paths absolute, as the driver sees them
-    shipped: tuple[str, ...]  # the ModelSpec fields whose inputs come as archives, in order
+    inputs: tuple[str, ...]  # the ModelSpec fields naming files to read, in archive order
+    shipped: bool  # whether the archives came along (only when the cluster has other nodes)
     shown: dict[str, str]  # path as the worker would write it -> as the driver's report names it
     shared: bool
+    driver_node: str | None  # the node the driver runs on (None: a Ray Client driver)
     submitted: float  # time.time() on the driver
     work: Callable[..., Any]
+    builds: bool = True  # a build writes a fresh output; a benchmark reads one
+
+    def files(self, node_id: str) -> str:
+        """How a task on `node_id` reaches the files: SHARED, DIRECT or SHIPPED."""
+        if self.shared:
+            return SHARED
+        return DIRECT if node_id == self.driver_node else SHIPPED
+
+    def missing(self, node_id: str) -> bool:
+        """True when a task on `node_id` needs the archives but was sent without them."""
+        return self.files(node_id) == SHIPPED and bool(self.inputs) and not self.shipped
 
 
 @dataclass
@@ -353,24 +372,27 @@ class Outcome:
     ended: float
     crashed: str | None = None  # how the child process died
     entries: list[dict[str, Any]] = field(default_factory=list)  # new tuning cache entries
+    files: str = SHIPPED
+    missing_inputs: bool = False  # it landed away from the driver without its inputs: resend
 
 
 _CHILD = Isolated()
 
 
 def _localize(task: TaskSpec, archives: Sequence[bytes], tmp: Path) -> tuple[ModelSpec, dict]:
-    """The spec as this node reads it: shipped inputs unpacked under `tmp/in`, the output under
-    `tmp/out` unless storage is shared. Returns it and {local path: name in the report}."""
+    """The spec as this node reads it: inputs unpacked under `tmp/in`, a build's output under
+    `tmp/out` (when they came through the object store). Returns it and {local path: name in
+    the report}."""
     spec = task.spec
     shown = dict(task.shown)
     changes: dict[str, Any] = {}
-    for name, blob in zip(task.shipped, archives, strict=True):
+    for name, blob in zip(task.inputs, archives, strict=True):
         original = getattr(spec, name)
         local = tmp / "in" / name / original.name
         unpack(blob, local.parent)
         changes[name] = local
         shown[str(local)] = shown.get(str(original), str(original))
-    if not task.shared:
+    if task.builds:
         changes["output"] = tmp / "out" / spec.output.name
         (tmp / "out").mkdir(parents=True)
         shown[str(changes["output"])] = shown.get(str(spec.output), str(spec.output))
@@ -416,34 +438,42 @@ def build_on_node(task: TaskSpec, entries: list[dict], *archives: bytes) -> tupl
     """The body of a build task: inputs in place, the driver's cache entries merged into this
     host's cache, the build in the child, the new entries and the artifact back."""
     ray = require_ray()
-    started = time.time()
-    here = _here(ray, started)
+    here = _here(ray, time.time())
+    files = task.files(here["node_id"])
+    if task.missing(here["node_id"]):
+        return Outcome(None, **here, ended=time.time(), files=files, missing_inputs=True), None
     with tempfile.TemporaryDirectory(prefix="infercc-ray-") as tmp:
-        spec, shown = _localize(task, archives, Path(tmp))
+        spec, shown = task.spec, task.shown
+        if files == SHIPPED:
+            spec, shown = _localize(task, archives, Path(tmp))
         spec = dataclasses.replace(spec, cache_dir=_seed_cache(entries))
         result, crashed = _isolated(task.work, spec)
         if crashed is not None:
             result = _failed_result(task.spec, f"the build process died ({crashed})")
-        fresh = _entries_since(spec.cache_dir, started)
-        artifact = None if task.shared else _pack_dir(Path(tmp) / "out")
+        fresh = _entries_since(spec.cache_dir, here["started"])
+        artifact = _pack_dir(Path(tmp) / "out") if files == SHIPPED else None
     result.reason = _show(result.reason, shown)
     result.validation = _show(result.validation, shown)
-    return Outcome(result, **here, ended=time.time(), crashed=crashed, entries=fresh), artifact
+    outcome = Outcome(result, **here, ended=time.time(), crashed=crashed, entries=fresh)
+    outcome.files = files
+    return outcome, artifact
 
 
-def bench_on_node(task: TaskSpec, artifact: bytes | None, *archives: bytes) -> Outcome:
+def bench_on_node(task: TaskSpec, *archives: bytes) -> Outcome:
     """The body of a benchmark task: the artifact and baseline in place, timed in the child."""
     ray = require_ray()
-    started = time.time()
-    here = _here(ray, started)
+    here = _here(ray, time.time())
+    files = task.files(here["node_id"])
+    if task.missing(here["node_id"]):
+        return Outcome(None, **here, ended=time.time(), files=files, missing_inputs=True)
     with tempfile.TemporaryDirectory(prefix="infercc-ray-") as tmp:
-        spec, shown = _localize(task, archives, Path(tmp))
-        if artifact is not None:
-            unpack(artifact, spec.output.parent)
+        spec, shown = task.spec, task.shown
+        if files == SHIPPED:
+            spec, shown = _localize(task, archives, Path(tmp))
         latency, crashed = _isolated(task.work, spec, str(spec.output))
         if crashed is not None:
             latency = {"reason": f"the benchmark process died ({crashed})"}
-    return Outcome(_show(latency, shown), **here, ended=time.time(), crashed=crashed)
+    return Outcome(_show(latency, shown), **here, ended=time.time(), crashed=crashed, files=files)
 
 
 def _failed_result(spec: ModelSpec, reason: str) -> ModelResult:
@@ -516,9 +546,9 @@ class Fleet:
         self.requests = {s.name: request_for(s, self.settings) for s in self.specs}
         self.nodes = node_table(self.ray.nodes())
         check_placeable(self.specs, self.requests, self.ray.nodes())
+        self.driver_node = _driver_node(self.ray)
         self.interrupted = False
         self._inputs: dict[Path, Any] = {}
-        self._artifacts: dict[str, Any] = {}
         self._entries_ref: Any = None
         self._remotes: dict[Callable, Any] = {}
 
@@ -558,8 +588,10 @@ class Fleet:
             self._cancel(pending.values(), results)
         return [results[s.name] for s in self.specs]
 
-    def _submit_build(self, spec: ModelSpec, number: int, avoid: str | None = None) -> _Attempt:
-        task, refs = self._task(spec, BUILD_INPUTS, self.build_fn)
+    def _submit_build(
+        self, spec: ModelSpec, number: int, avoid: str | None = None, ship: bool | None = None
+    ) -> _Attempt:
+        task, refs = self._task(spec, BUILD_INPUTS, self.build_fn, ship)
         options = {**self.requests[spec.name].options(), "num_returns": 2}
         options["max_retries"] = self.settings.max_retries
         options["name"] = f"infercc-build-{spec.name}"
@@ -570,14 +602,23 @@ class Fleet:
         return _Attempt(spec, number, task, ref, artifact_ref)
 
     def _task(
-        self, spec: ModelSpec, fields: Sequence[str], work: Callable
+        self, spec: ModelSpec, fields: Sequence[str], work: Callable, ship: bool | None = None
     ) -> tuple[TaskSpec, list]:
+        """The task for `spec` and its input archives: sent along only when the task may land
+        on a node other than the driver's (a task sent without them that does asks again)."""
         absolute, shown = _absolute(spec)
         shared = self.settings.shared_storage
-        shipped = () if shared else tuple(f for f in fields if _exists(getattr(absolute, f)))
-        refs = [self._input_ref(getattr(absolute, f)) for f in shipped]
-        task = TaskSpec(absolute, shipped, shown, shared, time.time(), work)
-        return task, refs
+        inputs = () if shared else tuple(f for f in fields if _exists(getattr(absolute, f)))
+        if ship is None:
+            ship = bool(inputs) and self._other_nodes()
+        refs = [self._input_ref(getattr(absolute, f)) for f in inputs] if ship else []
+        builds = work is self.build_fn
+        return TaskSpec(
+            absolute, inputs, ship, shown, shared, self.driver_node, time.time(), work, builds
+        ), refs
+
+    def _other_nodes(self) -> bool:
+        return any(node_id != self.driver_node for node_id in self.nodes)
 
     def _input_ref(self, path: Path) -> Any:
         if path not in self._inputs:
@@ -596,6 +637,12 @@ class Fleet:
         except self.ray.exceptions.RayError as exc:
             results[spec.name] = self._lost(attempt, exc)
             self.event(spec.name, "failed")
+            return
+        if outcome.missing_inputs:  # a node joined and took it: send the files this time
+            self.nodes = node_table(self.ray.nodes())
+            resent = self._submit_build(spec, attempt.number, ship=True)
+            resent.first_attempt = attempt.first_attempt
+            pending[resent.ref] = resent
             return
         if outcome.crashed is not None and attempt.number == 1:
             retry = self._submit_build(spec, 2, self._elsewhere(spec, outcome.node_id))
@@ -623,7 +670,7 @@ class Fleet:
         if result.output is not None:
             result.output = str(spec.output)
         self._merge_entries(outcome.entries)
-        if not attempt.task.shared:
+        if outcome.files == SHIPPED:
             self._write_artifact(attempt, result)
         result.placement = self._placement(attempt, outcome)
         return result
@@ -637,8 +684,6 @@ class Fleet:
         except (OSError, self.ray.exceptions.RayError) as exc:
             result.passed, result.stage = False, "compile"
             result.reason = f"cannot write the artifact to {spec.output}: {first_line(exc)}"
-        if result.passed and spec.benched:
-            self._artifacts[spec.name] = attempt.artifact_ref
 
     def _placement(self, attempt: _Attempt, outcome: Outcome) -> dict[str, Any]:
         node = self._node(outcome.node_id)
@@ -652,7 +697,7 @@ class Fleet:
             "running_s": round(outcome.ended - outcome.started, 3),
             "attempts": attempt.number,
             "first_attempt": attempt.first_attempt,
-            "artifact": "shared storage" if attempt.task.shared else "object store",
+            "files": outcome.files,
         }
 
     def _node(self, node_id: str) -> dict[str, Any]:
@@ -714,16 +759,16 @@ class Fleet:
             self.event(spec.name, "benching")
             apply(result, self._bench(spec))
 
-    def _bench(self, spec: ModelSpec) -> dict[str, Any]:
-        task, refs = self._task(spec, BENCH_INPUTS, self.bench_fn)
+    def _bench(self, spec: ModelSpec, ship: bool | None = None) -> dict[str, Any]:
+        task, refs = self._task(spec, BENCH_INPUTS, self.bench_fn, ship)
         options = {**self.requests[spec.name].options(), "max_retries": self.settings.max_retries}
         options["name"] = f"infercc-bench-{spec.name}"
-        artifact = None if task.shared else self._artifacts.pop(spec.name, None)
-        ref = self._remote(bench_on_node).options(**options).remote(task, artifact, *refs)
+        ref = self._remote(bench_on_node).options(**options).remote(task, *refs)
         try:
             while not self.ray.wait([ref], timeout=WAIT_S)[0]:
                 pass
-            return self.ray.get(ref).value
+            outcome = self.ray.get(ref)
+            return self._bench(spec, ship=True) if outcome.missing_inputs else outcome.value
         except KeyboardInterrupt:
             self.interrupted = True
             with contextlib.suppress(Exception):
@@ -743,6 +788,16 @@ def _absolute(spec: ModelSpec) -> tuple[ModelSpec, dict[str, str]]:
             changes[name] = value.absolute()
             shown[str(changes[name])] = str(value)
     return dataclasses.replace(spec, **changes), shown
+
+
+def _driver_node(ray: Any) -> str | None:
+    """The node this driver runs on; None for a Ray Client driver, which runs on none."""
+    with contextlib.suppress(Exception):
+        from ray.util.client import ray as client
+
+        if client.is_connected():
+            return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def _exists(path: Path | None) -> bool:
