@@ -533,16 +533,13 @@ class Fleet:
         specs: Sequence[ModelSpec],
         event: Event,
         *,
-        build: Callable[[ModelSpec], ModelResult] | None = None,
-        bench: Callable[[ModelSpec, str], dict[str, Any]] | None = None,
+        build: Callable[[ModelSpec], ModelResult],
+        bench: Callable[[ModelSpec, str], dict[str, Any]],
     ):
-        from infercc.ci.runner import bench_model, build_and_validate
-
         self.ray = require_ray()
         self.config, self.specs, self.event = config, list(specs), event
         self.settings = config.ray
-        self.build_fn = build or build_and_validate
-        self.bench_fn = bench or bench_model
+        self.build_fn, self.bench_fn = build, bench
         self.requests = {s.name: request_for(s, self.settings) for s in self.specs}
         self.nodes = node_table(self.ray.nodes())
         check_placeable(self.specs, self.requests, self.ray.nodes())
@@ -824,16 +821,17 @@ def run_fleet(
     address: str | bool,
     event: Event,
     *,
-    build: Callable[[ModelSpec], ModelResult] | None = None,
-    bench: Callable[[ModelSpec, str], dict[str, Any]] | None = None,
+    build: Callable[[ModelSpec], ModelResult],
+    bench: Callable[[ModelSpec, str], dict[str, Any]],
+    apply_latency: Callable[[ModelResult, dict[str, Any]], None],
 ) -> tuple[list[ModelResult], dict[str, Any], bool]:
     """Build (then bench) `specs` on the cluster at `address`; returns the results, what the
-    report says about the cluster, and whether the run was interrupted. `build` and `bench`
-    replace `build_and_validate` and `bench_model` (they must be importable by the workers)."""
-    from infercc.ci.runner import _apply_latency
-
+    report says about the cluster, and whether the run was interrupted. `build(spec)` and
+    `bench(spec, output)` run on the workers (so they must be importable there: the runner's
+    `build_and_validate` and `bench_model`); `apply_latency` puts a benchmark's result into
+    its model's result."""
     with connected(address) as info:
         fleet = Fleet(config, specs, event, build=build, bench=bench)
         results = fleet.build_all()
-        fleet.bench_all(results, _apply_latency)
+        fleet.bench_all(results, apply_latency)
         return results, {**info, **fleet.summary()}, fleet.interrupted

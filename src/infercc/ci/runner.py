@@ -181,7 +181,15 @@ def run_ci(
     else:
         from infercc.ci.cluster import run_fleet
 
-        results, cluster, interrupted = run_fleet(config, specs, ray, event)
+        results, cluster, interrupted = run_fleet(
+            config,
+            specs,
+            ray,
+            event,
+            build=build_and_validate,
+            bench=bench_model,
+            apply_latency=_apply_latency,
+        )
     for r in results:
         event(r.name, "passed" if r.passed else "failed")
     report = CiReport(
