@@ -94,6 +94,17 @@ def test_each_model_is_built_on_the_node_of_its_target(cluster, tmp_path: Path) 
     assert kinds == [(), ("A100",), ("L4",)]
 
 
+def test_on_shared_storage_workers_read_and_write_the_paths(cluster, tmp_path: Path) -> None:
+    fleet = manifest(tmp_path, ("on_l4", "l4"))
+    fleet.write_text("[ray]\nshared_storage = true\n\n" + fleet.read_text())
+    report = run_ci(fleet, ray=True, out_dir=tmp_path / "out", step_summary=False)
+    placed = report.models[0].placement
+    assert report.passed and placed["node_id"] == cluster.infercc_nodes["L4"]
+    assert placed["files"] == "shared storage"
+    onnx.checker.check_model(str(tmp_path / "out" / "on_l4.opt.onnx"))
+    assert report.ray["shared_storage"] is True
+
+
 def test_a_crash_is_retried_once_on_another_node(cluster, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(runner, "build_and_validate", ray_helpers.crash_build)
     report = run_ci(
