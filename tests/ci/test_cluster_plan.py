@@ -18,13 +18,14 @@ from infercc.analysis.targets import GPUS
 from infercc.ci import cluster
 from infercc.ci.manifest import ModelSpec, RaySettings, load_config
 from infercc.cli.app import bare_options
+from infercc.config import BuildConfig
 from infercc.errors import InferccError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def spec(name: str, target: str = "cpu") -> ModelSpec:
-    return ModelSpec(name, Path(f"{name}.onnx"), Path(name), target=target)
+    return ModelSpec(name, Path(f"{name}.onnx"), Path(name), BuildConfig(target=target))
 
 
 def node(node_id: str, cpus: float, gpus: float = 0, *types: str, alive: bool = True) -> dict:
@@ -134,14 +135,16 @@ def test_install_replaces_an_artifact_whole(tmp_path: Path) -> None:
 
 
 def test_reports_name_paths_as_the_manifest_gives_them(tmp_path: Path) -> None:
-    relative = ModelSpec("m", Path("models/m.onnx"), Path("build/m"), data=Path("/abs/samples"))
+    build = BuildConfig(data="samples")
+    relative = ModelSpec("m", Path("models/m.onnx"), Path("build/m"), build, golden=Path("/g"))
     absolute, shown = cluster._absolute(relative)
-    assert absolute.path == Path.cwd() / "models" / "m.onnx" and absolute.data == Path(
-        "/abs/samples"
-    )
+    cwd = Path.cwd()
+    assert absolute.path == cwd / "models" / "m.onnx" and absolute.data == cwd / "samples"
+    assert absolute.golden == Path("/g") and absolute.build.target == "cpu"
     assert shown == {
-        str(Path.cwd() / "models/m.onnx"): "models/m.onnx",
-        str(Path.cwd() / "build/m"): "build/m",
+        str(cwd / "models/m.onnx"): "models/m.onnx",
+        str(cwd / "samples"): "samples",
+        str(cwd / "build/m"): "build/m",
     }
     shown["/tmp/w/in/path/m.onnx"] = "models/m.onnx"
     value = {"reason": ["cannot read /tmp/w/in/path/m.onnx: bad"], "n": 3}

@@ -396,7 +396,7 @@ def _localize(task: TaskSpec, archives: Sequence[bytes], tmp: Path) -> tuple[Mod
         changes["output"] = tmp / "out" / spec.output.name
         (tmp / "out").mkdir(parents=True)
         shown[str(changes["output"])] = shown.get(str(spec.output), str(spec.output))
-    return dataclasses.replace(spec, **changes), shown
+    return with_paths(spec, changes), shown
 
 
 def _show(value: Any, shown: Mapping[str, str]) -> Any:
@@ -784,7 +784,16 @@ def _absolute(spec: ModelSpec) -> tuple[ModelSpec, dict[str, str]]:
         if isinstance(value, Path) and not value.is_absolute():
             changes[name] = value.absolute()
             shown[str(changes[name])] = str(value)
-    return dataclasses.replace(spec, **changes), shown
+    return with_paths(spec, changes), shown
+
+
+def with_paths(spec: ModelSpec, changes: Mapping[str, Path]) -> ModelSpec:
+    """`spec` with some of its path fields replaced (`data` lives in its BuildConfig)."""
+    changes = dict(changes)
+    if "data" in changes:
+        build = dataclasses.replace(spec.build, data=str(changes.pop("data")))
+        spec = dataclasses.replace(spec, build=build)
+    return dataclasses.replace(spec, **changes)
 
 
 def _driver_node(ray: Any) -> str | None:
