@@ -1,0 +1,585 @@
+"""Weight-only int4: block quantization of MatMul/Gemm weights (and embedding tables), and the
+two graph forms that carry it.
+
+**The numbers.** A weight W [K, N] (y = x @ W) is cut along K, the reduction axis, into blocks
+of `block_size` rows (a power of two >= 16; the last block is padded when K is not a multiple).
+Each (block, output column) pair gets a float32 scale and a 4-bit zero point, and each weight a
+4-bit code q in [0, 15]: w ~= (q - zero_point) * scale.
+
+- asymmetric: the block's range [min(lo, 0), max(hi, 0)] in 15 steps, zero point
+  round(-min / scale) (0.0 is exact, so a zero point always fits in 4 bits);
+- symmetric: zero point 8 and scale = m / -8 where m is the block's value of largest
+  magnitude: m lands exactly on code 0 (-8 steps) and the 16 codes cover [-8, 7] steps,
+  the same convention onnxruntime's quantizer uses. The form TensorRT takes (no zero point).
+
+`quantize_rtn` rounds to nearest (RTN); `infercc.calib.awq` and `infercc.calib.gptq` choose
+scales or codes better from calibration data and hand back the same `Blocks`.
+
+**The forms.**
+
+- `nbits` (the cpu target / the ORT backend): the MatMul becomes onnxruntime's
+  `com.microsoft.MatMulNBits` (attributes K, N, bits=4, block_size, accuracy_level). B is
+  uint8 [N, n_blocks, block_size / 2], two codes a byte along K, the first in the low nibble;
+  scales [N, n_blocks]; zero points packed the same way, uint8 [N, ceil(n_blocks / 2)], and left
+  out when symmetric (the op's default is 8). A Gemm (alpha 1, beta 1, transA 0) becomes one
+  too, its C the op's bias. An embedding table [V, D] read by a Gather on axis 0 becomes a
+  `com.microsoft.GatherBlockQuantized` (bits 4, quantize_axis 1): data uint8 [V, D / 2] packed
+  along D, scales [V, ceil(D / block_size)], zero points as above.
+- `dq` (`--portable`, TensorRT targets): standard ONNX. The weight becomes an INT4
+  (symmetric, codes - 8) or UINT4 (asymmetric, with a UINT4 zero point) initializer of W's own
+  shape read by a blocked `DequantizeLinear` (opset 21: `axis` the K axis, `block_size`, scale
+  [ceil(K / block_size), N]) feeding the unchanged MatMul or Gemm. onnxruntime fuses the pair
+  into MatMulNBits itself when it optimizes the graph; TensorRT reads it as a weight-only int4
+  layer. Embedding tables stay float in this form: standard ONNX has no block-quantized Gather
+  (a DequantizeLinear before the Gather would dequantize the whole table on every run).
+
+Both forms compute exactly x @ dequantize(codes) (checked against a numpy reference under
+onnxruntime in the tests, every block size, both modes, K not a multiple of the block).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from infercc.calib.quantize import const_array
+from infercc.errors import InferccError
+from infercc.ir import Model, Node, Tensor, Value
+
+logger = logging.getLogger(__name__)
+
+BITS = 4
+LEVELS = 15  # codes 0..15
+SYMMETRIC_ZERO = 8
+DEFAULT_BLOCK_SIZE = 32
+MIN_BLOCK_SIZE = 16
+MAX_BLOCK_SIZE = 256
+MS_DOMAIN = "com.microsoft"
+DQ_BLOCK_OPSET = 21
+FORMS = ("nbits", "dq")
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # unset, fp32, fp16, bf16, int8 (MatMulNBits' own numbering)
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def check_block_size(block_size: int) -> int:
+    """A power of two in [16, 256]: the kernels' and the packing's requirement."""
+    b = int(block_size)
+    if b < MIN_BLOCK_SIZE or b > MAX_BLOCK_SIZE or b & (b - 1):
+        raise InferccError(
+            f"block size {block_size} is not a power of two between {MIN_BLOCK_SIZE} and "
+            f"{MAX_BLOCK_SIZE}",
+            "use --block-size 32, 64 or 128 (two 4-bit codes a byte; MatMulNBits needs a "
+            "power of two >= 16)",
+        )
+    return b
+
+
+# --------------------------------------------------------------------------- the numbers
+
+
+@dataclass
+class Blocks:
+    """A weight W [K, N] quantized in blocks along K (module docstring)."""
+
+    codes: np.ndarray  # uint8 [N, n_blocks, block_size], 0..15; the K padding holds the zero point
+    scales: np.ndarray  # float32 [N, n_blocks]
+    zero_points: np.ndarray  # uint8 [N, n_blocks] (all 8 when symmetric)
+    k: int
+    block_size: int
+    symmetric: bool
+
+    @property
+    def n(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.codes.shape[1])
+
+    def dequantize(self) -> np.ndarray:
+        """(codes - zero point) * scale as float32 [K, N], what both forms compute with."""
+        q = self.codes.astype(np.float32) - self.zero_points[..., None].astype(np.float32)
+        w = q * self.scales[..., None]
+        return np.ascontiguousarray(w.reshape(self.n, -1)[:, : self.k].T)
+
+
+def n_blocks(k: int, block_size: int) -> int:
+    return -(-int(k) // int(block_size))
+
+
+def block_view(w: np.ndarray, block_size: int) -> np.ndarray:
+    """W [K, N] as float64 blocks [N, n_blocks, block_size], the K padding zeros."""
+    k, n = w.shape
+    nb = n_blocks(k, block_size)
+    padded = np.zeros((nb * block_size, n), np.float64)
+    padded[:k] = w
+    return padded.T.reshape(n, nb, block_size)
+
+
+def block_params(
+    blocks: np.ndarray, symmetric: bool, clip: np.ndarray | float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scales float32 [N, nb], zero points uint8 [N, nb]) of blocks [N, nb, bs]; `clip` (per
+    block, or one ratio) shrinks each range (1.0: min-max)."""
+    clip = np.asarray(clip, np.float64)
+    if symmetric:
+        idx = np.abs(blocks).argmax(axis=-1)
+        peak = np.take_along_axis(blocks, idx[..., None], axis=-1)[..., 0] * clip
+        scales = peak / -float(SYMMETRIC_ZERO)
+        scales = np.where(np.abs(scales) < _TINY, 1.0, scales)  # an all-zero block
+        zero = np.full(scales.shape, SYMMETRIC_ZERO, np.uint8)
+        return scales.astype(np.float32), zero
+    lo = np.minimum(blocks.min(axis=-1), 0.0) * clip
+    hi = np.maximum(blocks.max(axis=-1), 0.0) * clip
+    scales = (hi - lo) / LEVELS
+    scales = np.where(scales < _TINY, 1.0, scales)
+    zero = np.clip(np.rint(-lo / scales), 0, LEVELS).astype(np.uint8)
+    return scales.astype(np.float32), zero
+
+
+def round_codes(blocks: np.ndarray, scales: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """Nearest codes of blocks [N, nb, bs] under (scales, zero points), clipped to 0..15."""
+    q = np.rint(blocks / scales[..., None].astype(np.float64)) + zero[..., None]
+    return np.clip(q, 0, LEVELS).astype(np.uint8)
+
+
+def quantize_rtn(
+    w: np.ndarray, block_size: int, symmetric: bool, clip: np.ndarray | float = 1.0
+) -> Blocks:
+    """Round-to-nearest int4 of W [K, N] (module docstring)."""
+    w = _check_weight(w)
+    blocks = block_view(w, block_size)
+    scales, zero = block_params(blocks, symmetric, clip)
+    codes = round_codes(blocks, scales, zero)
+    _pad_with_zero_point(codes, zero, w.shape[0])
+    return Blocks(codes, scales, zero, int(w.shape[0]), int(block_size), symmetric)
+
+
+def _check_weight(w: np.ndarray) -> np.ndarray:
+    w = np.asarray(w)
+    if w.ndim != 2 or w.dtype.kind != "f":
+        raise InferccError(f"cannot int4-quantize a {w.dtype} weight of rank {w.ndim}", None)
+    if not np.isfinite(w).all():
+        raise InferccError("the weight holds NaN or infinity", "keep that node in float")
+    return w
+
+
+def _pad_with_zero_point(codes: np.ndarray, zero: np.ndarray, k: int) -> None:
+    """The padded rows of the last block dequantize to exactly 0."""
+    flat = codes.reshape(codes.shape[0], -1)
+    if flat.shape[1] > k:
+        flat[:, k:] = zero[:, -1:]
+
+
+def weight_error(w: np.ndarray, blocks: Blocks) -> float:
+    """Relative Frobenius error ||W - dequantize|| / ||W||."""
+    w = np.asarray(w, np.float64)
+    norm = float(np.linalg.norm(w))
+    return float(np.linalg.norm(w - blocks.dequantize())) / norm if norm > 0 else 0.0
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Pairs along the last axis into bytes, the first code in the low nibble (even length)."""
+    c = np.asarray(codes, np.uint8)
+    if c.shape[-1] % 2:
+        c = np.concatenate([c, np.zeros((*c.shape[:-1], 1), np.uint8)], axis=-1)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(packed: np.ndarray, count: int) -> np.ndarray:
+    """The inverse of `pack_nibbles`: `count` codes along the last axis."""
+    p = np.asarray(packed, np.uint8)
+    out = np.empty((*p.shape[:-1], p.shape[-1] * 2), np.uint8)
+    out[..., 0::2] = p & 0x0F
+    out[..., 1::2] = p >> 4
+    return out[..., :count]
+
+
+@dataclass
+class NBitsWeight:
+    """MatMulNBits' B, scales and (asymmetric) packed zero points."""
+
+    b: np.ndarray  # uint8 [N, n_blocks, block_size / 2]
+    scales: np.ndarray  # float32 [N, n_blocks]
+    zero_points: np.ndarray | None  # uint8 [N, ceil(n_blocks / 2)]
+
+
+def pack_matmul_nbits(blocks: Blocks) -> NBitsWeight:
+    zero = None if blocks.symmetric else pack_nibbles(blocks.zero_points)
+    return NBitsWeight(pack_nibbles(blocks.codes), blocks.scales.astype(np.float32), zero)
+
+
+def int4_tensor(codes: np.ndarray, signed: bool, name: str = "") -> Tensor:
+    """An INT4 (codes - 8) or UINT4 initializer of `codes`' shape, packed as ONNX stores it
+    (row-major, two a byte, the first in the low nibble)."""
+    flat = np.asarray(codes, np.uint8).reshape(-1)
+    if signed:
+        flat = (flat.astype(np.int16) - SYMMETRIC_ZERO).astype(np.int8).view(np.uint8) & 0x0F
+    raw = pack_nibbles(flat).tobytes()
+    dtype = TensorProto.INT4 if signed else TensorProto.UINT4
+    proto = onnx.helper.make_tensor(name, dtype, list(codes.shape), raw, raw=True)
+    return Tensor.from_proto(proto)
+
+
+@dataclass
+class DQWeight:
+    """A blocked DequantizeLinear's x, scale and zero point (None when symmetric)."""
+
+    x: Tensor  # INT4 / UINT4, the weight's own shape
+    scale: np.ndarray  # float32, the weight's shape with ceil(K / block) on the K axis
+    zero_point: Tensor | None
+    axis: int
+
+
+def pack_blocked_dq(blocks: Blocks, transposed: bool = False) -> DQWeight:
+    """For W [K, N] (axis 0), or W stored [N, K] (`transposed`, axis 1: a Gemm with transB)."""
+    codes = blocks.codes.reshape(blocks.n, -1)[:, : blocks.k]  # [N, K]
+    scale, zero = blocks.scales, blocks.zero_points  # [N, nb]
+    if not transposed:
+        codes, scale, zero = codes.T, scale.T, zero.T
+    x = int4_tensor(np.ascontiguousarray(codes), blocks.symmetric)
+    zp = None if blocks.symmetric else int4_tensor(np.ascontiguousarray(zero), False)
+    return DQWeight(x, np.ascontiguousarray(scale, np.float32), zp, 1 if transposed else 0)
+
+
+# --------------------------------------------------------------------------- the rewrite
+
+
+# A method: (node name, W [K, N]) -> Blocks. RTN, or one that calibration data informs.
+Method = Callable[[str, np.ndarray], Blocks]
+
+
+@dataclass
+class Int4Options:
+    block_size: int = DEFAULT_BLOCK_SIZE
+    symmetric: bool = False
+    form: str = "nbits"
+    accuracy_level: int = 0
+    lm_head: bool = True
+    embeddings: bool = True
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass
+class Int4Report:
+    """What `quantize_int4` did: nodes quantized, kept float (with reasons), bytes."""
+
+    quantized: list[str] = field(default_factory=list)
+    embeddings: list[str] = field(default_factory=list)
+    kept_float: dict[str, str] = field(default_factory=dict)
+    weight_bytes_before: int = 0  # float bytes of the weights that were quantized
+    weight_bytes_after: int = 0  # their int4 bytes (codes, scales, zero points)
+    input_scales: int = 0  # activation-aware input scalings applied (AWQ)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quantized": list(self.quantized),
+            "embeddings": list(self.embeddings),
+            "kept_float": dict(self.kept_float),
+            "weight_bytes_before": self.weight_bytes_before,
+            "weight_bytes_after": self.weight_bytes_after,
+            "input_scales": self.input_scales,
+        }
+
+
+TARGET_OPS = ("MatMul", "Gemm")
+
+
+def is_target(node: Node) -> bool:
+    return node.is_standard and node.op_type in TARGET_OPS
+
+
+def target_weight(node: Node) -> tuple[np.ndarray, bool] | str:
+    """(W as [K, N], stored transposed) of a MatMul/Gemm that int4 can take, or why not."""
+    w_value = node.input(1)
+    x = node.input(0)
+    if x is None or w_value is None:
+        return "an input is missing"
+    if const_array(x) is not None:
+        return "its A input is a constant, not an activation"
+    w = const_array(w_value)
+    if w is None:
+        return "its weight is not a constant (a MatMul of two activations)"
+    if w.dtype != np.float32:
+        return f"its weight is {w.dtype}, not float32"
+    if w.ndim != 2:
+        return f"its weight has rank {w.ndim}, not 2 (a batched MatMul)"
+    if not np.isfinite(w).all():
+        return "its weight holds NaN or infinity"
+    if node.op_type == "MatMul":
+        return np.asarray(w), False
+    problem = _gemm_problem(node)
+    if problem:
+        return problem
+    transposed = bool(node.attr("transB", 0))
+    return (np.asarray(w).T if transposed else np.asarray(w)), transposed
+
+
+def _gemm_problem(node: Node) -> str | None:
+    if node.attr("transA", 0):
+        return "Gemm with transA"
+    if float(node.attr("alpha", 1.0)) != 1.0:
+        return "Gemm with alpha != 1"
+    c = node.input(2)
+    if c is None:
+        return None
+    if float(node.attr("beta", 1.0)) != 1.0:
+        return "Gemm with beta != 1"
+    bias = const_array(c)
+    if bias is None or bias.dtype != np.float32:
+        return "Gemm whose C is not a float32 constant"
+    return None
+
+
+def _gemm_bias(node: Node, n: int) -> np.ndarray | None | str:
+    c = node.input(2)
+    if c is None:
+        return None
+    bias = np.asarray(const_array(c))
+    if bias.size == n and (bias.ndim == 1 or bias.shape[-1] == n):
+        return bias.reshape(n).astype(np.float32)
+    return f"Gemm whose C of shape {list(bias.shape)} is not a bias of {n}"
+
+
+def lm_heads(model: Model) -> set[str]:
+    """Target nodes whose output reaches a graph output through shape-only or bias ops only:
+    the LM head of a decoder (the classifier of an encoder)."""
+    passthrough = {"Add", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
+    found = set()
+    for node in model.graph:
+        if not is_target(node):
+            continue
+        value, hops = node.output, 0
+        while not value.is_graph_output and hops < 4:
+            users = value.users()
+            if len(users) != 1 or users[0].op_type not in passthrough:
+                break
+            value, hops = users[0].output, hops + 1
+        if value.is_graph_output:
+            found.add(node.name)
+    return found
+
+
+def embedding_gathers(model: Model) -> list[Node]:
+    """Gathers on axis 0 of a constant float32 table [V, D] (token and position embeddings)."""
+    found = []
+    for node in model.graph:
+        if node.op_type != "Gather" or not node.is_standard or node.attr("axis", 0) != 0:
+            continue
+        table = node.input(0)
+        data = None if table is None else const_array(table)
+        if data is not None and data.dtype == np.float32 and data.ndim == 2:
+            found.append(node)
+    return found
+
+
+def quantize_int4(
+    model: Model,
+    options: Int4Options,
+    method: Method | None = None,
+    input_scales: Mapping[str, np.ndarray] | None = None,
+) -> Int4Report:
+    """Rewrite `model` in place: every MatMul/Gemm weight (and, in the nbits form, embedding
+    table) that can be, in int4 (module docstring); the rest listed with reasons.
+
+    `method(name, W)` gives each weight's Blocks (RTN when None). `input_scales` maps a node
+    name to a per-input-channel vector s (AWQ): the node's weight was quantized as diag(s) W,
+    so its input is divided by s first (one shared Mul per input tensor).
+    """
+    check_block_size(options.block_size)
+    if options.form not in FORMS:
+        raise InferccError(f"unknown int4 form {options.form!r}", f"use one of {FORMS}")
+    rewriter = _Int4Rewriter(model, options, method, dict(input_scales or {}))
+    heads = lm_heads(model)
+    for node in list(model.graph):
+        if is_target(node):
+            rewriter.visit(node, node.name in heads)
+    if options.embeddings:
+        for node in embedding_gathers(model):
+            rewriter.embedding(node)
+    if options.form == "nbits" and (rewriter.report.quantized or rewriter.report.embeddings):
+        model.opset_imports.setdefault(MS_DOMAIN, 1)
+    return rewriter.report
+
+
+class _Int4Rewriter:
+    def __init__(
+        self,
+        model: Model,
+        options: Int4Options,
+        method: Method | None,
+        input_scales: dict[str, np.ndarray],
+    ):
+        self.model = model
+        self.graph = model.graph
+        self.options = options
+        self.method = method or self._rtn
+        self.input_scales = input_scales
+        self.scaled: dict[tuple[str, bytes], Value] = {}  # (input, s bytes) -> X / s
+        self.report = Int4Report()
+
+    def _rtn(self, _name: str, w: np.ndarray) -> Blocks:
+        return quantize_rtn(w, self.options.block_size, self.options.symmetric)
+
+    def visit(self, node: Node, is_head: bool) -> None:
+        label = node.name
+        reason = self._skip_reason(node, is_head)
+        found = target_weight(node) if reason is None else reason
+        if isinstance(found, str):
+            self.report.kept_float[label] = found
+            return
+        w, transposed = found
+        bias = _gemm_bias(node, w.shape[1]) if node.op_type == "Gemm" else None
+        if isinstance(bias, str):
+            self.report.kept_float[label] = bias
+            return
+        scale = self.input_scales.get(label)
+        blocks = self.method(label, w if scale is None else w * scale[:, None])
+        self._account(w, blocks)
+        weight_value = node.input(1)
+        if scale is not None:
+            node.set_input(0, self._scaled_input(node, scale))
+        if self.options.form == "nbits":
+            self._to_nbits(node, blocks, bias)
+        else:
+            self._to_dq(node, blocks, transposed)
+        self._drop_if_unread(weight_value)
+        self.report.quantized.append(label)
+
+    def _skip_reason(self, node: Node, is_head: bool) -> str | None:
+        if node.name in self.options.exclude:
+            return "excluded by the user"
+        if is_head and not self.options.lm_head:
+            return "the LM head (output projection), kept float (--no-lm-head)"
+        return None
+
+    def _account(self, w: np.ndarray, blocks: Blocks) -> None:
+        self.report.weight_bytes_before += int(w.size * 4)
+        self.report.weight_bytes_after += int_bytes(blocks)
+
+    def _scaled_input(self, node: Node, scale: np.ndarray) -> Value:
+        x = node.input(0)
+        assert x is not None
+        key = (x.name, np.asarray(scale, np.float32).tobytes())
+        if key not in self.scaled:
+            inv = (1.0 / np.asarray(scale, np.float64)).astype(np.float32)
+            c = self.graph.make_constant(inv, f"{node.name}_awq_input_scale")
+            mul = self.graph.make_node("Mul", [x, c], before=node, name=f"{node.name}_awq_scale")
+            mul.output.dtype, mul.output.shape = x.dtype, x.shape
+            self.scaled[key] = mul.output
+            self.report.input_scales += 1
+        return self.scaled[key]
+
+    def _to_nbits(self, node: Node, blocks: Blocks, bias: np.ndarray | None) -> None:
+        packed = pack_matmul_nbits(blocks)
+        g, base = self.graph, node.name
+        inputs = [
+            node.input(0),
+            g.make_constant(packed.b, f"{base}_int4_B"),
+            g.make_constant(packed.scales, f"{base}_int4_scales"),
+        ]
+        if packed.zero_points is not None or bias is not None:
+            zp = packed.zero_points
+            inputs.append(None if zp is None else g.make_constant(zp, f"{base}_int4_zero_points"))
+        if bias is not None:
+            inputs += [None, g.make_constant(bias, f"{base}_bias")]
+        old_bias = node.input(2) if node.op_type == "Gemm" else None
+        node.replace_inputs(inputs)
+        node.op_type, node.domain = "MatMulNBits", MS_DOMAIN
+        node.attributes = {}
+        attrs = {"K": blocks.k, "N": blocks.n, "bits": BITS, "block_size": blocks.block_size}
+        if self.options.accuracy_level:
+            attrs["accuracy_level"] = int(self.options.accuracy_level)
+        for key, value in attrs.items():
+            node.set_attr(key, int(value))
+        self._drop_if_unread(old_bias)
+
+    def _to_dq(self, node: Node, blocks: Blocks, transposed: bool) -> None:
+        dq = pack_blocked_dq(blocks, transposed)
+        g, base = self.graph, node.name
+        inputs = [
+            g.make_constant(dq.x, f"{base}_int4_weight"),
+            g.make_constant(dq.scale, f"{base}_int4_scale"),
+        ]
+        if dq.zero_point is not None:
+            inputs.append(g.make_constant(dq.zero_point, f"{base}_int4_zero_point"))
+        made = g.make_node(
+            "DequantizeLinear",
+            inputs,
+            before=node,
+            name=f"DQ_{base}",
+            attributes={"axis": dq.axis, "block_size": blocks.block_size},
+        )
+        w_shape = (blocks.n, blocks.k) if transposed else (blocks.k, blocks.n)
+        made.output.dtype, made.output.shape = TensorProto.FLOAT, w_shape
+        node.set_input(1, made.output)
+
+    def embedding(self, node: Node) -> None:
+        label = node.name or f"Gather({node.output.name})"
+        if self.options.form != "nbits":
+            self.report.kept_float[label] = (
+                "embedding table kept float: standard ONNX has no block-quantized Gather"
+            )
+            return
+        if node.name in self.options.exclude:
+            self.report.kept_float[label] = "excluded by the user"
+            return
+        table_value = node.input(0)
+        table = np.asarray(const_array(table_value))
+        if table.shape[1] % 2:
+            self.report.kept_float[label] = f"embedding width {table.shape[1]} is odd"
+            return
+        blocks = quantize_rtn(table.T, self.options.block_size, self.options.symmetric)
+        self._account(table, blocks)
+        g, base = self.graph, label
+        codes = blocks.codes.reshape(blocks.n, -1)[:, : blocks.k]  # [V, D]
+        inputs = [
+            g.make_constant(pack_nibbles(codes), f"{base}_int4_table"),
+            node.input(1),
+            g.make_constant(blocks.scales, f"{base}_int4_scales"),
+        ]
+        if not blocks.symmetric:
+            zp = pack_nibbles(blocks.zero_points)
+            inputs.append(g.make_constant(zp, f"{base}_int4_zero_points"))
+        node.replace_inputs(inputs)
+        node.op_type, node.domain = "GatherBlockQuantized", MS_DOMAIN
+        node.attributes = {}
+        attrs = {"bits": BITS, "block_size": blocks.block_size, "gather_axis": 0}
+        for key, value in {**attrs, "quantize_axis": 1}.items():
+            node.set_attr(key, int(value))
+        self._drop_if_unread(table_value)
+        self.report.embeddings.append(label)
+
+    def _drop_if_unread(self, value: Value | None) -> None:
+        if value is None or value.const is None or value.uses() or value.is_graph_output:
+            return
+        if self.graph.initializers.get(value.name) is value:
+            self.graph.remove_initializer(value)
+
+
+def int_bytes(blocks: Blocks) -> int:
+    """Bytes of the int4 form: codes (half a byte each), float32 scales, packed zero points."""
+    codes = (blocks.n * blocks.k + 1) // 2
+    scales = blocks.scales.size * 4
+    zero = 0 if blocks.symmetric else blocks.n * ((blocks.n_blocks + 1) // 2)
+    return int(codes + scales + zero)
+
+
+def check_symmetry(symmetric: bool, target_kind: str) -> None:
+    """TensorRT's int4 weights take no zero point."""
+    if target_kind == "gpu" and not symmetric:
+        raise InferccError(
+            "--asymmetric int4 cannot run on TensorRT: its int4 DequantizeLinear takes no zero "
+            "point",
+            "use --symmetric (the default for GPU targets)",
+        )
+
