@@ -24,8 +24,22 @@ def bench(
             "is symbolic."
         ),
     ] = None,
-    warmup: Annotated[int, typer.Option(help="Untimed runs first, per batch size.", min=0)] = 10,
-    iters: Annotated[int, typer.Option(help="Timed runs per batch size.", min=1)] = 100,
+    warmup: Annotated[
+        int | None,
+        typer.Option(
+            help="Untimed runs first, per batch size [default: 10; with --generate: 1 "
+            "warm-up generation].",
+            min=0,
+        ),
+    ] = None,
+    iters: Annotated[
+        int | None,
+        typer.Option(
+            help="Timed runs per batch size [default: 100; with --generate: 3 timed "
+            "generations].",
+            min=1,
+        ),
+    ] = None,
     compare: Annotated[
         Path | None,
         typer.Option(
@@ -34,15 +48,72 @@ def bench(
         ),
     ] = None,
     seed: SeedOpt = 0,
+    generate: Annotated[
+        int | None,
+        typer.Option(
+            "--generate",
+            metavar="N",
+            help="For a decoder with KV-cache inputs/outputs: a greedy loop making N tokens "
+            "(prefill, then N-1 decode steps feeding present back as past); reports TTFT, "
+            "TPOT p50/p90/p99, decode tokens/s and peak memory. With --compare, the two "
+            "decoders interleaved per step.",
+            min=1,
+        ),
+    ] = None,
+    prompt_len: Annotated[
+        int | None,
+        typer.Option(help="With --generate: prompt tokens (random ids) [default: 64].", min=1),
+    ] = None,
+    prompt: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --generate: the prompt as token ids (integers separated by spaces, "
+            "commas or newlines, or an integer .npy; one row per prompt). No tokenizer runs."
+        ),
+    ] = None,
+    no_memory: Annotated[
+        bool,
+        typer.Option(
+            "--no-memory",
+            help="With --generate: skip the peak-memory run (one more generation in a fresh "
+            "process).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure latency (p50/p90/p99/mean) and throughput per batch size, or compare two
-    models/artifacts run interleaved so the comparison holds on a noisy machine."""
+    models/artifacts run interleaved so the comparison holds on a noisy machine.
+
+    With --generate N: the generation benchmark of a decoder (time to first token, time per
+    output token, decode tokens/s, peak memory)."""
     from infercc.cli.render import render_bench, render_compare
     from infercc.data.profiles import parse_shapes
     from infercc.runtime import bench as engine
 
     batches = parse_batches(batch)
+    if generate is not None:
+        if shape:
+            raise InferccError(
+                "--shape has no effect with --generate", "the prompt sets the shapes: drop it"
+            )
+        _bench_generate(
+            model,
+            compare,
+            generate,
+            batches,
+            (prompt_len, prompt),
+            (warmup, iters, seed),
+            not no_memory,
+            as_json,
+        )
+        return
+    for flag, value in (("--prompt-len", prompt_len), ("--prompt", prompt)):
+        if value is not None:
+            raise InferccError(f"{flag} needs --generate", "add --generate N, or drop it")
+    if no_memory:
+        raise InferccError("--no-memory needs --generate", "drop it")
+    warmup = 10 if warmup is None else warmup
+    iters = 100 if iters is None else iters
     shapes = parse_shapes(shape)
     with Progress(as_json, "compare" if compare else "bench") as progress:
         if compare is not None:
@@ -52,6 +123,44 @@ def bench(
         else:
             report = engine.bench(model, shapes, batches, warmup, iters, seed, progress.tick)
     finish(report, as_json, render_compare if compare is not None else render_bench)
+
+
+def _bench_generate(
+    model: Path,
+    other: Path | None,
+    new_tokens: int,
+    batches: list[int] | None,
+    prompting: tuple[int | None, Path | None],
+    counts: tuple[int | None, int | None, int],
+    memory: bool,
+    as_json: bool,
+) -> None:
+    from infercc.cli.render_decoder import render_generate, render_generate_compare
+    from infercc.runtime import generate as gen
+
+    if batches is not None and len(batches) != 1:
+        raise InferccError(
+            f"--generate runs one batch size, --batch gives {len(batches)}", "e.g. --batch 1"
+        )
+    prompt_len, prompt_file = prompting
+    warmup, iters, seed = counts
+    options = dict(
+        prompt_len=prompt_len,
+        batch=batches[0] if batches else None,
+        prompt=gen.read_prompt(prompt_file) if prompt_file is not None else None,
+        warmup=gen.DEFAULT_WARMUP if warmup is None else warmup,
+        runs=gen.DEFAULT_RUNS if iters is None else iters,
+        seed=seed,
+        memory=memory,
+    )
+    with Progress(as_json, "generate") as progress:
+        if other is not None:
+            report = gen.compare_generation(
+                model, other, new_tokens, on_progress=progress.tick, **options
+            )
+        else:
+            report = gen.generate(model, new_tokens, on_progress=progress.tick, **options)
+    finish(report, as_json, render_generate_compare if other is not None else render_generate)
 
 
 def parse_batches(text: str | None) -> list[int] | None:

@@ -1,0 +1,289 @@
+"""Decoders with a KV cache: what the graph's inputs and outputs say, and what they cost.
+
+`decoder_signature(model)` reads a decoder's I/O from the graph alone:
+
+- the **cache**: inputs named like `past_key_values.0.key`, `past.0`, `past_key_0`, ... and
+  outputs named like `present.0.key`, `present_key_values.0.value`, `present_0`. Each past is
+  paired with the present whose name is the same once the words past / present (and
+  `_key_values`) are taken out; when the names do not pair, the i-th past input pairs with the
+  i-th present output when both lists have the same length. Each cache input has a batch axis
+  (the symbol of `input_ids`' first axis; else axis 0, or 1 for GPT-2's stacked [2, batch, ...]
+  form) and a sequence axis (its other symbolic axis); its other dims must be fixed;
+- `input_ids` (by name, else the first rank-2 integer input), optional `attention_mask`
+  ([batch, past + new]) and `position_ids` ([batch, new]);
+- `logits`: the output of that name, else the first output that is not a present.
+
+Anything else the model wants fed (a `use_cache_branch` flag, cache positions) is refused:
+infercc would have to guess its meaning.
+
+`prefill_feeds` and `decode_feeds` build what one step of a greedy loop feeds (the empty cache
+of a prefill has sequence length 0); `kv_bytes_per_token` is the cache's size per token and
+batch row: the product of each cache input's fixed dims times its element size, summed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from infercc.data.signature import declared_dims, input_dtype, real_inputs
+from infercc.errors import InferccError
+
+_PAST = re.compile(r"past|cache", re.IGNORECASE)
+_PRESENT = re.compile(r"present", re.IGNORECASE)
+_STRIP = re.compile(r"(past_key_values|present_key_values|past_key_value|past|present)", re.I)
+
+
+@dataclass
+class CacheTensor:
+    """One past input and the present output that feeds it on the next step."""
+
+    past: str
+    present: str
+    dtype: np.dtype
+    dims: list[int | str | None]
+    batch_axis: int
+    seq_axis: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes of one token of one batch row: the fixed dims times the element size."""
+        fixed = [d for i, d in enumerate(self.dims) if i not in (self.batch_axis, self.seq_axis)]
+        return int(np.prod(fixed, dtype=np.int64)) * self.dtype.itemsize
+
+    def shape(self, batch: int, length: int) -> tuple[int, ...]:
+        out = list(self.dims)
+        out[self.batch_axis], out[self.seq_axis] = batch, length
+        return tuple(int(d) for d in out)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "past": self.past,
+            "present": self.present,
+            "dtype": str(self.dtype),
+            "dims": list(self.dims),
+            "batch_axis": self.batch_axis,
+            "seq_axis": self.seq_axis,
+            "bytes_per_token": self.bytes_per_token,
+        }
+
+
+@dataclass
+class DecoderSignature:
+    input_ids: str
+    ids_dtype: np.dtype
+    logits: str
+    caches: list[CacheTensor]
+    attention_mask: str | None = None
+    mask_dtype: np.dtype | None = None
+    position_ids: str | None = None
+    positions_dtype: np.dtype | None = None
+    vocab: int | None = None
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(c.bytes_per_token for c in self.caches)
+
+    def kv_bytes(self, batch: int, tokens: int) -> int:
+        return self.kv_bytes_per_token * int(batch) * int(tokens)
+
+    @property
+    def prompt_inputs(self) -> list[str]:
+        """The inputs a prompt alone determines (samples for a decoder hold `input_ids`)."""
+        return [self.input_ids]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "logits": self.logits,
+            "vocab": self.vocab,
+            "caches": [c.to_dict() for c in self.caches],
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+        }
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def decoder_signature(model: onnx.ModelProto) -> DecoderSignature | None:
+    """The decoder I/O of `model` (a skeleton is enough), or None when it has no KV cache.
+
+    InferccError when it has a cache but something about it cannot be driven."""
+    inputs = {vi.name: vi for vi in real_inputs(model)}
+    outputs = [vi.name for vi in model.graph.output]
+    pasts = [n for n in inputs if _PAST.search(n)]
+    presents = [n for n in outputs if _PRESENT.search(n)]
+    if not pasts or not presents:
+        return None
+    pairs = _pair(pasts, presents)
+    ids = _input_ids(inputs, set(pasts))
+    batch_symbol = _first_symbol(inputs[ids])
+    caches = [_cache(inputs[p], q, batch_symbol) for p, q in pairs]
+    mask = _named(inputs, "attention_mask")
+    positions = _named(inputs, "position_ids")
+    known = {ids, *pasts, *(n for n in (mask, positions) if n)}
+    unknown = [n for n in inputs if n not in known]
+    if unknown:
+        raise InferccError(
+            f"decoder input(s) {', '.join(map(repr, unknown))} are neither the prompt, the "
+            "attention mask, the position ids nor the KV cache",
+            "export the decoder with input_ids, attention_mask, position_ids and past_* "
+            "inputs only (one graph with the cache, no use_cache_branch)",
+        )
+    logits = _logits(model, set(presents))
+    return DecoderSignature(
+        input_ids=ids,
+        ids_dtype=input_dtype(inputs[ids]),
+        logits=logits,
+        caches=caches,
+        attention_mask=mask,
+        mask_dtype=input_dtype(inputs[mask]) if mask else None,
+        position_ids=positions,
+        positions_dtype=input_dtype(inputs[positions]) if positions else None,
+        vocab=_vocab(model, logits),
+        outputs=outputs,
+    )
+
+
+def require_decoder(model: onnx.ModelProto, path: str) -> DecoderSignature:
+    sig = decoder_signature(model)
+    if sig is None:
+        raise InferccError(
+            f"{path} has no KV-cache inputs and outputs (past_* inputs, present* outputs): "
+            "it is not a decoder that --generate can drive",
+            "export the decoder with its cache (use_cache=True; torch.onnx with "
+            "past_key_values inputs), or bench it without --generate",
+        )
+    return sig
+
+
+def _pair(pasts: list[str], presents: list[str]) -> list[tuple[str, str]]:
+    by_key = {_STRIP.sub("", name).lower(): name for name in presents}
+    pairs = [(p, by_key.get(_STRIP.sub("", p).lower())) for p in pasts]
+    if all(q is not None for _, q in pairs) and len(set(q for _, q in pairs)) == len(pairs):
+        return [(p, q) for p, q in pairs if q is not None]
+    if len(pasts) == len(presents):
+        return list(zip(pasts, presents, strict=True))
+    raise InferccError(
+        f"the decoder's {len(pasts)} past input(s) do not pair with its {len(presents)} "
+        "present output(s)",
+        "name them past_key_values.N.key/value and present.N.key/value",
+    )
+
+
+def _input_ids(inputs: Mapping[str, onnx.ValueInfoProto], pasts: set[str]) -> str:
+    if "input_ids" in inputs:
+        return "input_ids"
+    for name, vi in inputs.items():
+        if name in pasts or name in ("attention_mask", "position_ids"):
+            continue
+        dims = declared_dims(vi)
+        if dims is not None and len(dims) == 2 and input_dtype(vi).kind in "iu":
+            return name
+    raise InferccError(
+        "the decoder has no input_ids input (a rank-2 integer input)",
+        "export it with an input_ids input of shape [batch, sequence]",
+    )
+
+
+def _named(inputs: Mapping[str, onnx.ValueInfoProto], word: str) -> str | None:
+    return word if word in inputs else next((n for n in inputs if word in n.lower()), None)
+
+
+def _first_symbol(vi: onnx.ValueInfoProto) -> str | None:
+    dims = declared_dims(vi)
+    return dims[0] if dims and isinstance(dims[0], str) else None
+
+
+def _cache(vi: onnx.ValueInfoProto, present: str, batch_symbol: str | None) -> CacheTensor:
+    dims = declared_dims(vi)
+    if dims is None:
+        raise InferccError(f"cache input {vi.name!r} has no declared shape", "export its shape")
+    symbolic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    batch = _batch_axis(dims, symbolic, batch_symbol)
+    seq = [i for i in symbolic if i != batch]
+    if len(seq) != 1 or batch is None:
+        raise InferccError(
+            f"cache input {vi.name!r} has dims {dims}: need one batch and one sequence axis "
+            "symbolic and every other dim fixed",
+            "export the cache as [batch, heads, past_sequence, head_size] with fixed heads "
+            "and head size",
+        )
+    return CacheTensor(vi.name, present, input_dtype(vi), dims, batch, seq[0])
+
+
+def _batch_axis(
+    dims: list[int | str | None], symbolic: list[int], batch_symbol: str | None
+) -> int | None:
+    if batch_symbol is not None and batch_symbol in dims:
+        return dims.index(batch_symbol)
+    if 0 in symbolic:
+        return 0
+    if dims and dims[0] == 2 and 1 in symbolic:  # GPT-2's stacked [2, batch, heads, seq, dim]
+        return 1
+    return None
+
+
+def _logits(model: onnx.ModelProto, presents: set[str]) -> str:
+    names = [vi.name for vi in model.graph.output]
+    if "logits" in names:
+        return "logits"
+    rest = [n for n in names if n not in presents]
+    if not rest:
+        raise InferccError("the decoder has no logits output", "export its logits")
+    return rest[0]
+
+
+def _vocab(model: onnx.ModelProto, logits: str) -> int | None:
+    for vi in model.graph.output:
+        if vi.name == logits:
+            dims = declared_dims(vi)
+            if dims and isinstance(dims[-1], int):
+                return dims[-1]
+    return None
+
+
+# --------------------------------------------------------------------------- feeds
+
+
+def prefill_feeds(sig: DecoderSignature, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Feeds for a prefill of `ids` [batch, prompt] with an empty cache."""
+    ids = np.asarray(ids)
+    batch, length = ids.shape
+    feeds = {sig.input_ids: ids.astype(sig.ids_dtype)}
+    for cache in sig.caches:
+        feeds[cache.past] = np.zeros(cache.shape(batch, 0), cache.dtype)
+    feeds.update(_mask_and_positions(sig, batch, 0, length))
+    return feeds
+
+
+def step_inputs(
+    sig: DecoderSignature, tokens: np.ndarray, past_length: int
+) -> dict[str, np.ndarray]:
+    """The non-cache feeds of a decode step of `tokens` [batch, 1] after `past_length`."""
+    tokens = np.asarray(tokens)
+    feeds = {sig.input_ids: tokens.astype(sig.ids_dtype)}
+    feeds.update(_mask_and_positions(sig, tokens.shape[0], past_length, tokens.shape[1]))
+    return feeds
+
+
+def _mask_and_positions(
+    sig: DecoderSignature, batch: int, past: int, new: int
+) -> dict[str, np.ndarray]:
+    feeds = {}
+    if sig.attention_mask is not None:
+        feeds[sig.attention_mask] = np.ones((batch, past + new), sig.mask_dtype)
+    if sig.position_ids is not None:
+        positions = np.arange(past, past + new, dtype=np.int64)
+        feeds[sig.position_ids] = np.broadcast_to(positions, (batch, new)).astype(
+            sig.positions_dtype
+        )
+    return feeds
