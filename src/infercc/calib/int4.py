@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from infercc.calib.quantize import const_array
+from infercc.passes.match import const_value as const_array
 from infercc.errors import InferccError
 from infercc.ir import Model, Node, Tensor, Value
 

@@ -15,33 +15,93 @@ from infercc.errors import InferccError
 @app.command()
 def calibrate(
     model: Annotated[Path, typer.Argument(help="The fp32 ONNX model to quantize.")],
-    data: Annotated[
-        Path,
-        typer.Option(
-            help="Samples: a directory of .npz files (one sample each, keyed by input "
-            "name) or <input>.npy files, or one .npz of stacked samples (every array with "
-            "one more axis than the input: N samples on axis 0), or a directory of images "
-            "(jpg, png, bmp, webp; needs --preprocess)."
-        ),
-    ],
     output: Annotated[
         Path,
         typer.Option(
             "-o",
             "--output",
             help="Directory for model_int8.onnx, ranges.json, "
-            "calibration.cache and calibration_report.json.",
+            "calibration.cache and calibration_report.json (--int4: model_int4.onnx and "
+            "calibration_report.json).",
         ),
     ],
-    int8: Annotated[bool, typer.Option("--int8", help="Quantize to int8 (QDQ).")] = True,
-    method: Annotated[
-        str,
+    data: Annotated[
+        Path | None,
         typer.Option(
-            help="Range method: minmax, entropy (KL, as TensorRT's entropy "
-            "calibrator) or percentile."
+            help="Samples: a directory of .npz files (one sample each, keyed by input "
+            "name) or <input>.npy files, or one .npz of stacked samples (every array with "
+            "one more axis than the input: N samples on axis 0), or a directory of images "
+            "(jpg, png, bmp, webp; needs --preprocess). A decoder's samples hold input_ids "
+            "only. Required for int8, and for --int4 with --method awq or gptq."
         ),
-    ] = "minmax",
-    percentile: Annotated[float, typer.Option(help="With --method percentile.")] = 99.99,
+    ] = None,
+    int8: Annotated[
+        bool, typer.Option("--int8", help="Quantize to int8 (QDQ), the default.")
+    ] = False,
+    int4: Annotated[
+        bool,
+        typer.Option(
+            "--int4",
+            help="Weight-only int4 for MatMul/Gemm weights (and embeddings): MatMulNBits "
+            "for the cpu target, blocked DequantizeLinear with --portable or a GPU target.",
+        ),
+    ] = False,
+    method: Annotated[
+        str | None,
+        typer.Option(
+            help="int8 range method: minmax (default), entropy (KL, as TensorRT's entropy "
+            "calibrator) or percentile. --int4: rtn (default; round to nearest, no data), awq "
+            "(activation-aware scales) or gptq (error-compensating rounding)."
+        ),
+    ] = None,
+    block_size: Annotated[
+        int | None,
+        typer.Option(help="--int4: weights per scale along K, 32, 64 or 128 [default: 32]."),
+    ] = None,
+    symmetric: Annotated[
+        bool | None,
+        typer.Option(
+            "--symmetric/--asymmetric",
+            help="--int4: zero point fixed at 8 (symmetric; TensorRT's form) or per block "
+            "[default: asymmetric for cpu, symmetric for GPU targets].",
+            show_default=False,
+        ),
+    ] = None,
+    portable: Annotated[
+        bool,
+        typer.Option(
+            "--portable",
+            help="--int4: standard ONNX (int4 DequantizeLinear, opset 21) instead of "
+            "onnxruntime's MatMulNBits.",
+        ),
+    ] = False,
+    accuracy_level: Annotated[
+        str | None,
+        typer.Option(
+            help="--int4 MatMulNBits: auto (measure 0 against 4 on this host, keep the "
+            "faster if as accurate), 0, 1, 2, 3 or 4 (int8 compute) [default: auto].",
+        ),
+    ] = None,
+    lm_head: Annotated[
+        bool | None,
+        typer.Option(
+            "--lm-head/--no-lm-head",
+            help="--int4: quantize the LM head (the projection to the output) [default: yes].",
+            show_default=False,
+        ),
+    ] = None,
+    embeddings: Annotated[
+        bool | None,
+        typer.Option(
+            "--embeddings/--no-embeddings",
+            help="--int4 MatMulNBits: quantize embedding tables (GatherBlockQuantized) "
+            "[default: yes].",
+            show_default=False,
+        ),
+    ] = None,
+    percentile: Annotated[
+        float | None, typer.Option(help="With --method percentile [default: 99.99].")
+    ] = None,
     num_samples: Annotated[
         int | None, typer.Option(help="Use at most this many samples.", min=1)
     ] = None,
@@ -129,19 +189,67 @@ def calibrate(
     as_json: JsonOpt = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
-    calibration cache; report accuracy against fp32 on held-out samples."""
+    calibration cache; report accuracy against fp32 on held-out samples.
+
+    With --int4: weight-only int4 (RTN, AWQ or GPTQ) of MatMul/Gemm weights and embeddings,
+    with accuracy (next-token top-1 agreement and perplexity for decoders), layers left float
+    and why, size before and after, and int4 raced against fp32 on this host."""
     from infercc.calib.calibrate import calibrate as run
+    from infercc.cli.int4_cli import check_int8_only_flags, int4_only_flags, run_int4
     from infercc.cli.render import render_calibration
 
-    if not int8:
-        raise InferccError("calibrate builds int8 models only", "pass --int8")
+    if int8 and int4:
+        raise InferccError("--int8 and --int4 exclude each other", "pass one of them")
+    int4_flags = dict(
+        block_size=block_size,
+        symmetric=symmetric,
+        portable=portable or None,
+        accuracy_level=accuracy_level,
+        lm_head=lm_head,
+        embeddings=embeddings,
+    )
+    if int4:
+        check_int8_only_flags(
+            percentile=percentile,
+            min_cosine=min_cosine,
+            max_top1_drop=max_top1_drop,
+            activations=None if activations == "auto" else activations,
+            activation_matmuls=activation_matmuls or None,
+            max_trials=None if max_trials == 64 else max_trials,
+            outlier_channels=None if outlier_channels else False,
+            disable_pass=disable_pass or None,
+            verify=verify or None,
+        )
+        with Progress(as_json) as progress:
+            report = run_int4(
+                model,
+                output,
+                data,
+                method,
+                int4_flags,
+                exclude or [],
+                num_samples,
+                holdout,
+                preprocess,
+                target,
+                speed_check,
+                progress.step,
+                progress.tick,
+            )
+        from infercc.cli.render_decoder import render_int4
+
+        finish(report, as_json, render_int4)
+        return
+    int4_only_flags(int4_flags)
+    if data is None:
+        raise InferccError("int8 calibration needs samples", "pass --data DIR")
     with Progress(as_json) as progress:
         report = run(
             model,
             data,
             output,
-            method=method,
-            percentile=percentile,
+            method=method or "minmax",
+            percentile=99.99 if percentile is None else percentile,
             num_samples=num_samples,
             holdout=holdout,
             min_cosine=min_cosine,

@@ -82,3 +82,67 @@ def render_generate_compare(report, console: Console) -> None:
     console.print(f"generated tokens equal: {100 * report.token_agreement:.1f}%")
     _render_memory(a, console, "A: ")
     _render_memory(b, console, "B: ")
+
+
+def render_int4(report, console: Console) -> None:
+    d = report.to_dict()
+    status = "[green]done[/]" if d["passed"] else "[red]FAILED[/]"
+    sym = "symmetric" if d["symmetric"] else "asymmetric"
+    samples = ", ".join(f"{k} {v}" for k, v in d["samples"].items())
+    console.print(
+        f"[bold]{d['model']}[/] -> [bold]{d['out_dir']}[/]  int4 {d['method']} ({d['form']}, "
+        f"block {d['block_size']}, {sym}), {d['quantized_nodes']} weight(s) and "
+        f"{len(d['embeddings'])} embedding(s) in int4 ({samples})  {status}",
+        highlight=False,
+    )
+    t = Table(title="int4 against fp32", title_justify="left")
+    for col in ("output", "cosine", "max abs", "top-1 agreement"):
+        t.add_column(col, justify="left" if col == "output" else "right")
+    for name, q in d["outputs"].items():
+        agree = q["top1_agreement"]
+        t.add_row(
+            name,
+            _f(q["cosine"], ".6f"),
+            _f(q["max_abs"], ".3g"),
+            "-" if agree is None else f"{100 * agree:.2f}%",
+        )
+    console.print(t)
+    if d["perplexity"] is not None:
+        console.print(
+            f"perplexity {d['perplexity']:.4f} vs fp32 {d['perplexity_fp32']:.4f} "
+            f"({100 * (d['perplexity_ratio'] - 1):+.2f}%)",
+            highlight=False,
+        )
+    size = d["size"]
+    if size:
+        console.print(
+            f"size {human_bytes(size['before_bytes'])} -> {human_bytes(size['after_bytes'])} "
+            f"({size['ratio']:.3f}x)",
+            highlight=False,
+        )
+    _render_int4_choices(d, console)
+    for k in d["kept_float"]:
+        console.print(f"kept float: {k['node']}: {k['reason']}", highlight=False)
+
+
+def _render_int4_choices(d: dict, console: Console) -> None:
+    level = d["accuracy_level"]
+    if level.get("chosen") is not None:
+        line = f"accuracy_level {level['chosen']} ({level['reason']}"
+        race = level.get("level4_vs_level0")
+        if race:
+            line += (
+                f"; level 4 / level 0 time {race['ratio_median']:.3f} "
+                f"(p10..p90 {race['ratio_p10']:.3f}..{race['ratio_p90']:.3f})"
+            )
+        console.print(line + ")", highlight=False)
+    if d["versus_rtn"] is not None:
+        console.print(d["versus_rtn"]["message"], highlight=False)
+    speed = d["speed"]
+    if speed:
+        console.print(
+            f"speed: int4 {speed['b_ms']:.3f} ms vs fp32 {speed['a_ms']:.3f} ms "
+            f"({speed['ratio_median']:.2f}x the fp32 time, p10..p90 "
+            f"{speed['ratio_p10']:.2f}..{speed['ratio_p90']:.2f}; {speed['feed']})",
+            highlight=False,
+        )

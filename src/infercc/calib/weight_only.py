@@ -1,0 +1,741 @@
+"""Weight-only int4 calibration end to end: `infercc calibrate MODEL --int4 -o DIR`.
+
+`calibrate_int4(model, out_dir, ...)`:
+
+1. **Form.** The cpu target (onnxruntime) gets `com.microsoft.MatMulNBits` (and
+   GatherBlockQuantized embeddings); `portable=True` or a GPU target (TensorRT) gets standard
+   blocked int4 `DequantizeLinear` (opset 21: a model of an older opset is converted with
+   `onnx.version_converter` first). Symmetric by default on GPU targets (TensorRT's int4 takes
+   no zero point), asymmetric on the cpu target (`infercc.calib.int4`).
+2. **Samples** (`data`, the same formats as int8). For a decoder (KV-cache I/O,
+   `infercc.analysis.decoder`) a sample holds `input_ids` [1, tokens] only: it is run as one
+   prefill (empty cache, full mask, positions 0..n-1), so the logits of every position are
+   teacher-forced next-token predictions. The last `holdout` fraction is held out. Without
+   `data` (RTN only: AWQ and GPTQ need calibration inputs), eight random inputs (decoders: 64
+   random token ids each) are the evaluation set, and the report says so.
+3. **fp32 first**: infercc's portable pipeline (constants folded, Q/K/V projections merged),
+   as int8 does; every MatMul/Gemm gets a name.
+4. **Method**: `rtn` rounds to nearest; `awq` (`infercc.calib.awq`) and `gptq`
+   (`infercc.calib.gptq`) read the calibration samples' inputs of each weight (one fp32 pass).
+   Embedding tables are RTN in every method (a Gather has no input activations to weigh).
+5. **Evaluate** on the held-out samples against fp32: per output cosine and max abs error
+   (int8's measures); for a decoder also next-token top-1 agreement with fp32 over every
+   position and the perplexity of the samples' own next tokens under both models. `awq` and
+   `gptq` are also compared with `rtn` at the same block size and symmetry: the report says
+   whether the method beat RTN (decoders: lower perplexity; otherwise higher worst cosine),
+   and by how much, or that it did not.
+6. **Accuracy level** (MatMulNBits only): `auto` builds the model with accuracy_level 0
+   (fp32 compute) and 4 (int8 compute on the activations, the VNNI path), races the two
+   interleaved on this host (a decode step at batch 1 after 64 cached tokens for a decoder,
+   one evaluation sample otherwise) and keeps 4 when it is faster beyond noise (the p90 of
+   the time ratio below 1) and loses at most 0.5 points of top-1 agreement (decoders) or
+   0.001 of cosine; both measurements go in the report. An explicit level is taken as is.
+7. **Speed**: the int4 model raced against the original fp32 one, the same way.
+8. **Write** (staged, renamed into place): `model_int4.onnx` and `calibration_report.json`
+   with the size before (the original's files) and after.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from infercc.analysis.decoder import (
+    DecoderSignature,
+    decoder_signature,
+    prefill_feeds,
+    step_inputs,
+)
+from infercc.calib.activations import collect_inputs
+from infercc.calib.calibrate import (
+    REPORT_FILE,
+    OutputQuality,
+    _name_targets,
+    check_calibration_destination,
+    evaluate,
+    read_samples,
+    split_samples,
+)
+from infercc.calib.int4 import (
+    ACCURACY_LEVELS,
+    DEFAULT_BLOCK_SIZE,
+    DQ_BLOCK_OPSET,
+    Blocks,
+    Int4Options,
+    Int4Report,
+    check_block_size,
+    check_symmetry,
+    is_target,
+    quantize_int4,
+    target_weight,
+)
+from infercc.check.compare import run_model
+from infercc.data.feeds import make_inputs
+from infercc.errors import InferccError
+from infercc.ir import Model, export_model, import_model, load_model, save_model
+from infercc.passes.manager import PassContext, run_passes
+from infercc.passes.pipelines import CALIBRATE_FP32
+from infercc.runtime.artifact import publish, staging_dir
+from infercc.util import json_float
+
+logger = logging.getLogger(__name__)
+
+INT4_FILE = "model_int4.onnx"
+_FP32_FILE = ".fp32.onnx"
+_TRIAL_FILE = ".trial.onnx"
+_LEVEL_FILE = ".level.onnx"
+METHODS = ("rtn", "awq", "gptq")
+RANDOM_SAMPLES = 8
+RANDOM_PROMPT = 64
+SPEED_WARMUP, SPEED_ITERS = 10, 60
+SPEED_PAST = 64
+LEVEL4_MAX_TOP1_LOSS = 0.005  # fraction: 0.5 points
+LEVEL4_MAX_COSINE_LOSS = 0.001
+
+Samples = list[dict[str, np.ndarray]]
+Step = Callable[[str], None]
+ProgressFn = Callable[[int, int | None], None]
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class Quality:
+    """One int4 candidate against fp32 on the evaluation samples."""
+
+    outputs: dict[str, OutputQuality]
+    top1_agreement: float | None = None  # decoders: next-token argmax equal, every position
+    perplexity: float | None = None  # decoders: of the samples' own next tokens
+    perplexity_fp32: float | None = None
+
+    @property
+    def cosine(self) -> float:
+        values = [0.0 if o.cosine is None else o.cosine for o in self.outputs.values()]
+        return min(values, default=1.0)
+
+    @property
+    def perplexity_ratio(self) -> float | None:
+        if self.perplexity is None or not self.perplexity_fp32:
+            return None
+        return self.perplexity / self.perplexity_fp32
+
+    def better_than(self, other: Quality) -> bool:
+        if self.perplexity is not None and other.perplexity is not None:
+            return self.perplexity < other.perplexity
+        return self.cosine > other.cosine
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cosine": json_float(self.cosine),
+            "top1_agreement": json_float(self.top1_agreement),
+            "perplexity": json_float(self.perplexity),
+            "perplexity_fp32": json_float(self.perplexity_fp32),
+            "perplexity_ratio": json_float(self.perplexity_ratio),
+        }
+
+
+@dataclass
+class Race:
+    """B against A, interleaved on this host: B's time / A's time."""
+
+    a_ms: float
+    b_ms: float
+    ratio_median: float
+    ratio_p10: float
+    ratio_p90: float
+    iters: int
+    feed: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: json_float(v) if isinstance(v, float) else v for k, v in vars(self).items()}
+
+
+@dataclass
+class Int4CalibrationReport:
+    model: str
+    out_dir: str
+    method: str
+    form: str
+    block_size: int
+    symmetric: bool
+    samples: dict[str, Any]
+    quality: Quality
+    quantize: Int4Report
+    passed: bool
+    message: str
+    accuracy_level: dict[str, Any] = field(default_factory=dict)
+    size: dict[str, Any] = field(default_factory=dict)
+    versus_rtn: dict[str, Any] | None = None
+    speed: Race | None = None
+    decoder: dict[str, Any] | None = None
+    files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        q = self.quantize
+        return {
+            "model": self.model,
+            "out_dir": self.out_dir,
+            "precision": "int4",
+            "method": self.method,
+            "form": self.form,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "samples": dict(self.samples),
+            "outputs": {n: o.to_dict() for n, o in self.quality.outputs.items()},
+            **self.quality.to_dict(),
+            "quantized_nodes": len(q.quantized),
+            "quantized": list(q.quantized),
+            "embeddings": list(q.embeddings),
+            "kept_float": [
+                {"node": node, "reason": reason, "cause": _cause(reason)}
+                for node, reason in q.kept_float.items()
+            ],
+            "input_scales": q.input_scales,
+            "accuracy_level": self.accuracy_level,
+            "size": self.size,
+            "versus_rtn": self.versus_rtn,
+            "speed": None if self.speed is None else self.speed.to_dict(),
+            "decoder": self.decoder,
+            "passed": self.passed,
+            "message": self.message,
+            "files": list(self.files),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _cause(reason: str) -> str:
+    if reason == "excluded by the user" or "--no-lm-head" in reason:
+        return "user"
+    return "quantizer"
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass
+class Int4Job:
+    """The options of one int4 calibration, checked."""
+
+    method: str = "rtn"
+    block_size: int = DEFAULT_BLOCK_SIZE
+    symmetric: bool = False
+    form: str = "nbits"
+    accuracy_level: str | int = "auto"
+    lm_head: bool = True
+    embeddings: bool = True
+    exclude: tuple[str, ...] = ()
+    speed_check: bool = True
+
+    def options(self, level: int = 0) -> Int4Options:
+        return Int4Options(
+            block_size=self.block_size,
+            symmetric=self.symmetric,
+            form=self.form,
+            accuracy_level=level,
+            lm_head=self.lm_head,
+            embeddings=self.embeddings,
+            exclude=self.exclude,
+        )
+
+
+def check_int4_options(
+    method: str,
+    block_size: int,
+    symmetric: bool | None,
+    portable: bool,
+    target: str,
+    accuracy_level: str | int,
+    has_data: bool,
+) -> tuple[str, bool, str | int]:
+    """(form, symmetric, accuracy level) for the options, or one clear InferccError."""
+    from infercc.analysis.targets import get_target
+
+    if method not in METHODS:
+        raise InferccError(f"unknown int4 method {method!r}", "use rtn, awq or gptq")
+    if method != "rtn" and not has_data:
+        raise InferccError(
+            f"--method {method} needs calibration samples",
+            "pass --data DIR (the same formats as int8), or use --method rtn",
+        )
+    check_block_size(block_size)
+    kind = get_target(target).kind
+    form = "dq" if portable or kind == "gpu" else "nbits"
+    sym = (kind == "gpu") if symmetric is None else bool(symmetric)
+    check_symmetry(sym, kind)
+    level = _check_level(accuracy_level, form)
+    return form, sym, level
+
+
+def _check_level(accuracy_level: str | int, form: str) -> str | int:
+    if str(accuracy_level) == "auto":
+        return "auto"
+    try:
+        level = int(accuracy_level)
+    except ValueError:
+        level = -1
+    if level not in ACCURACY_LEVELS:
+        raise InferccError(
+            f"bad accuracy level {accuracy_level!r}",
+            "use auto, 0 (unset), 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8 compute)",
+        )
+    if form != "nbits":
+        raise InferccError(
+            "--accuracy-level applies to MatMulNBits (the cpu target), not to the portable "
+            "DequantizeLinear form",
+            "drop --accuracy-level, or drop --portable for onnxruntime",
+        )
+    return level
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def calibrate_int4(
+    model: str | PathLike[str],
+    out_dir: str | PathLike[str],
+    *,
+    data: str | PathLike[str] | None = None,
+    method: str = "rtn",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    symmetric: bool | None = None,
+    portable: bool = False,
+    target: str = "cpu",
+    accuracy_level: str | int = "auto",
+    exclude: Sequence[str] = (),
+    lm_head: bool = True,
+    embeddings: bool = True,
+    num_samples: int | None = None,
+    holdout: float = 0.2,
+    preprocess: str | None = None,
+    speed_check: bool = True,
+    on_step: Step | None = None,
+    on_progress: ProgressFn | None = None,
+) -> Int4CalibrationReport:
+    """Weight-only int4 of `model` into `out_dir` (module docstring)."""
+    t0 = time.perf_counter()
+    form, sym, level = check_int4_options(
+        method, block_size, symmetric, portable, target, accuracy_level, data is not None
+    )
+    if not 0.0 <= holdout < 1.0:
+        raise InferccError(f"holdout must be in [0, 1), got {holdout}", "e.g. 0.2")
+    job = Int4Job(method, int(block_size), sym, form, level, lm_head, embeddings, tuple(exclude))
+    job.speed_check = speed_check
+    src, dest = Path(model), Path(out_dir)
+    check_calibration_destination(dest, src)
+    step = on_step or (lambda _text: None)
+    step("loading")
+    ir = _load(src, form)
+    skeleton = export_model(ir, with_weights=False)
+    sig = decoder_signature(skeleton)
+    samples, evaluated_on = _samples(data, skeleton, sig, num_samples, preprocess)
+    calib, evaluation = _split(samples, holdout, evaluated_on)
+    stage = staging_dir(dest)
+    try:
+        run = _Run(job, stage, sig, evaluation, step)
+        run.prepare_fp32(ir)
+        del ir
+        report = run.execute(src, dest, calib, on_progress)
+        report.samples = {
+            "calibration": len(calib) if method != "rtn" else 0,
+            "evaluation": len(evaluation),
+            "evaluated_on": evaluated_on,
+        }
+        report.size = _sizes(src, stage / INT4_FILE)
+        report.files = [str(dest / INT4_FILE), str(dest / REPORT_FILE)]
+        report.seconds = time.perf_counter() - t0
+        (stage / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        for tmp in stage.glob(".*"):
+            tmp.unlink()
+        publish(stage, dest)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _load(src: Path, form: str) -> Model:
+    """The model's IR; for the DequantizeLinear form at opset >= 21 (converted if older)."""
+    ir = load_model(src)
+    version = ir.opset_imports.get("", ir.opset_imports.get("ai.onnx", 0))
+    if form != "dq" or version >= DQ_BLOCK_OPSET:
+        return ir
+    from onnx import version_converter
+
+    proto = onnx.load(str(src))
+    try:
+        converted = version_converter.convert_version(proto, DQ_BLOCK_OPSET)
+    except Exception as exc:  # the converter raises its own error types
+        raise InferccError(
+            f"blocked int4 DequantizeLinear needs opset {DQ_BLOCK_OPSET}; converting the "
+            f"model from opset {version} failed: {str(exc).splitlines()[0][:200]}",
+            f"re-export the model with opset_version={DQ_BLOCK_OPSET} or later",
+        ) from None
+    logger.info("converted the model from opset %d to %d", version, DQ_BLOCK_OPSET)
+    return import_model(converted)
+
+
+# --------------------------------------------------------------------------- samples
+
+
+def _samples(
+    data: str | PathLike[str] | None,
+    skeleton: onnx.ModelProto,
+    sig: DecoderSignature | None,
+    num_samples: int | None,
+    preprocess: str | None,
+) -> tuple[Samples, str]:
+    if data is None:
+        return _random_samples(skeleton, sig), "random inputs (no --data)"
+    if sig is None:
+        return read_samples(data, skeleton, num_samples, preprocess), "holdout"
+    prompts = read_samples(data, _prompt_skeleton(skeleton, sig), num_samples, preprocess)
+    return [prefill_feeds(sig, s[sig.input_ids]) for s in prompts], "holdout"
+
+
+def _prompt_skeleton(skeleton: onnx.ModelProto, sig: DecoderSignature) -> onnx.ModelProto:
+    """The skeleton with `input_ids` its only input: what a decoder's sample holds."""
+    reduced = onnx.ModelProto()
+    reduced.CopyFrom(skeleton)
+    keep = [vi for vi in reduced.graph.input if vi.name == sig.input_ids]
+    del reduced.graph.input[:]
+    reduced.graph.input.extend(keep)
+    return reduced
+
+
+def _random_samples(skeleton: onnx.ModelProto, sig: DecoderSignature | None) -> Samples:
+    if sig is None:
+        return [make_inputs(skeleton, None, seed) for seed in range(RANDOM_SAMPLES)]
+    if sig.vocab is None:
+        raise InferccError(
+            "the decoder's vocabulary size is unknown, so no random prompt can be made",
+            "pass token-id samples with --data",
+        )
+    rng = np.random.default_rng(0)
+    return [
+        prefill_feeds(sig, rng.integers(0, sig.vocab, (1, RANDOM_PROMPT)))
+        for _ in range(RANDOM_SAMPLES)
+    ]
+
+
+def _split(samples: Samples, holdout: float, evaluated_on: str) -> tuple[Samples, Samples]:
+    if evaluated_on != "holdout":
+        return [], samples
+    calib, evaluation, on_holdout = split_samples(samples, holdout)
+    return calib, evaluation
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class _Run:
+    def __init__(
+        self,
+        job: Int4Job,
+        stage: Path,
+        sig: DecoderSignature | None,
+        evaluation: Samples,
+        step: Step,
+    ):
+        self.job = job
+        self.stage = stage
+        self.sig = sig
+        self.evaluation = evaluation
+        self.step = step
+        self.fp32_path = stage / _FP32_FILE
+        self.reference: list[dict[str, np.ndarray]] = []
+
+    def prepare_fp32(self, ir: Model) -> None:
+        self.step("optimizing fp32")
+        run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes)
+        _name_targets(ir)
+        names = {n.name for n in ir.graph}
+        unknown = [name for name in self.job.exclude if name not in names]
+        if unknown:
+            raise InferccError(
+                f"exclude names node(s) not in the optimized model: {', '.join(unknown)}",
+                "give MatMul/Gemm/Gather node names of the optimized model",
+            )
+        weights = [n for n in ir.graph if is_target(n) and not isinstance(target_weight(n), str)]
+        if not weights:
+            raise InferccError(
+                "the model has no MatMul or Gemm with a constant float32 weight to quantize",
+                "int4 weight-only quantization takes MatMul/Gemm weights (and embeddings)",
+            )
+        save_model(ir, self.fp32_path)
+
+    def execute(
+        self, src: Path, dest: Path, calib: Samples, on_progress: ProgressFn | None
+    ) -> Int4CalibrationReport:
+        job = self.job
+        self.step("running fp32 on the evaluation samples")
+        self.reference = run_model(self.fp32_path, self.evaluation)
+        method, scales = self.method(calib, on_progress)
+        level = 0 if job.accuracy_level == "auto" else int(job.accuracy_level)
+        self.step(f"quantizing ({job.method})")
+        report = self.build(job.options(level), method, scales, self.stage / INT4_FILE)
+        quality = self.evaluate(self.stage / INT4_FILE)
+        result = Int4CalibrationReport(
+            str(src),
+            str(dest),
+            job.method,
+            "MatMulNBits" if job.form == "nbits" else "DequantizeLinear",
+            job.block_size,
+            job.symmetric,
+            {},
+            quality,
+            report,
+            True,
+            "",
+            decoder=None if self.sig is None else self.sig.to_dict(),
+        )
+        if job.method != "rtn":
+            result.versus_rtn = self.versus_rtn(quality)
+        result.accuracy_level = self.choose_level(quality, result)
+        if job.speed_check:
+            self.step("racing int4 against fp32")
+            result.speed = self.race(src, self.stage / INT4_FILE)
+        result.message = _message(result)
+        return result
+
+    # -- methods ----------------------------------------------------------------
+
+    def method(
+        self, calib: Samples, on_progress: ProgressFn | None
+    ) -> tuple[Callable[[str, np.ndarray], Blocks] | None, dict[str, np.ndarray]]:
+        job = self.job
+        if job.method == "rtn":
+            return None, {}
+        ir = load_model(self.fp32_path)
+        weights = {}
+        for node in ir.graph:
+            found = target_weight(node) if is_target(node) else None
+            if found is not None and not isinstance(found, str) and node.name not in job.exclude:
+                weights[node.name] = (node.input(0).name, found[0])
+        self.step(f"collecting calibration inputs ({len(calib)} samples)")
+        stats = collect_inputs(
+            self.fp32_path,
+            calib,
+            sorted({x for x, _ in weights.values()}),
+            hessian=job.method == "gptq",
+            on_progress=on_progress,
+        )
+        self.step(f"{job.method}: searching {len(weights)} weight(s)")
+        if job.method == "gptq":
+            from infercc.calib.gptq import gptq_quantize
+
+            blocks = {
+                name: gptq_quantize(w, stats[x], job.block_size, job.symmetric)
+                for name, (x, w) in weights.items()
+            }
+            return _fixed(blocks), {}
+        from infercc.calib.awq import awq_quantize
+
+        results = {
+            name: awq_quantize(w, stats[x], job.block_size, job.symmetric)
+            for name, (x, w) in weights.items()
+        }
+        scales = {n: r.scale for n, r in results.items() if r.alpha > 0.0}
+        return _fixed({n: r.blocks for n, r in results.items()}), scales
+
+    def build(
+        self,
+        options: Int4Options,
+        method: Callable[[str, np.ndarray], Blocks] | None,
+        scales: dict[str, np.ndarray],
+        path: Path,
+    ) -> Int4Report:
+        ir = load_model(self.fp32_path)
+        report = quantize_int4(ir, options, method, scales)
+        save_model(ir, path)
+        return report
+
+    # -- evaluation -------------------------------------------------------------
+
+    def evaluate(self, path: Path) -> Quality:
+        actual = run_model(path, self.evaluation, optimize=True)
+        compared = evaluate(self.reference, actual)
+        quality = Quality(compared.outputs)
+        if self.sig is not None:
+            _decoder_quality(quality, self.sig, self.evaluation, self.reference, actual)
+        return quality
+
+    def versus_rtn(self, quality: Quality) -> dict[str, Any]:
+        self.step("quantizing rtn for comparison")
+        path = self.stage / _TRIAL_FILE
+        self.build(self.job.options(0 if self.job.accuracy_level == "auto" else
+                                    int(self.job.accuracy_level)), None, {}, path)
+        rtn = self.evaluate(path)
+        path.unlink()
+        beats = quality.better_than(rtn)
+        measure = "perplexity" if quality.perplexity is not None else "worst-output cosine"
+        ours = quality.perplexity if quality.perplexity is not None else quality.cosine
+        theirs = rtn.perplexity if rtn.perplexity is not None else rtn.cosine
+        verdict = "beat" if beats else "did NOT beat"
+        message = f"{self.job.method} {verdict} rtn on {measure}: {ours:.6g} vs {theirs:.6g}"
+        (logger.info if beats else logger.warning)("%s", message)
+        return {"rtn": rtn.to_dict(), "beats_rtn": beats, "measure": measure, "message": message}
+
+    # -- accuracy level and speed ---------------------------------------------------
+
+    def choose_level(self, quality: Quality, result: Int4CalibrationReport) -> dict[str, Any]:
+        job = self.job
+        if job.form != "nbits":
+            return {"chosen": None, "auto": False, "reason": "DequantizeLinear form"}
+        if job.accuracy_level != "auto":
+            return {"chosen": int(job.accuracy_level), "auto": False, "reason": "given"}
+        self.step("measuring accuracy level 4 (int8 compute) against 0")
+        level4 = self.stage / _LEVEL_FILE
+        _with_accuracy_level(self.stage / INT4_FILE, level4, 4)
+        race = self.race(self.stage / INT4_FILE, level4)
+        q4 = self.evaluate(level4)
+        faster = race.ratio_p90 < 1.0
+        keeps = _accuracy_kept(quality, q4)
+        chosen = 4 if faster and keeps else 0
+        if chosen == 4:
+            level4.replace(self.stage / INT4_FILE)
+            result.quality = q4
+        else:
+            level4.unlink()
+        why = (
+            "int8 compute is faster on this host and as accurate"
+            if chosen == 4
+            else ("int8 compute is not faster here" if not faster else "int8 compute lost accuracy")
+        )
+        return {
+            "chosen": chosen,
+            "auto": True,
+            "reason": why,
+            "level4_vs_level0": race.to_dict(),
+            "level0": quality.to_dict(),
+            "level4": q4.to_dict(),
+        }
+
+    def race(self, a: Path, b: Path) -> Race:
+        from infercc.runtime.bench import race
+
+        feeds, what = self.speed_feed()
+        stats = race(a, b, feeds, warmup=SPEED_WARMUP, iters=SPEED_ITERS)
+        return Race(
+            stats.a.p50_ms,
+            stats.b.p50_ms,
+            stats.ratio_median,
+            stats.ratio_p10,
+            stats.ratio_p90,
+            stats.a.iters,
+            what,
+        )
+
+    def speed_feed(self) -> tuple[dict[str, np.ndarray], str]:
+        if self.sig is None:
+            return self.evaluation[0], "one evaluation sample"
+        rng = np.random.default_rng(0)
+        feeds = step_inputs(self.sig, np.zeros((1, 1), np.int64), SPEED_PAST)
+        for cache in self.sig.caches:
+            shape = cache.shape(1, SPEED_PAST)
+            feeds[cache.past] = (0.1 * rng.standard_normal(shape)).astype(cache.dtype)
+        return feeds, f"one decode step at batch 1 after {SPEED_PAST} cached tokens"
+
+
+def _fixed(blocks: dict[str, Blocks]) -> Callable[[str, np.ndarray], Blocks]:
+    """A method handing back precomputed Blocks by node name."""
+    return lambda name, _w: blocks[name]
+
+
+def _accuracy_kept(level0: Quality, level4: Quality) -> bool:
+    if level0.top1_agreement is not None and level4.top1_agreement is not None:
+        return level4.top1_agreement >= level0.top1_agreement - LEVEL4_MAX_TOP1_LOSS
+    return level4.cosine >= level0.cosine - LEVEL4_MAX_COSINE_LOSS
+
+
+def _with_accuracy_level(src: Path, dest: Path, level: int) -> None:
+    ir = load_model(src)
+    for node in ir.graph:
+        if node.op_type == "MatMulNBits":
+            node.set_attr("accuracy_level", level)
+    save_model(ir, dest)
+
+
+# --------------------------------------------------------------------------- decoder measures
+
+
+def _decoder_quality(
+    quality: Quality,
+    sig: DecoderSignature,
+    samples: Samples,
+    reference: list[dict[str, np.ndarray]],
+    actual: list[dict[str, np.ndarray]],
+) -> None:
+    same = total = 0
+    nll_ref = nll_act = 0.0
+    tokens = 0
+    for feeds, ref, got in zip(samples, reference, actual, strict=True):
+        r, a = ref[sig.logits], got[sig.logits]
+        same += int(np.count_nonzero(r.argmax(-1) == a.argmax(-1)))
+        total += r.shape[0] * r.shape[1]
+        ids = np.asarray(feeds[sig.input_ids])
+        if ids.shape[1] > 1:
+            nll_ref += _nll(r, ids)
+            nll_act += _nll(a, ids)
+            tokens += ids.shape[0] * (ids.shape[1] - 1)
+    quality.top1_agreement = same / total if total else None
+    if tokens:
+        quality.perplexity_fp32 = math.exp(nll_ref / tokens)
+        quality.perplexity = math.exp(nll_act / tokens)
+    name = sig.logits
+    if name in quality.outputs:
+        quality.outputs[name].top1_agreement = quality.top1_agreement
+
+
+def _nll(logits: np.ndarray, ids: np.ndarray) -> float:
+    """Summed negative log-likelihood of ids[:, 1:] under logits[:, :-1]."""
+    x = logits[:, :-1].astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    logp = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    picked = np.take_along_axis(logp, ids[:, 1:, None].astype(np.int64), axis=-1)
+    return float(-picked.sum())
+
+
+def perplexity(logits: Sequence[np.ndarray], ids: Sequence[np.ndarray]) -> float:
+    """exp(mean NLL) of each sequence's next tokens (teacher-forced), over all sequences."""
+    nll = sum(_nll(lg, np.asarray(i)) for lg, i in zip(logits, ids, strict=True))
+    count = sum(np.asarray(i).shape[0] * (np.asarray(i).shape[1] - 1) for i in ids)
+    return math.exp(nll / count)
+
+
+# --------------------------------------------------------------------------- sizes, message
+
+
+def _sizes(src: Path, int4: Path) -> dict[str, Any]:
+    from infercc.analysis.model_info import model_files_size
+
+    before = model_files_size(src, load_model(src))
+    after = int4.stat().st_size + sum(
+        p.stat().st_size for p in int4.parent.glob(int4.name + "*.data")
+    )
+    return {"before_bytes": before, "after_bytes": after, "ratio": after / before}
+
+
+def _message(r: Int4CalibrationReport) -> str:
+    q = r.quality
+    parts = [f"{len(r.quantize.quantized)} weight(s) in int4 ({r.form}, block {r.block_size})"]
+    if q.top1_agreement is not None:
+        parts.append(f"top-1 agreement {100 * q.top1_agreement:.2f}%")
+    if q.perplexity_ratio is not None:
+        parts.append(f"perplexity {q.perplexity:.4g} vs fp32 {q.perplexity_fp32:.4g}")
+    parts.append(f"cosine {q.cosine:.6f}")
+    if r.versus_rtn is not None:
+        parts.append(r.versus_rtn["message"])
+    return "; ".join(parts)
