@@ -47,12 +47,17 @@ class _Builder:
 
 
 def tiny_decoder(
-    layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 50, seed: int = 0
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    vocab: int = 50,
+    seed: int = 0,
+    positions: int = 256,
 ) -> onnx.ModelProto:
     b = _Builder(seed)
     d = hidden // heads
     h = b.op("Add", [b.op("Gather", [b.w("wte", (vocab, hidden), 0.5), "input_ids"]),
-                     b.op("Gather", [b.w("wpe", (256, hidden), 0.1), "position_ids"])])
+                     b.op("Gather", [b.w("wpe", (positions, hidden), 0.1), "position_ids"])])
     shape_bshd = b.const("shape_bshd", np.array([0, 0, heads, d], np.int64))
     shape_bsc = b.const("shape_bsc", np.array([0, 0, hidden], np.int64))
     scale = b.const("scale", np.array(1.0 / np.sqrt(d), np.float32))

@@ -287,3 +287,102 @@ def _mask_and_positions(
             sig.positions_dtype
         )
     return feeds
+
+
+# --------------------------------------------------------------------------- memory budget
+
+BUDGET_CONTEXTS = tuple(2**i for i in range(8, 18))  # 256 .. 131072 tokens
+_FOUR_BIT = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of the initializers as stored (4-bit types at half a byte each)."""
+    total = 0
+    for value in model.graph.initializers.values():
+        t = value.const
+        if t is None:
+            continue
+        total += (t.size + 1) // 2 if t.dtype in _FOUR_BIT else t.nbytes
+    return int(total)
+
+
+def decode_profile(sig: DecoderSignature, batch: int, context: int) -> dict[str, tuple[int, ...]]:
+    """Input shapes of the decode step that makes token `context` (context - 1 cached)."""
+    shapes: dict[str, tuple[int, ...]] = {sig.input_ids: (batch, 1)}
+    if sig.attention_mask is not None:
+        shapes[sig.attention_mask] = (batch, context)
+    if sig.position_ids is not None:
+        shapes[sig.position_ids] = (batch, 1)
+    for cache in sig.caches:
+        shapes[cache.past] = cache.shape(batch, context - 1)
+    return shapes
+
+
+def max_positions(model: Any, sig: DecoderSignature) -> int | None:
+    """Rows of the position-embedding table a Gather reads at `position_ids`, if there is one."""
+    if sig.position_ids is None:
+        return None
+    passthrough = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
+    for node in model.graph:
+        if node.op_type != "Gather" or not node.is_standard or node.attr("axis", 0) != 0:
+            continue
+        table, index = node.input(0), node.input(1)
+        if table is None or table.const is None or index is None:
+            continue
+        while index.producer is not None and index.producer.op_type in passthrough:
+            index = index.producer.input(0)
+        if index.name == sig.position_ids:
+            return int(table.const.shape[0])
+    return None
+
+
+def decoder_memory(model: Any, skeleton: onnx.ModelProto, target: Any) -> dict[str, Any] | None:
+    """The memory budget of serving a decoder on `target` (None for a model without a cache).
+
+    Per context length c (powers of two from 256, up to the position table's size when the
+    model has one): the KV cache at batch b (kv_bytes_per_token x b x c), the activation arena
+    of one decode step (planned at batch 1 and 2, linear in between and beyond), the weights
+    (as stored) and the workspace rule of `infercc inspect` (max(64 MiB, 10% of the rest));
+    the largest batch that fits the target's memory at c, and the largest c at batch 1. The
+    arena holds the step's present outputs while its past inputs are live: the cache counts
+    twice, as it does in a loop that feeds present back as past.
+    """
+    from infercc.analysis.memory import plan_memory
+    from infercc.analysis.roofline import largest_batch, memory_budget
+
+    sig = decoder_signature(skeleton)
+    if sig is None:
+        return None
+    weights = weight_bytes(model)
+    limit = max_positions(model, sig)
+    contexts = [c for c in BUDGET_CONTEXTS if limit is None or c <= limit]
+    rows = []
+    for c in contexts:
+        a1 = plan_memory(model, decode_profile(sig, 1, c)).arena_bytes
+        a2 = plan_memory(model, decode_profile(sig, 2, c)).arena_bytes
+
+        def arena(b: int, c: int = c, a1: int = a1, a2: int = a2) -> int:
+            return a1 + (b - 1) * max(a2 - a1, 0) + sig.kv_bytes(b, c)
+
+        at1 = memory_budget(weights, arena(1), target)
+        rows.append(
+            {
+                "context": c,
+                "kv_cache_bytes": sig.kv_bytes(1, c),
+                "activation_bytes": a1,
+                "total_bytes": at1["total_bytes"],
+                "fits": at1["fits"],
+                "largest_batch": largest_batch(arena, weights, target),
+            }
+        )
+    fitting = [r["context"] for r in rows if r["fits"]]
+    return {
+        "kv_bytes_per_token": sig.kv_bytes_per_token,
+        "weights_bytes": weights,
+        "max_positions": limit,
+        "memory_bytes": int(target.memory_bytes),
+        "contexts": rows,
+        "largest_context_at_batch_1": max(fitting) if fitting else None,
+        "rule": "weights + KV cache (kv_bytes_per_token x batch x context) + one decode "
+        "step's activation arena + workspace max(64 MiB, 10%)",
+    }

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infercc.analysis.decoder import decoder_memory
 from infercc.analysis.memory import plan_memory
 from infercc.analysis.roofline import analyze, largest_batch, memory_budget, node_cost
 from infercc.analysis.targets import Target, get_target
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
-from infercc.ir import Model, Value, dtypes, load_model
+from infercc.ir import Model, Value, dtypes, export_model, load_model
 from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.shapes import concrete_types
 from infercc.ir.tensor import external_info
@@ -170,6 +171,7 @@ def _add_target_analysis(
     budget["batch_inputs"] = batch_inputs
     budget["lower_bound_bytes"] = plan.lower_bound_bytes
     budget["unplanned_tensors"] = len(plan.unknown)
+    budget["decoder"] = decoder_memory(model, export_model(model, with_weights=False), target)
     report.memory = budget
     if plot is not None:
         plot_roofline(roof, target, Path(plot))

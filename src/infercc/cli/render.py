@@ -217,6 +217,10 @@ def _render_roofline(r: InspectReport, console: Console) -> None:
         f"({'fits' if mem['fits'] else '[red]does not fit[/]'})"
         + (f"; largest batch that fits: {batch}" if batch is not None else "")
     )
+    if mem.get("decoder"):
+        from infercc.cli.render_decoder import render_decoder_memory
+
+        render_decoder_memory(mem["decoder"], tgt["name"], console)
 
 
 def render_targets(targets, console: Console) -> None:

@@ -146,3 +146,30 @@ def _render_int4_choices(d: dict, console: Console) -> None:
             f"{speed['ratio_p10']:.2f}..{speed['ratio_p90']:.2f}; {speed['feed']})",
             highlight=False,
         )
+
+
+def render_decoder_memory(d: dict, target: str, console: Console) -> None:
+    t = Table(
+        title=f"decoder memory on {target}: weights {human_bytes(d['weights_bytes'])}, KV cache "
+        f"{human_bytes(d['kv_bytes_per_token'])} per token and batch row",
+        title_justify="left",
+    )
+    cols = ("context", "KV cache (batch 1)", "decode arena", "total (batch 1)", "largest batch")
+    for col in cols:
+        t.add_column(col, justify="right")
+    for r in d["contexts"]:
+        batch = r["largest_batch"]
+        t.add_row(
+            f"{r['context']:,}",
+            human_bytes(r["kv_cache_bytes"]),
+            human_bytes(r["activation_bytes"]),
+            human_bytes(r["total_bytes"]) + ("" if r["fits"] else " (does not fit)"),
+            "-" if batch is None else (">= 65536" if batch >= 65536 else f"{batch:,}"),
+        )
+    console.print(t)
+    largest = d["largest_context_at_batch_1"]
+    console.print(
+        "largest context at batch 1 (of those listed): "
+        + ("none fits" if largest is None else f"{largest:,} tokens"),
+        highlight=False,
+    )
