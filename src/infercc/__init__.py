@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from infercc.version import __version__
 
-__all__ = ["__version__", "calibrate", "inspect_model", "optimize", "validate"]
+__all__ = [
+    "__version__",
+    "calibrate",
+    "calibrate_int4",
+    "generate",
+    "inspect_model",
+    "optimize",
+    "validate",
+]
 
 
 def __getattr__(name: str):
@@ -26,6 +34,14 @@ def __getattr__(name: str):
         from infercc.calib.calibrate import calibrate
 
         return calibrate
+    if name == "calibrate_int4":
+        from infercc.calib.weight_only import calibrate_int4
+
+        return calibrate_int4
+    if name == "generate":
+        from infercc.runtime.generate import generate
+
+        return generate
     if name == "validate":
         from infercc.check.compare import validate
 
