@@ -53,7 +53,10 @@ def tiny_decoder(
     vocab: int = 50,
     seed: int = 0,
     positions: int = 256,
+    attention: str = "where",
 ) -> onnx.ModelProto:
+    """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
+    additive causal bias; `"where"` (default) masks them with Where."""
     b = _Builder(seed)
     d = hidden // heads
     h = b.op("Add", [b.op("Gather", [b.w("wte", (vocab, hidden), 0.5), "input_ids"]),
@@ -62,6 +65,8 @@ def tiny_decoder(
     shape_bsc = b.const("shape_bsc", np.array([0, 0, hidden], np.int64))
     scale = b.const("scale", np.array(1.0 / np.sqrt(d), np.float32))
     neg = b.const("neg", np.array(-1e9, np.float32))
+    zero_f = b.const("zero_f", np.array(0.0, np.float32))
+    sqrt_d = b.const("sqrt_d", np.array(np.sqrt(d), np.float32))
     zero = b.const("zero", np.array(0, np.int64))
     one = b.const("one", np.array(1, np.int64))
     mask = b.op("Cast", [b.op("Unsqueeze", ["attention_mask", b.const("ax12", np.array([1, 2]))])],
@@ -77,9 +82,9 @@ def tiny_decoder(
         q, k, v = qkv
         k_all = b.named("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
         v_all = b.named("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
-        scores = b.op("Mul", [b.op("MatMul", [q, b.op("Transpose", [k_all], perm=[0, 1, 3, 2])]),
-                              scale])
-        total = b.op("Shape", [k_all], start=2, end=3)
+        qk = b.op("MatMul", [q, b.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
+        scores = b.op("Mul", [qk, scale]) if attention == "where" else b.op("Div", [qk, sqrt_d])
+        total = b.op("Shape", ["attention_mask"], start=1, end=2)
         new = b.op("Shape", [q], start=2, end=3)
         t = b.op("Squeeze", [total])
         qpos = b.op("Range", [b.op("Sub", [t, b.op("Squeeze", [new])]), t, one])
@@ -87,7 +92,11 @@ def tiny_decoder(
         causal = b.op("LessOrEqual", [b.op("Unsqueeze", [kpos, b.const(f"a0_{i}", [0])]),
                                       b.op("Unsqueeze", [qpos, b.const(f"a1_{i}", [1])])])
         allowed = b.op("And", [causal, mask])
-        probs = b.op("Softmax", [b.op("Where", [allowed, scores, neg])], axis=-1)
+        if attention == "where":
+            masked = b.op("Where", [allowed, scores, neg])
+        else:
+            masked = b.op("Add", [scores, b.op("Where", [allowed, zero_f, neg])])
+        probs = b.op("Softmax", [masked], axis=-1)
         ctx = b.op("Reshape", [b.op("Transpose", [b.op("MatMul", [probs, v_all])],
                                     perm=[0, 2, 1, 3]), shape_bsc])
         out = b.op("Add", [b.op("MatMul", [ctx, b.w(f"wo{i}", (hidden, hidden))]),

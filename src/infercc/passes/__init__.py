@@ -11,6 +11,7 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
     dce,
     fold_constants,
     fp16,
+    fuse_attention,
     fuse_conv_bn_relu,
     fuse_qkv,
     no_ops,

@@ -1,0 +1,253 @@
+"""fuse-decoder-attention: a decoder's attention with a KV cache into com.microsoft.MultiHeadAttention.
+
+The pattern (the GPT-2 style eager attention torch.onnx's TorchScript exporter writes, after
+fold-constants), for one layer with H heads of size D, new length S and past length P::
+
+    Qh = Transpose(Reshape(q, [B, S, H, D]), perm=[0, 2, 1, 3])        (same for k, v)
+    K  = Concat(past_key, Kh, axis=2)        -> present_key   [B, H, P + S, D]
+    V  = Concat(past_value, Vh, axis=2)      -> present_value
+    A  = Softmax(Div(MatMul(Qh, Transpose(K, perm=[0, 1, 3, 2])), c) + bias, axis=-1)
+         (or Mul by 1 / c)
+    Y  = Reshape(Transpose(MatMul(A, V), perm=[0, 2, 1, 3]), [B, S, H * D])
+    ==>
+    Y, present_key, present_value = MultiHeadAttention(q, k, v, attention_bias=bias,
+        past_key, past_value; num_heads=H, scale=1/c)
+
+Why it is exact: MultiHeadAttention computes softmax(Q K^T * scale + attention_bias) V per
+head, with K and V the past concatenated with the new keys and values along the sequence axis,
+and returns those concatenations as present_key / present_value: the same arithmetic in one
+kernel. H and D come from past_key's declared shape [batch, H, past, D] (fixed dims), checked
+against q's width H * D. `bias` must be broadcastable to [B, 1, S, P + S] (rank 4, head axis 1).
+
+Guards: the cache Concats' outputs may be read only by the attention and graph outputs; every
+intermediate (the transposes, scores, probabilities) only by the next node of the pattern;
+float32 throughout. Not under `--portable` (a contrib op); not for other targets than cpu.
+Bisection: one rewrite is one layer, named by its Softmax.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from infercc.ir.graph import Graph, Node, Value
+from infercc.passes.manager import PassContext, PassResult, register_pass
+
+log = logging.getLogger(__name__)
+
+MS = "com.microsoft"
+
+
+@dataclass
+class _Match:
+    softmax: Node
+    q: Value
+    k: Value
+    v: Value
+    bias: Value | None
+    past_key: Value
+    past_value: Value
+    present_key: Value
+    present_value: Value
+    out: Value
+    heads: int
+    scale: float
+    removed: list[Node]
+
+
+def _only_reader(value: Value | None, op: str) -> Node | None:
+    if value is None or value.is_graph_output:
+        return None
+    users = value.users()
+    if len(users) != 1 or users[0].op_type != op or not users[0].is_standard:
+        return None
+    return users[0]
+
+
+def _const(value: Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    if value.const is not None:
+        return value.numpy()
+    p = value.producer
+    if p is not None and p.op_type == "Constant":
+        data = p.attr("value")
+        return data if isinstance(data, np.ndarray) else None
+    return None
+
+
+def _producer(value: Value | None, op: str) -> Node | None:
+    p = None if value is None else value.producer
+    return p if p is not None and p.op_type == op and p.is_standard else None
+
+
+def _perm(node: Node | None, perm: list[int]) -> bool:
+    return node is not None and list(node.attr("perm", [])) == perm
+
+
+def _split_heads(value: Value, removed: list[Node]) -> Value | None:
+    """value = Transpose(Reshape(x, [*, *, H, D]), [0, 2, 1, 3]) -> x."""
+    t = _producer(value, "Transpose")
+    if not _perm(t, [0, 2, 1, 3]):
+        return None
+    r = _producer(t.input(0), "Reshape")
+    if r is None or len(t.input(0).uses()) != 1:
+        return None
+    removed += [t, r]
+    return r.input(0)
+
+
+def _cache(concat: Node | None, removed: list[Node]) -> tuple[Value, Value, Value] | None:
+    """Concat(past, Transpose(Reshape(x)), axis=2) -> (past, x, present)."""
+    if concat is None or concat.attr("axis") != 2 or len(concat.inputs) != 2:
+        return None
+    past, new = concat.inputs
+    if past is None or new is None or not past.is_graph_input:
+        return None
+    x = _split_heads(new, removed)
+    return None if x is None else (past, x, concat.output)
+
+
+def _scores(softmax: Node, removed: list[Node]) -> tuple[Node, float, Value | None] | None:
+    """Softmax(Add(Div|Mul(MatMul(Q, K^T), c), bias)) -> (the MatMul, scale, bias)."""
+    if softmax.attr("axis", -1) not in (-1, 3):
+        return None
+    x, bias = softmax.input(0), None
+    add = _producer(x, "Add")
+    if add is not None and len(x.uses()) == 1:
+        a, b = add.inputs
+        scaled, bias = (a, b) if _producer(a, "Div") or _producer(a, "Mul") else (b, a)
+        removed.append(add)
+        x = scaled
+    op = _producer(x, "Div") or _producer(x, "Mul")
+    if op is None or len(x.uses()) != 1:
+        return None
+    c = _const(op.input(1))
+    mm = _producer(op.input(0), "MatMul")
+    if c is None or c.size != 1 or mm is None or len(op.input(0).uses()) != 1:
+        return None
+    c = float(c.reshape(()))
+    scale = 1.0 / c if op.op_type == "Div" else c
+    removed += [op]
+    return mm, scale, bias
+
+
+def match(softmax: Node) -> _Match | str:
+    """The attention around `softmax`, or why it is not one."""
+    removed: list[Node] = [softmax]
+    found = _scores(softmax, removed)
+    if found is None:
+        return "the Softmax does not read MatMul(Q, K^T) scaled by a constant (+ a bias)"
+    qk, scale, bias = found
+    kt = _producer(qk.input(1), "Transpose")
+    if not _perm(kt, [0, 1, 3, 2]):
+        return "K is not transposed [0, 1, 3, 2] before the score MatMul"
+    key_concat = _producer(kt.input(0), "Concat")
+    av = _only_reader(softmax.output, "MatMul")
+    value_concat = None if av is None else _producer(av.input(1), "Concat")
+    if av is None or av.input(0) is not softmax.output:
+        return "the probabilities are not multiplied by V alone"
+    removed += [qk, kt, av]
+    q = _split_heads(qk.input(0), removed)
+    key = _cache(key_concat, removed)
+    value = _cache(value_concat, removed)
+    if q is None or key is None or value is None:
+        return "Q, K or V is not Transpose(Reshape(x)) with K, V concatenated to a past input"
+    out = _merge_heads(av.output, removed)
+    if out is None:
+        return "the attention output is not Transpose [0, 2, 1, 3] then Reshape"
+    return _finish(softmax, q, key, value, bias, out, scale, removed)
+
+
+def _merge_heads(value: Value, removed: list[Node]) -> Value | None:
+    t = _only_reader(value, "Transpose")
+    if not _perm(t, [0, 2, 1, 3]):
+        return None
+    r = _only_reader(t.output, "Reshape")
+    if r is None:
+        return None
+    removed += [t, r]
+    return r.output
+
+
+def _finish(softmax, q, key, value, bias, out, scale, removed) -> _Match | str:
+    past_key, k, present_key = key
+    past_value, v, present_value = value
+    dims = past_key.shape
+    if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in (dims[1], dims[3])):
+        return "past_key has no fixed [batch, heads, past, head_size] shape"
+    heads, size = int(dims[1]), int(dims[3])
+    width = q.shape[-1] if q.shape else None
+    if width != heads * size or (k.shape and k.shape[-1] != width):
+        return f"q's width {width} is not heads x head_size = {heads} x {size}"
+    if bias is not None and (bias.shape is None or len(bias.shape) != 4 or bias.shape[1] != 1):
+        return "the attention bias is not of shape [batch or 1, 1, new, total]"
+    if any(x.dtype != TensorProto.FLOAT for x in (q, k, v, past_key, past_value)):
+        return "not float32"
+    for present, readers in ((present_key, 1), (present_value, 1)):
+        if len(present.uses()) != readers:
+            return f"{present.name} has readers outside the attention"
+    if abs(scale * math.sqrt(size) - 1.0) > 1e-6:
+        log.debug("attention scale %.6g is not 1/sqrt(head_size)", scale)
+    return _Match(softmax, q, k, v, bias, past_key, past_value, present_key, present_value,
+                  out, heads, scale, removed)
+
+
+def _rewrite(graph: Graph, m: _Match) -> None:
+    inputs = [m.q, m.k, m.v, None, None, m.bias, m.past_key, m.past_value]
+    node = graph.make_node(
+        "MultiHeadAttention",
+        inputs,
+        3,
+        before=m.softmax,
+        domain=MS,
+        name=f"MultiHeadAttention_{m.softmax.name}",
+        attributes={"num_heads": m.heads, "scale": float(m.scale)},
+    )
+    out, pk, pv = node.outputs
+    out.dtype, out.shape = m.out.dtype, m.out.shape
+    pk.dtype, pk.shape = m.present_key.dtype, m.present_key.shape
+    pv.dtype, pv.shape = m.present_value.dtype, m.present_value.shape
+    for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
+        graph.replace_all_uses_with(old, new)
+    for dead in reversed(_topological(graph, m.removed)):
+        if not any(o is not None and (o.uses() or o.is_graph_output) for o in dead.outputs):
+            graph.remove(dead)
+
+
+def _topological(graph: Graph, nodes: list[Node]) -> list[Node]:
+    order = {n: i for i, n in enumerate(graph)}
+    return sorted(set(nodes), key=lambda n: order.get(n, -1))
+
+
+@register_pass("fuse-decoder-attention")
+def fuse_decoder_attention(graph: Graph, ctx: PassContext) -> PassResult:
+    """Attention with past/present KV cache -> com.microsoft.MultiHeadAttention (cpu only)."""
+    fused = 0
+    for node in list(graph):
+        if node.op_type != "Softmax" or not node.is_standard or node.graph is not graph:
+            continue
+        if not _has_cache_inputs(graph):
+            break
+        if ctx.portable or ctx.target != "cpu":
+            ctx.refuse(node, "--portable or a GPU target keeps standard ops")
+            continue
+        found = match(node)
+        if isinstance(found, str):
+            ctx.refuse(node, found)
+            continue
+        if not ctx.allow_rewrite(node):
+            continue
+        _rewrite(graph, found)
+        fused += 1
+    if fused:
+        graph.model.opset_imports.setdefault(MS, 1)
+    return PassResult(changed=fused > 0, stats={"fused": fused})
+
+
+def _has_cache_inputs(graph: Graph) -> bool:
+    return any("past" in v.name.lower() for v in graph.inputs)

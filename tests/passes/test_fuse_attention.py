@@ -1,0 +1,75 @@
+"""fuse-decoder-attention: attention with a KV cache into MultiHeadAttention, exactly."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from infercc.ir import export_model, import_model
+from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes
+from tests.decoders import tiny_decoder
+
+PIPELINE = (*DEFAULT_PIPELINE, "fuse-decoder-attention")
+
+
+def fused(proto, **ctx):
+    model = import_model(proto)
+    context = PassContext(verify=True, **ctx)
+    report = run_passes(model, context, PIPELINE)
+    out = export_model(model)
+    onnx.checker.check_model(out)
+    return out, report, context
+
+
+def feeds(batch, past, new, layers=2, heads=4, size=16, seed=0):
+    rng = np.random.default_rng(seed)
+    f = {
+        "input_ids": rng.integers(0, 50, (batch, new)),
+        "attention_mask": np.ones((batch, past + new), np.int64),
+        "position_ids": np.tile(np.arange(past, past + new), (batch, 1)),
+    }
+    for i in range(layers):
+        for kv in ("key", "value"):
+            f[f"past_key_values.{i}.{kv}"] = rng.standard_normal(
+                (batch, heads, past, size)
+            ).astype(np.float32)
+    return f
+
+
+def run(proto, f):
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, f), strict=True))
+
+
+def test_fuses_every_layer_and_matches():
+    proto = tiny_decoder(layers=2, attention="bias")
+    out, report, _ = fused(proto)
+    assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 2
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0
+    assert [o.name for o in out.graph.output] == [o.name for o in proto.graph.output]
+    for batch, past, new in [(1, 0, 5), (2, 7, 1), (1, 3, 4)]:
+        f = feeds(batch, past, new)
+        want, got = run(proto, f), run(out, f)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_refuses_with_reasons():
+    proto = tiny_decoder(layers=1, attention="where")
+    _out, report, ctx = fused(proto)
+    assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 0
+    reasons = {r.reason for r in ctx.refusals if r.pass_name == "fuse-decoder-attention"}
+    assert any("does not read MatMul(Q, K^T)" in r for r in reasons)
+
+
+@pytest.mark.parametrize("ctx", [{"portable": True}, {"target": "a100"}])
+def test_portable_and_gpu_keep_standard_ops(ctx):
+    out, report, context = fused(tiny_decoder(layers=1, attention="bias"), **ctx)
+    assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 0
+    assert {n.domain for n in out.graph.node} == {""}
