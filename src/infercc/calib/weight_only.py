@@ -29,7 +29,8 @@
    interleaved on this host (a decode step at batch 1 after 64 cached tokens for a decoder,
    one evaluation sample otherwise) and keeps 4 when it is faster (the median time ratio,
    level 4 / level 0 per interleaved pair, below 0.97) and loses at most 0.5 points of top-1
-   agreement (decoders) or 0.001 of cosine; both measurements go in the report. An explicit level is taken as is.
+   agreement (decoders) or 0.001 of cosine; both measurements go in the report. An
+   explicit level is taken as is.
 7. **Speed**: the int4 model raced against the original fp32 one, the same way.
 8. **Write** (staged, renamed into place): `model_int4.onnx` and `calibration_report.json`
    with the size before (the original's files) and after.

@@ -1,4 +1,4 @@
-"""fuse-decoder-attention: a decoder's attention with a KV cache into com.microsoft.MultiHeadAttention.
+"""fuse-decoder-attention: attention with a KV cache into com.microsoft.MultiHeadAttention.
 
 The pattern (the GPT-2 style eager attention torch.onnx's TorchScript exporter writes, after
 fold-constants), for one layer with H heads of size D, new length S and past length P::
