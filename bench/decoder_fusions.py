@@ -41,14 +41,15 @@ def build(src: Path, dest: Path, extra: tuple[str, ...]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--model", type=Path, default=GPT, help="a decoder (speed only)")
     args = parser.parse_args()
-    if not GPT.is_file():
+    if not args.model.is_file():
         sys.exit("run bench/train_tiny_gpt.py first")
     OUT.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(OUT / "int4", ignore_errors=True)
-    calibrate_int4(GPT, OUT / "int4", method="rtn", speed_check=False, accuracy_level=0)
+    calibrate_int4(args.model, OUT / "int4", method="rtn", speed_check=False, accuracy_level=0)
     rows = []
-    for label, src in (("fp32", GPT), ("int4 rtn", OUT / "int4" / "model_int4.onnx")):
+    for label, src in (("fp32", args.model), ("int4 rtn", OUT / "int4" / "model_int4.onnx")):
         base = OUT / f"{label.replace(' ', '_')}_base.onnx"
         build(src, base, ())
         for fusion in FUSIONS:
