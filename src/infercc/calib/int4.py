@@ -48,9 +48,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from infercc.passes.match import const_value as const_array
 from infercc.errors import InferccError
 from infercc.ir import Model, Node, Tensor, Value
+from infercc.passes.match import const_value as const_array
 
 logger = logging.getLogger(__name__)
 

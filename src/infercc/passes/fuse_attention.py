@@ -22,7 +22,8 @@ against q's width H * D. `bias` must be broadcastable to [B, 1, S, P + S] (rank 
 Guards: the cache Concats' outputs may be read only by the attention and graph outputs; every
 intermediate (the transposes, scores, probabilities) only by the next node of the pattern;
 float32 throughout. Not under `--portable` (a contrib op); not for other targets than cpu.
-Bisection: one rewrite is one layer, named by its Softmax.
+A rule of `infercc.passes.rules` anchored on Softmax: one rewrite is one layer, named by its
+Softmax (refusals for --explain, limits for --bisect).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ import logging
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
 from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import const_value, producer, sole_reader
+from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -60,29 +62,14 @@ class _Match:
 
 
 def _only_reader(value: Value | None, op: str) -> Node | None:
-    if value is None or value.is_graph_output:
+    reader = sole_reader(value)
+    if reader is None or reader.op_type != op or not reader.is_standard:
         return None
-    users = value.users()
-    if len(users) != 1 or users[0].op_type != op or not users[0].is_standard:
-        return None
-    return users[0]
+    return reader
 
 
-def _const(value: Value | None) -> np.ndarray | None:
-    if value is None:
-        return None
-    if value.const is not None:
-        return value.numpy()
-    p = value.producer
-    if p is not None and p.op_type == "Constant":
-        data = p.attr("value")
-        return data if isinstance(data, np.ndarray) else None
-    return None
-
-
-def _producer(value: Value | None, op: str) -> Node | None:
-    p = None if value is None else value.producer
-    return p if p is not None and p.op_type == op and p.is_standard else None
+_const = const_value
+_producer = producer
 
 
 def _perm(node: Node | None, perm: list[int]) -> bool:
@@ -224,30 +211,31 @@ def _topological(graph: Graph, nodes: list[Node]) -> list[Node]:
     return sorted(set(nodes), key=lambda n: order.get(n, -1))
 
 
+def _check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+    if not _has_cache_inputs(node.graph):
+        return None
+    if ctx.portable or ctx.target != "cpu":
+        return Refuse("--portable or a GPU target keeps standard ops")
+    found = match(node)
+    return Refuse(found) if isinstance(found, str) else found
+
+
+def _apply(node: Node, m: _Match, ctx: PassContext) -> None:
+    _rewrite(node.graph, m)
+
+
+ATTENTION = Rule("fused", ("Softmax",), _check, _apply)
+
+
 @register_pass("fuse-decoder-attention")
 def fuse_decoder_attention(graph: Graph, ctx: PassContext) -> PassResult:
     """Attention with past/present KV cache -> com.microsoft.MultiHeadAttention (cpu only)."""
-    fused = 0
-    for node in list(graph):
-        if node.op_type != "Softmax" or not node.is_standard or node.graph is not graph:
-            continue
-        if not _has_cache_inputs(graph):
-            break
-        if ctx.portable or ctx.target != "cpu":
-            ctx.refuse(node, "--portable or a GPU target keeps standard ops")
-            continue
-        found = match(node)
-        if isinstance(found, str):
-            ctx.refuse(node, found)
-            continue
-        if not ctx.allow_rewrite(node):
-            continue
-        _rewrite(graph, found)
-        fused += 1
+    run = apply_rules(graph, ctx, [ATTENTION], subgraphs=False)
+    fused = run.counts["fused"]
     if fused:
         graph.model.opset_imports.setdefault(MS, 1)
     return PassResult(changed=fused > 0, stats={"fused": fused})
 
 
-def _has_cache_inputs(graph: Graph) -> bool:
-    return any("past" in v.name.lower() for v in graph.inputs)
+def _has_cache_inputs(graph: Graph | None) -> bool:
+    return graph is not None and any("past" in v.name.lower() for v in graph.inputs)
