@@ -24,11 +24,12 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from infercc.calib.weight_only import calibrate_int4  # noqa: E402
 from infercc.ir import load_model, save_model  # noqa: E402
 from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes  # noqa: E402
+from infercc.passes.pipelines import DECODER_FUSIONS  # noqa: E402
 from infercc.runtime.generate import compare_generation  # noqa: E402
 
 GPT = HERE / ".cache" / "tiny_gpt" / "tiny_gpt.onnx"
 OUT = HERE / ".cache" / "decoder_fusions"
-FUSIONS = ("fuse-decoder-attention",)
+FUSIONS = tuple(p for p in DECODER_FUSIONS.passes if p.startswith("fuse-"))
 
 
 def build(src: Path, dest: Path, extra: tuple[str, ...]) -> dict:

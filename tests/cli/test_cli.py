@@ -238,11 +238,17 @@ def test_passes_lists_every_pipeline_and_pass():
     for word in ("split-outlier-channels", "quantize-qdq", "Turn Constant nodes"):
         assert word in r.stdout
     data = json.loads(run("passes", "--json").stdout)
-    assert [p["name"] for p in data["pipelines"]] == ["optimize", "fp16", "calibrate-fp32", "int8"]
+    names = [p["name"] for p in data["pipelines"]]
+    assert names == ["optimize", "fp16", "calibrate-fp32", "int8", "decoder-fusions"]
+    assert by_name_of(data, "fuse-decoder-attention")["pipelines"] == ["decoder-fusions"]
     by_name = {p["name"]: p for p in data["passes"]}
     assert by_name["convert-fp16"]["pipelines"] == ["fp16"]
     assert by_name["quantize-qdq"]["pipelines"] == ["int8"] and by_name["quantize-qdq"]["doc"]
     assert data["pipelines"][0]["stages"][0][0] == "fold-constants"
+
+
+def by_name_of(data: dict, name: str) -> dict:
+    return next(p for p in data["passes"] if p["name"] == name)
 
 
 def test_validation_failure_exit_1_nothing_written(tmp_path, monkeypatch):

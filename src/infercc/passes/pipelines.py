@@ -12,6 +12,9 @@ stage made before the next stage can use them.
 - `calibrate-fp32`: the fp32 reference `infercc calibrate` quantizes and compares against: the
   optimize passes with `portable` set (no onnxruntime contrib op, so the int8 model stays
   standard ONNX that TensorRT reads too).
+- `decoder-fusions`: decoder fusions (attention with its KV cache into onnxruntime's
+  MultiHeadAttention), run after `optimize` by `bench/decoder_fusions.py`; `optimize` does not
+  run them until that benchmark shows them faster.
 - `int8`: `infercc calibrate`'s rewrites, in two stages: the outlier split runs on the fp32
   reference (its ranges are measured on the split graph), then each quantization trial runs
   QDQ quantization and dead code on a fresh copy of it.
@@ -70,7 +73,16 @@ INT8 = Pipeline(
     "infercc calibrate: the outlier split on the fp32 reference, then per trial QDQ + DCE",
 )
 
-PIPELINES: dict[str, Pipeline] = {p.name: p for p in (OPTIMIZE, FP16, CALIBRATE_FP32, INT8)}
+DECODER_FUSIONS = Pipeline(
+    "decoder-fusions",
+    (("fuse-decoder-attention", "eliminate-dead-code"),),
+    "after optimize, for decoders on the cpu target: not run by optimize until the generation "
+    "benchmark (bench/decoder_fusions.py) shows it faster",
+)
+
+PIPELINES: dict[str, Pipeline] = {
+    p.name: p for p in (OPTIMIZE, FP16, CALIBRATE_FP32, INT8, DECODER_FUSIONS)
+}
 
 
 def optimize_stages(precision: str) -> list[tuple[str, ...]]:
