@@ -59,8 +59,13 @@ def tiny_decoder(
     additive causal bias; `"where"` (default) masks them with Where."""
     b = _Builder(seed)
     d = hidden // heads
-    h = b.op("Add", [b.op("Gather", [b.w("wte", (vocab, hidden), 0.5), "input_ids"]),
-                     b.op("Gather", [b.w("wpe", (positions, hidden), 0.1), "position_ids"])])
+    h = b.op(
+        "Add",
+        [
+            b.op("Gather", [b.w("wte", (vocab, hidden), 0.5), "input_ids"]),
+            b.op("Gather", [b.w("wpe", (positions, hidden), 0.1), "position_ids"]),
+        ],
+    )
     shape_bshd = b.const("shape_bshd", np.array([0, 0, heads, d], np.int64))
     shape_bsc = b.const("shape_bsc", np.array([0, 0, hidden], np.int64))
     scale = b.const("scale", np.array(1.0 / np.sqrt(d), np.float32))
@@ -69,15 +74,26 @@ def tiny_decoder(
     sqrt_d = b.const("sqrt_d", np.array(np.sqrt(d), np.float32))
     zero = b.const("zero", np.array(0, np.int64))
     one = b.const("one", np.array(1, np.int64))
-    mask = b.op("Cast", [b.op("Unsqueeze", ["attention_mask", b.const("ax12", np.array([1, 2]))])],
-                to=TensorProto.BOOL)
+    mask = b.op(
+        "Cast",
+        [b.op("Unsqueeze", ["attention_mask", b.const("ax12", np.array([1, 2]))])],
+        to=TensorProto.BOOL,
+    )
     for i in range(layers):
-        x = b.op("LayerNormalization", [h, b.w(f"ln1_g{i}", hidden, 0.1, 1.0),
-                                        b.w(f"ln1_b{i}", hidden, 0.05)], axis=-1)
+        x = b.op(
+            "LayerNormalization",
+            [h, b.w(f"ln1_g{i}", hidden, 0.1, 1.0), b.w(f"ln1_b{i}", hidden, 0.05)],
+            axis=-1,
+        )
         qkv = []
         for part in "qkv":
-            y = b.op("Add", [b.op("MatMul", [x, b.w(f"w{part}{i}", (hidden, hidden))]),
-                             b.w(f"b{part}{i}", hidden, 0.05)])
+            y = b.op(
+                "Add",
+                [
+                    b.op("MatMul", [x, b.w(f"w{part}{i}", (hidden, hidden))]),
+                    b.w(f"b{part}{i}", hidden, 0.05),
+                ],
+            )
             qkv.append(b.op("Transpose", [b.op("Reshape", [y, shape_bshd])], perm=[0, 2, 1, 3]))
         q, k, v = qkv
         k_all = b.named("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
@@ -89,28 +105,58 @@ def tiny_decoder(
         t = b.op("Squeeze", [total])
         qpos = b.op("Range", [b.op("Sub", [t, b.op("Squeeze", [new])]), t, one])
         kpos = b.op("Range", [zero, t, one])
-        causal = b.op("LessOrEqual", [b.op("Unsqueeze", [kpos, b.const(f"a0_{i}", [0])]),
-                                      b.op("Unsqueeze", [qpos, b.const(f"a1_{i}", [1])])])
+        causal = b.op(
+            "LessOrEqual",
+            [
+                b.op("Unsqueeze", [kpos, b.const(f"a0_{i}", [0])]),
+                b.op("Unsqueeze", [qpos, b.const(f"a1_{i}", [1])]),
+            ],
+        )
         allowed = b.op("And", [causal, mask])
         if attention == "where":
             masked = b.op("Where", [allowed, scores, neg])
         else:
             masked = b.op("Add", [scores, b.op("Where", [allowed, zero_f, neg])])
         probs = b.op("Softmax", [masked], axis=-1)
-        ctx = b.op("Reshape", [b.op("Transpose", [b.op("MatMul", [probs, v_all])],
-                                    perm=[0, 2, 1, 3]), shape_bsc])
-        out = b.op("Add", [b.op("MatMul", [ctx, b.w(f"wo{i}", (hidden, hidden))]),
-                           b.w(f"bo{i}", hidden, 0.05)])
+        ctx = b.op(
+            "Reshape",
+            [b.op("Transpose", [b.op("MatMul", [probs, v_all])], perm=[0, 2, 1, 3]), shape_bsc],
+        )
+        out = b.op(
+            "Add",
+            [b.op("MatMul", [ctx, b.w(f"wo{i}", (hidden, hidden))]), b.w(f"bo{i}", hidden, 0.05)],
+        )
         h = b.op("Add", [h, out])
-        x = b.op("LayerNormalization", [h, b.w(f"ln2_g{i}", hidden, 0.1, 1.0),
-                                        b.w(f"ln2_b{i}", hidden, 0.05)], axis=-1)
-        up = b.op("Relu", [b.op("Add", [b.op("MatMul", [x, b.w(f"w1{i}", (hidden, 4 * hidden))]),
-                                        b.w(f"b1{i}", 4 * hidden, 0.05)])])
-        down = b.op("Add", [b.op("MatMul", [up, b.w(f"w2{i}", (4 * hidden, hidden), 0.1)]),
-                            b.w(f"b2{i}", hidden, 0.05)])
+        x = b.op(
+            "LayerNormalization",
+            [h, b.w(f"ln2_g{i}", hidden, 0.1, 1.0), b.w(f"ln2_b{i}", hidden, 0.05)],
+            axis=-1,
+        )
+        up = b.op(
+            "Relu",
+            [
+                b.op(
+                    "Add",
+                    [
+                        b.op("MatMul", [x, b.w(f"w1{i}", (hidden, 4 * hidden))]),
+                        b.w(f"b1{i}", 4 * hidden, 0.05),
+                    ],
+                )
+            ],
+        )
+        down = b.op(
+            "Add",
+            [
+                b.op("MatMul", [up, b.w(f"w2{i}", (4 * hidden, hidden), 0.1)]),
+                b.w(f"b2{i}", hidden, 0.05),
+            ],
+        )
         h = b.op("Add", [h, down])
-    x = b.op("LayerNormalization", [h, b.w("lnf_g", hidden, 0.1, 1.0), b.w("lnf_b", hidden, 0.05)],
-             axis=-1)
+    x = b.op(
+        "LayerNormalization",
+        [h, b.w("lnf_g", hidden, 0.1, 1.0), b.w("lnf_b", hidden, 0.05)],
+        axis=-1,
+    )
     b.named("MatMul", [x, b.w("lm_head", (hidden, vocab), 0.3)], "logits")
     f = TensorProto.FLOAT
     inputs = [
@@ -121,10 +167,14 @@ def tiny_decoder(
     outputs = [oh.make_tensor_value_info("logits", f, ["batch", "seq", vocab])]
     for i in range(layers):
         for kv in ("key", "value"):
-            inputs.append(oh.make_tensor_value_info(
-                f"past_key_values.{i}.{kv}", f, ["batch", heads, "past", d]))
-            outputs.append(oh.make_tensor_value_info(
-                f"present.{i}.{kv}", f, ["batch", heads, "total", d]))
+            inputs.append(
+                oh.make_tensor_value_info(
+                    f"past_key_values.{i}.{kv}", f, ["batch", heads, "past", d]
+                )
+            )
+            outputs.append(
+                oh.make_tensor_value_info(f"present.{i}.{kv}", f, ["batch", heads, "total", d])
+            )
     graph = oh.make_graph(b.nodes, "tiny_decoder", inputs, outputs, b.inits)
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
     model.ir_version = 10

@@ -95,7 +95,11 @@ def test_rtn_decoder_without_data(decoder, tmp_path):
 def test_awq_and_gptq_compare_with_rtn(decoder, tmp_path, method):
     path, samples = decoder
     report = calibrate_int4(
-        path, tmp_path / method, data=samples, method=method, speed_check=False,
+        path,
+        tmp_path / method,
+        data=samples,
+        method=method,
+        speed_check=False,
         accuracy_level=0,
     )
     d = report.to_dict()
@@ -228,8 +232,16 @@ def test_bad_flags_exit_2_nothing_written(decoder, tmp_path, extra, message):
 
 def test_int4_flag_on_int8_run_is_refused(decoder, tmp_path):
     path, samples = decoder
-    done = cli("calibrate", str(path), "--data", str(samples), "-o", str(tmp_path / "x"),
-               "--block-size", "64")
+    done = cli(
+        "calibrate",
+        str(path),
+        "--data",
+        str(samples),
+        "-o",
+        str(tmp_path / "x"),
+        "--block-size",
+        "64",
+    )
     assert done.returncode == 2 and "--block-size applies to --int4 only" in done.stderr
 
 
@@ -247,13 +259,35 @@ def test_api_raises(tmp_path):
 
 def test_cli_json_and_table(decoder, tmp_path):
     path, samples = decoder
-    done = cli("calibrate", str(path), "--int4", "--data", str(samples), "-o",
-               str(tmp_path / "c"), "--no-speed-check", "--accuracy-level", "0", "--json")
+    done = cli(
+        "calibrate",
+        str(path),
+        "--int4",
+        "--data",
+        str(samples),
+        "-o",
+        str(tmp_path / "c"),
+        "--no-speed-check",
+        "--accuracy-level",
+        "0",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["method"] == "rtn" and data["block_size"] == 32 and not data["symmetric"]
-    done = cli("calibrate", str(path), "--int4", "--block-size", "64", "--symmetric", "-o",
-               str(tmp_path / "t"), "--no-speed-check", "--accuracy-level", "0")
+    done = cli(
+        "calibrate",
+        str(path),
+        "--int4",
+        "--block-size",
+        "64",
+        "--symmetric",
+        "-o",
+        str(tmp_path / "t"),
+        "--no-speed-check",
+        "--accuracy-level",
+        "0",
+    )
     assert done.returncode == 0, done.stderr
     assert "int4 rtn (MatMulNBits, block 64, symmetric)" in done.stdout
     assert "perplexity" in done.stdout and "size" in done.stdout

@@ -34,9 +34,9 @@ def feeds(batch, past, new, layers=2, heads=4, size=16, seed=0):
     }
     for i in range(layers):
         for kv in ("key", "value"):
-            f[f"past_key_values.{i}.{kv}"] = rng.standard_normal(
-                (batch, heads, past, size)
-            ).astype(np.float32)
+            f[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, heads, past, size)).astype(
+                np.float32
+            )
     return f
 
 

@@ -163,8 +163,18 @@ def test_flag_errors(decoder_path, args, message):
 
 def test_cli_json(decoder_path):
     done = cli(
-        "bench", str(decoder_path), "--generate", "3", "--prompt-len", "4", "--iters", "1",
-        "--warmup", "0", "--no-memory", "--json",
+        "bench",
+        str(decoder_path),
+        "--generate",
+        "3",
+        "--prompt-len",
+        "4",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--no-memory",
+        "--json",
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)

@@ -582,4 +582,3 @@ def check_symmetry(symmetric: bool, target_kind: str) -> None:
             "point",
             "use --symmetric (the default for GPU targets)",
         )
-

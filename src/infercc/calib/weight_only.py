@@ -577,8 +577,14 @@ class _Run:
     def versus_rtn(self, quality: Quality) -> dict[str, Any]:
         self.step("quantizing rtn for comparison")
         path = self.stage / _TRIAL_FILE
-        self.build(self.job.options(0 if self.job.accuracy_level == "auto" else
-                                    int(self.job.accuracy_level)), None, {}, path)
+        self.build(
+            self.job.options(
+                0 if self.job.accuracy_level == "auto" else int(self.job.accuracy_level)
+            ),
+            None,
+            {},
+            path,
+        )
         rtn = self.evaluate(path)
         path.unlink()
         beats = quality.better_than(rtn)

@@ -1,5 +1,4 @@
-"""The reports of a ci run: JSON, JUnit XML and Markdown (appended to `$GITHUB_STEP_SUMMARY`).
-"""
+"""The reports of a ci run: JSON, JUnit XML and Markdown (appended to `$GITHUB_STEP_SUMMARY`)."""
 
 from __future__ import annotations
 
@@ -84,7 +83,7 @@ def _summary_line(m: ModelResult) -> str:
 
 
 def placement_text(placement: Mapping[str, Any] | None) -> str | None:
-    """"built on HOST (A100), queued 0.2 s, ran 3.1 s" for a model built by `--ray`."""
+    """ "built on HOST (A100), queued 0.2 s, ran 3.1 s" for a model built by `--ray`."""
     p = placement or {}
     if p.get("host") is None:
         return None

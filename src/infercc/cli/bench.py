@@ -35,8 +35,7 @@ def bench(
     iters: Annotated[
         int | None,
         typer.Option(
-            help="Timed runs per batch size [default: 100; with --generate: 3 timed "
-            "generations].",
+            help="Timed runs per batch size [default: 100; with --generate: 3 timed generations].",
             min=1,
         ),
     ] = None,

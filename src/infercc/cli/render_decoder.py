@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from infercc.cli.render import human_bytes
+from infercc.cli.units import human_bytes
 
 
 def _f(x: float | None, fmt: str = ".3f") -> str:

@@ -180,8 +180,21 @@ def _finish(softmax, q, key, value, bias, out, scale, removed) -> _Match | str:
             return f"{present.name} has readers outside the attention"
     if abs(scale * math.sqrt(size) - 1.0) > 1e-6:
         log.debug("attention scale %.6g is not 1/sqrt(head_size)", scale)
-    return _Match(softmax, q, k, v, bias, past_key, past_value, present_key, present_value,
-                  out, heads, scale, removed)
+    return _Match(
+        softmax,
+        q,
+        k,
+        v,
+        bias,
+        past_key,
+        past_value,
+        present_key,
+        present_value,
+        out,
+        heads,
+        scale,
+        removed,
+    )
 
 
 def _rewrite(graph: Graph, m: _Match) -> None:

@@ -548,7 +548,8 @@ def compare_generation(
     stats_a = _summarize(runs_a, plan.batch, mem_a)
     stats_b = _summarize(runs_b, plan.batch, mem_b)
     step_ratios = [
-        tb / ta for ra, rb in zip(runs_a, runs_b, strict=True)
+        tb / ta
+        for ra, rb in zip(runs_a, runs_b, strict=True)
         for ta, tb in zip(ra.steps_ms, rb.steps_ms, strict=True)
     ]
     ttft_ratios = [rb.ttft_ms / ra.ttft_ms for ra, rb in zip(runs_a, runs_b, strict=True)]
