@@ -41,6 +41,7 @@ class Value:
         "doc_string",
         "keep_info",
         "metadata_props",
+        "non_tensor",
     )
 
     def __init__(
@@ -63,6 +64,8 @@ class Value:
         # True when the source model declared value_info for it: the exporter writes it back.
         self.keep_info = False
         self.metadata_props: list[tuple[str, str]] = []
+        # True when the value is known to be a sequence, map or optional (not a tensor).
+        self.non_tensor = False
         if const is not None:
             self.dtype = const.dtype
             self.shape = const.shape

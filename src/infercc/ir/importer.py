@@ -123,6 +123,9 @@ def _dims(type_proto: onnx.TypeProto) -> tuple[int | str | None, ...] | None:
 
 
 def apply_type(value: Value, type_proto: onnx.TypeProto) -> None:
+    kind = type_proto.WhichOneof("value")
+    if kind is not None and kind != "tensor_type":
+        value.non_tensor = True
     if type_proto.HasField("tensor_type"):
         if type_proto.tensor_type.elem_type:
             value.dtype = type_proto.tensor_type.elem_type
