@@ -24,9 +24,9 @@ with its inputs and expected outputs) is checked twice:
 
 Comparison with expected outputs follows onnx's backend test runner: the case's rtol/atol
 (1e-3 / 1e-7 for node cases) through `numpy.testing.assert_allclose` (NaN equal to NaN), exact
-equality for strings, and here also equal shapes and dtypes. Cases whose inputs or outputs are sequences or
-optionals are skipped with that category (infercc's passes leave those types alone and
-onnxruntime's Python API feeds them differently).
+equality for strings, and here also equal shapes and dtypes. Cases whose inputs or outputs
+are sequences or optionals are skipped with that category (infercc never folds those types,
+and onnxruntime's Python API feeds them differently).
 
 `--files` goes through `load_model` and `save_model` (the wire-format reader and the
 streaming writer the CLI uses) instead of in-memory import/export. `--portable` keeps
