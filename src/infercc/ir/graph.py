@@ -275,8 +275,14 @@ class Graph:
         self.metadata_props: list[tuple[str, str]] = []
         # Declared value_info for values not produced in this graph (rare, kept verbatim).
         self.extra_value_info: list[onnx.ValueInfoProto] = []
-        # Sparse initializers are kept as protos (rare; passes do not look at them).
-        self.sparse_initializers: list[onnx.SparseTensorProto] = []
+        # Sparse initializers: each is also a constant in `initializers` (its dense value, read
+        # by passes like any other); the exporter writes the sparse proto back while that
+        # constant is still the one imported from it.
+        self.sparse_initializers: list[tuple[onnx.SparseTensorProto, Value]] = []
+        # Graph input name -> its default value (IR >= 4: an initializer that is also listed as
+        # a graph input is a default the caller may override). The input stays an input for
+        # every pass; the exporter writes the default back as an initializer.
+        self.input_defaults: dict[str, Value] = {}
 
     # -- model and names ----------------------------------------------------------------------
 
@@ -647,6 +653,9 @@ class Model:
         self.functions: list[onnx.FunctionProto] = []
         self.training_info: list[onnx.TrainingInfoProto] = []
         self.base_dir = None
+        # Initializers the source listed as graph inputs too (IR >= 4: overridable defaults),
+        # whether kept as inputs or frozen into constants on import.
+        self.overridable: list[str] = []
         self._values: dict[str, Value] = {}
         self._node_names: set[str] = set()
         self._counter = itertools.count()

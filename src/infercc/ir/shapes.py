@@ -135,11 +135,16 @@ def _better(old, new):
 def _forget_declared_shapes(graph: onnx.GraphProto) -> None:
     """Drop the declared shapes of standard nodes' outputs from the skeleton (recursively),
     keeping their element types: inference computes those shapes itself. Outputs of other
-    domains keep theirs (inference cannot compute them)."""
+    domains keep theirs (inference cannot compute them). A negative dim_value is unknown."""
     standard = {o for n in graph.node if n.domain in STANDARD_DOMAINS for o in n.output if o}
     for vi in [*graph.value_info, *graph.output]:
         if vi.name in standard and vi.type.HasField("tensor_type"):
             vi.type.tensor_type.ClearField("shape")
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        if vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    d.Clear()  # a dynamic axis (Paddle, TensorFlow): unknown, not -1
     for n in graph.node:
         for a in n.attribute:
             for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
