@@ -1,6 +1,6 @@
 """A longer differential fuzzing run than the test suite's (the same generator and properties).
 
-    python bench/fuzz.py [--examples 2000] [--seed 0] [--idempotence-every 5]
+    python bench/fuzz.py [--examples 5000] [--seed 0] [--idempotence-every 5]
 
 Runs `tests/test_fuzz.py`'s properties with many more examples and a seed of your choice:
 random graphs optimized with the default pipeline (cpu target and portable) must give
@@ -79,7 +79,7 @@ def run(examples: int, seed_value: int, every: int, tally: Tally) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=2000)
+    parser.add_argument("--examples", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--idempotence-every", type=int, default=5)
     args = parser.parse_args()
