@@ -604,3 +604,48 @@ def test_light_resnet50_weights_fold_and_outputs_match():
     rng = np.random.default_rng(0)
     feeds = {"gpu_0/data_0": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
     assert_same_outputs(original, out, feeds)
+
+
+BATCH = """
+g (float[4] x) => (float[4] y) <float[4] w = {1.0, 4.0, 9.0, 16.0}> {
+  a = Sqrt(w)
+  b = Neg(a)
+  c = Exp(b)
+  d = Sqrt(c)
+  y = Add(x, d)
+}"""
+
+
+def test_a_node_onnxruntime_cannot_load_is_split_out_of_its_batch(monkeypatch):
+    """The batch fails to load: it is halved until the node at fault is alone, which
+    onnx.reference evaluates; the rest stay onnxruntime's."""
+    session = evaluate.Evaluator._session
+
+    def no_neg(self, nodes, known):
+        if any(n.op_type == "Neg" for n in nodes):
+            raise evaluate._LoadError("no kernel for Neg")
+        return session(self, nodes, known)
+
+    monkeypatch.setattr(evaluate.Evaluator, "_session", no_neg)
+    original, out, report = _fold(BATCH)
+    counts = _counts(report)
+    assert op_counts(out) == {"Add": 1}
+    assert counts["by_reference"] == 1 and counts["by_onnxruntime"] == 3
+    assert counts["sessions"] > 1
+    assert_same_outputs(original, out)
+
+
+def test_a_node_onnxruntime_fails_to_run_is_refused_and_its_readers_stay(monkeypatch):
+    session = evaluate.Evaluator._session
+
+    def neg_fails(self, nodes, known):
+        if any(n.op_type == "Neg" for n in nodes):
+            raise evaluate._RunError("Neg failed")
+        return session(self, nodes, known)
+
+    monkeypatch.setattr(evaluate.Evaluator, "_session", neg_fails)
+    ctx = PassContext()
+    original, out, report = _fold(BATCH, ctx)
+    assert op_counts(out) == {"Neg": 1, "Exp": 1, "Sqrt": 1, "Add": 1}
+    assert ("Neg", "onnxruntime fails on this node: Neg failed") in _reasons(ctx)
+    assert_same_outputs(original, out)

@@ -179,7 +179,7 @@ class Evaluator:
 
     def _run(self, nodes: list[Node], known: Known) -> None:
         """Evaluate `nodes` in one session, or split them until the failing node is alone."""
-        nodes = [n for n in nodes if self._inputs_ready(n, nodes, known)]
+        nodes = self._ready(nodes, known)
         if not nodes:
             return
         try:
@@ -207,8 +207,17 @@ class Evaluator:
         self._run(nodes[:half], known)
         self._run(nodes[half:], known)
 
-    def _inputs_ready(self, node: Node, batch: list[Node], known: Known) -> bool:
-        inside = {id(n) for n in batch}
+    def _ready(self, nodes: list[Node], known: Known) -> list[Node]:
+        """The nodes whose inputs are known, or computed by a node kept before them."""
+        kept: list[Node] = []
+        inside: set[int] = set()
+        for n in nodes:
+            if self._inputs_ready(n, inside, known):
+                kept.append(n)
+                inside.add(id(n))
+        return kept
+
+    def _inputs_ready(self, node: Node, inside: set[int], known: Known) -> bool:
         for v in node.inputs:
             if v is None:
                 continue
@@ -511,7 +520,7 @@ def predicted_nbytes(node: Node) -> int | None:
 
 
 def _shape_from_inputs(node: Node) -> tuple[int, ...] | None:
-    rule = _SHAPE_RULES.get(node.op_type)
+    rule = SIZE_RULES.get(node.op_type)
     if rule is None:
         return None
     try:
@@ -525,7 +534,7 @@ def _range_length(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> tu
     return (max(math.ceil((float(limit) - float(start)) / float(delta)), 0),)
 
 
-_SHAPE_RULES: dict[str, Callable[[list], tuple]] = {
+SIZE_RULES: dict[str, Callable[[list], tuple]] = {
     "ConstantOfShape": lambda a: tuple(a[0].reshape(-1)),
     "Expand": lambda a: np.broadcast_shapes(a[0].shape, tuple(a[1].reshape(-1))),
     "Tile": lambda a: tuple(s * r for s, r in zip(a[0].shape, a[1].reshape(-1), strict=True)),

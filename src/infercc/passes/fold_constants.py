@@ -42,7 +42,7 @@ from infercc.ir.graph import Graph, Model, Node, Value
 from infercc.ir.ops import NON_TENSOR_OPS, QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 from infercc.passes.evaluate import (
-    _SHAPE_RULES,
+    SIZE_RULES,
     EvaluationError,
     Evaluator,
     ir_version_for,
@@ -170,7 +170,7 @@ class _Folder:
                 continue
             if self._why_not(n) is not None:
                 continue
-            if n.op_type in _SHAPE_RULES and not _all_inputs_constant(n):
+            if n.op_type in SIZE_RULES and not _all_inputs_constant(n):
                 if predicted_nbytes(n) is None:
                     continue  # its size is known only once its inputs are: a later batch
             plan.append(n)
