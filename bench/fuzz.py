@@ -48,6 +48,8 @@ class Tally:
 
     def note(self, model: onnx.ModelProto) -> None:
         self.examples += 1
+        if self.examples % 100 == 0:
+            print(f"  {self.examples} examples", file=sys.stderr, flush=True)
         self.last = model
         self.ops.update(n.op_type for n in model.graph.node)
 
