@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -850,7 +850,12 @@ def check_outputs_match(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
     full = all(p.key != LENIENT for p in model.metadata_props)
     onnx.checker.check_model(model, full_check=full)
     large = {**feeds, "x": np.abs(feeds["x"]) * 100 + 1}  # takes the branches of "rare" Ifs
-    wants = [run_ort(model, f) for f in (feeds, large)]
+    try:
+        wants = [run_ort(model, f) for f in (feeds, large)]
+    except Exception:
+        # onnxruntime itself fails on some valid graphs (a double Cast round trip read only
+        # inside both If branches: "Missing Input"): such an example says nothing of infercc
+        reject()
     first = None
     for portable in (False, True):
         optimized, report = optimize_with_report(model, portable)
