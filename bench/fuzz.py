@@ -1,6 +1,6 @@
 """A longer differential fuzzing run than the test suite's (the same generator and properties).
 
-    python bench/fuzz.py [--examples 2000] [--seed 0] [--idempotence-every 5]
+    python bench/fuzz.py [--examples 5000] [--seed 0] [--idempotence-every 5] [--jobs 1]
 
 Runs `tests/test_fuzz.py`'s properties with many more examples and a seed of your choice:
 random graphs optimized with the default pipeline (cpu target and portable) must give
@@ -8,13 +8,16 @@ onnxruntime's outputs of the original; every `--idempotence-every`-th example is
 for determinism (two optimizes, byte-identical files) and idempotence (optimizing the result
 changes no byte). Prints the number of examples run, the ops they covered, how often each
 pass fired, and the first failure (hypothesis shrinks it) with its model in ONNX text.
-Exit status 1 on a failure.
+`--jobs J` runs J processes, process i with seed `seed + i` and its share of the examples,
+and adds up their counts. Exit status 1 on a failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -26,8 +29,6 @@ from hypothesis import HealthCheck, given, seed, settings
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infercc.ir import import_model  # noqa: E402
-from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes  # noqa: E402
 from tests.integration.test_fuzz import (  # noqa: E402  (after the path is set)
     check_deterministic_and_idempotent,
     check_outputs_match,
@@ -47,9 +48,12 @@ class Tally:
 
     def note(self, model: onnx.ModelProto) -> None:
         self.examples += 1
+        if self.examples % 100 == 0:
+            print(f"  {self.examples} examples", file=sys.stderr, flush=True)
         self.last = model
         self.ops.update(n.op_type for n in model.graph.node)
-        report = run_passes(import_model(model), PassContext(target="cpu"), DEFAULT_PIPELINE)
+
+    def fired_in(self, report) -> None:
         for name, stats in report.passes.items():
             self.fired[name] += int(stats.changed > 0)
             for key, n in stats.counts.items():
@@ -69,7 +73,7 @@ def run(examples: int, seed_value: int, every: int, tally: Tally) -> None:
     def prop(case):
         model, feeds = case
         tally.note(model)
-        check_outputs_match(model, feeds)
+        tally.fired_in(check_outputs_match(model, feeds))
         if every and tally.examples % every == 0:
             tally.idempotence += 1
             check_deterministic_and_idempotent(model)
@@ -79,11 +83,15 @@ def run(examples: int, seed_value: int, every: int, tally: Tally) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=2000)
+    parser.add_argument("--examples", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--idempotence-every", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a shard's result
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.jobs > 1:
+        return _shards(args)
     tally = Tally()
     t0 = time.perf_counter()
     failure = None
@@ -92,7 +100,60 @@ def main() -> int:
     except Exception as e:  # hypothesis re-raises the shrunk failure
         failure = e
     seconds = time.perf_counter() - t0
-    print(f"examples run: {tally.examples} (incl. shrinking), seed {args.seed}, {seconds:.0f} s")
+    if args.json:
+        print(json.dumps(_shard_result(tally, failure, seconds)))
+        return 1 if failure is not None else 0
+    return _print(tally, args.seed, seconds, failure)
+
+
+def _shard_result(tally: Tally, failure: Exception | None, seconds: float) -> dict:
+    text = None
+    if failure is not None:
+        text = f"{type(failure).__name__}: {str(failure)[:2000]}"
+        if tally.last is not None:
+            text += "\n" + onnx.printer.to_text(tally.last)
+    return {
+        "examples": tally.examples,
+        "idempotence": tally.idempotence,
+        "ops": dict(tally.ops),
+        "fired": dict(tally.fired),
+        "failure": text,
+        "seconds": seconds,
+    }
+
+
+def _shards(args) -> int:
+    t0 = time.perf_counter()
+    share = [args.examples // args.jobs + (i < args.examples % args.jobs) for i in range(args.jobs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--examples", str(n), "--seed", str(args.seed + i),
+             "--idempotence-every", str(args.idempotence_every), "--json"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i, n in enumerate(share)
+    ]
+    results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    tally = Tally()
+    failures = []
+    for r in results:
+        tally.examples += r["examples"]
+        tally.idempotence += r["idempotence"]
+        tally.ops.update(r["ops"])
+        tally.fired.update(r["fired"])
+        if r["failure"]:
+            failures.append(r["failure"])
+    seconds = time.perf_counter() - t0
+    seeds = f"{args.seed}..{args.seed + args.jobs - 1}"
+    _print(tally, seeds, seconds, None)
+    for text in failures:
+        print(f"FAILED: {text}")
+    return 1 if failures else 0
+
+
+def _print(tally: Tally, seed, seconds: float, failure: Exception | None) -> int:
+    print(f"examples run: {tally.examples} (incl. shrinking), seed {seed}, {seconds:.0f} s")
     print(f"determinism + idempotence checked on: {tally.idempotence}")
     print("ops covered: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.ops.items())))
     print("examples where a pass fired:")

@@ -61,6 +61,8 @@ class OptimizeReport:
     precision: str = "fp32"
     kept_fp32: list[dict[str, str]] = field(default_factory=list)
     build: dict[str, Any] | None = None  # the BuildConfig, as data
+    # Initializers also listed as graph inputs: kept as inputs, or frozen into constants.
+    overridable_inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -88,6 +90,7 @@ class OptimizeReport:
             "precision": self.precision,
             "kept_fp32": self.kept_fp32,
             "build": self.build,
+            "overridable_inputs": self.overridable_inputs,
             "seconds": round(self.seconds, 4),
         }
 
@@ -123,6 +126,7 @@ def build_config(
     fp16_ranges: str | os.PathLike[str] | Mapping[str, tuple[float, float]] | None = None,
     portable: bool = False,
     fold_limit: int | str | None = None,
+    freeze_initializers: bool = False,
     disable_passes: Iterable[str] = (),
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     profiles: Sequence[ShapeProfile] | None = None,
@@ -145,6 +149,11 @@ def build_config(
     a `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max); `profiles`
     (from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes for, and `shapes` pins one
     concrete shape per input (it wins over a profile of the same input).
+
+    An initializer the model (IR >= 4) also lists as a graph input is a default the caller
+    may override: it stays an input, and nothing is folded or fused through it, unless
+    `freeze_initializers` makes such initializers constants (and drops them from the inputs);
+    on a model that has none it is refused (it would change nothing).
     """
     pins = [ShapeProfile(name, tuple(d), tuple(d), tuple(d)) for name, d in (shapes or {}).items()]
     named = {p.name for p in pins}
@@ -157,6 +166,7 @@ def build_config(
         ranges=read_ranges(fp16_ranges) if fp16_ranges is not None else (),
         portable=portable,
         fold_limit=fold_limit,
+        freeze_initializers=freeze_initializers,
         disable_passes=tuple(disable_passes),
         shapes=(*[p for p in profiles or () if p.name not in named], *pins),
         verify=verify,
@@ -238,6 +248,25 @@ def pipelines(cfg: BuildConfig) -> list[tuple[str, ...]]:
     return optimize_stages(cfg.precision)
 
 
+def check_freeze(model: Model, freeze: bool) -> None:
+    """Refuse --freeze-initializers on a model with no overridable initializer."""
+    if freeze and not (model.ir_version >= 4 and model.overridable):
+        why = "lists no initializer as a graph input"
+        if model.ir_version < 4:
+            why = f"is IR {model.ir_version}, whose initializers are constants already"
+        raise InferccError(
+            f"--freeze-initializers has no effect: the model {why}",
+            "drop --freeze-initializers",
+        )
+
+
+def overridable_summary(model: Model, frozen: bool) -> dict[str, Any]:
+    """The initializers also listed as graph inputs (IR >= 4), and whether they were frozen."""
+    if not model.overridable or model.ir_version < 4:
+        return {}
+    return {"names": list(model.overridable), "frozen": frozen}
+
+
 def check_model(model: Model, cfg: BuildConfig) -> None:
     """What the config asks of the model: shapes naming its inputs, Q/DQ pairs for int8."""
     check_shape_names(model, cfg.shape_pins)
@@ -259,7 +288,8 @@ class _Job:
     def __init__(self, src: Path, cfg: BuildConfig, step: Callable[[str], None]):
         self.src, self.cfg, self.step = src, cfg, step
         step("loading")
-        self.ir = load_model(src)
+        self.ir = load_model(src, freeze_initializers=cfg.freeze_initializers)
+        check_freeze(self.ir, cfg.freeze_initializers)
         check_model(self.ir, cfg)
         self.size_before = model_files_size(src, self.ir)
         self.nodes_before = sum(1 for _ in self.ir.graph.all_nodes())
@@ -368,6 +398,7 @@ class _Job:
             precision=self.cfg.precision,
             kept_fp32=self.kept_fp32,
             build=self.cfg.to_dict(),
+            overridable_inputs=overridable_summary(self.ir, self.cfg.freeze_initializers),
         )
 
 

@@ -178,6 +178,7 @@ class BuildConfig:
     ranges: tuple[Range, ...] = ()  # --ranges (calibrated tensor ranges, sorted by name)
     portable: bool = False  # --portable
     fold_limit: int | None = None  # --fold-limit; None: fold-constants' default (16 MiB)
+    freeze_initializers: bool = False  # --freeze-initializers (IR >= 4 inputs with defaults)
     disable_passes: tuple[str, ...] = ()  # --disable-pass
     shapes: tuple[ShapeProfile, ...] = ()  # --shape
     verify: bool = False  # --verify
@@ -429,6 +430,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {
     "ranges": ((dict, str, list, tuple), _ranges_from),
     "portable": ((bool,), None),
     "fold_limit": ((int, str), None),
+    "freeze_initializers": ((bool,), None),
     "disable_passes": ((list, tuple), None),
     "shapes": ((dict, list, tuple), _shapes_from),
     "verify": ((bool,), None),

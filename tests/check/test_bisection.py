@@ -248,15 +248,16 @@ def test_validate_bisect_names_the_rewrite_of_a_fold_constants_bug(
     rewrite by rewrite (c1, c2, m, s) down to 'm'."""
     from infercc.api import optimize
     from infercc.check.candidates import validate_candidate
-    from infercc.passes import fold_constants
+    from infercc.passes.evaluate import Evaluator
 
-    evaluate = fold_constants._evaluate
+    store = Evaluator._store
 
-    def broken(node, opset):
-        arrays = evaluate(node, opset)
-        return [a + 1 for a in arrays] if node.name == "m" else arrays
+    def broken(self, node, result):
+        if node.name == "m" and result.arrays is not None:
+            result.arrays = [a + 1 for a in result.arrays]
+        store(self, node, result)
 
-    monkeypatch.setattr(fold_constants, "_evaluate", broken)
+    monkeypatch.setattr(Evaluator, "_store", broken)
     reference = _save(FOLD_MODEL, tmp_path / "ref.onnx")
     art = tmp_path / "art"
     built = optimize(reference, art, backend="ort", tune=False, run_validation=False)

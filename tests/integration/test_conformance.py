@@ -2,8 +2,9 @@
 
 Every 10th case of `onnx.backend.test.case.node.collect_testcases`, sorted by name: (a) a case
 onnxruntime passes unoptimized passes optimized too; (b) with its inputs turned into
-initializers, what folding computes equals the expected outputs. The full run (all ~1,900
-cases) is `python bench/conformance.py`. Also here: the regression tests of the folding bugs
+initializers, what folding computes equals onnxruntime's own result for the folded form,
+exactly (the expected outputs where onnxruntime cannot run the case). The full run (all
+~1,900 cases) is `python bench/conformance.py`. Also here: the regression tests of the folding bugs
 that run found, and checks that the harness itself reports a broken optimizer.
 """
 
@@ -94,6 +95,20 @@ def test_harness_reports_a_broken_optimizer(monkeypatch):
     result = conformance.check_case(case)
     assert result.a == conformance.A_REGRESSION and "values differ" in result.a_detail
     assert result.b == conformance.B_PARTIAL_REGRESSION
+
+
+def test_harness_holds_folded_values_to_onnxruntimes_result(monkeypatch):
+    """(b) compares with what onnxruntime computes, bit for bit: one ulp off is a mismatch."""
+    case = _case("test_sqrt_example")
+    assert conformance.check_case(case).b == conformance.B_MATCH
+    truth = conformance.ort_truth
+
+    def off_by_one_ulp(model):
+        return [np.nextafter(a, np.inf).astype(a.dtype) for a in truth(model)]
+
+    monkeypatch.setattr(conformance, "ort_truth", off_by_one_ulp)
+    result = conformance.check_case(case)
+    assert result.b == conformance.B_MISMATCH and "vs onnxruntime" in result.b_detail
 
 
 def test_harness_compares_like_onnx_backend_tests():

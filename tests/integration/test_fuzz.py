@@ -14,6 +14,16 @@ tensor) that folding must compute. Every value nobody reads is a graph output (s
 graph lives), sometimes an intermediate one too, a constant one, or the input's Identity. The
 input's batch dimension is sometimes symbolic.
 
+The generators that found issue 12's bugs: exporter-style shape subgraphs (Shape -> Gather ->
+Unsqueeze -> Concat with 0 and -1 -> Reshape), Slice with extreme starts, ends and steps
+(INT64/INT32 max and min, ends of INT_MAX with a negative step), opsets 9 to 24 (each builder
+writes its op in that opset's form; before opset 11, negative Unsqueeze/Squeeze axes), If
+branches taken only on large inputs (ReduceSum > 100) holding constants onnx.reference
+evaluates unlike onnxruntime, sequences (SplitToSequence, SequenceConstruct, SequenceEmpty +
+SequenceInsert, read back by SequenceAt) and optionals (Optional -> OptionalGetElement) of
+the tensor or of constants, and initializers also listed as graph inputs (some overridden in
+the feed). The property runs a second feed, |x| * 100 + 1, that takes the rare branches.
+
 Each graph is optimized in memory with the default pipeline (cpu target, and portable=True)
 with the IR linted after every pass; onnxruntime must give the same outputs as for the
 original (|got - want| <= 1e-4·scale + 1e-3·|want|, scale = max(1, max|want|): values pass
@@ -33,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -57,10 +67,15 @@ class Builder:
 
     draw: Callable
     rng: np.random.Generator
+    opset: int = OPSET
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inits: list[onnx.TensorProto] = field(default_factory=list)
     shapes: dict[str, Shape] = field(default_factory=dict)
     count: int = 0
+    # Set when the graph holds a form onnxruntime runs but onnx's strict inference rejects or
+    # reads otherwise (negative axes before opset 11, an INT_MAX Slice end with a negative
+    # step): onnx.checker's full check is then skipped for it.
+    lenient: bool = False
 
     def name(self, base: str) -> str:
         self.count += 1
@@ -78,6 +93,21 @@ class Builder:
 
     def ints(self, values, base: str = "i") -> str:
         return self.const(np.asarray(values, dtype=np.int64), base)
+
+    def axes_op(self, op: str, x: str, axes: list[int], shape: Shape) -> str:
+        """Unsqueeze/Squeeze with `axes` as an input (opset >= 13) or an attribute."""
+        if self.opset >= 13:
+            return self.op(op, [x, self.ints(axes, "axes")], shape)
+        return self.op(op, [x], shape, axes=axes)
+
+    def slice_op(self, x: str, starts, ends, axes, steps, shape: Shape) -> str:
+        """Slice with inputs (opset >= 10) or attributes (no steps then)."""
+        if self.opset < 10:
+            return self.op("Slice", [x], shape, starts=starts, ends=ends, axes=axes)
+        inputs = [x, self.ints(starts), self.ints(ends), self.ints(axes)]
+        if steps is not None:
+            inputs.append(self.ints(steps))
+        return self.op("Slice", inputs, shape)
 
     def weight(self, shape: Shape, fan_in: int) -> str:
         w = self.rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
@@ -165,6 +195,8 @@ def activation_on(b: Builder, x: str) -> str:
         return b.op(kind, [x], shape, alpha=b.draw(st.sampled_from([0.01, 0.2])))
     if kind == "HardSigmoid":
         return b.op(kind, [x], shape, alpha=0.3, beta=0.4)
+    if kind == "Clip" and b.opset < 11:
+        return b.op(kind, [x], shape, min=-0.5, max=0.75)
     if kind == "Clip":
         lo = b.const(np.array(-0.5, np.float32), "lo")
         bounds = [lo, b.const(np.array(0.75, np.float32), "hi")]
@@ -200,7 +232,7 @@ def gemm(b: Builder) -> str | None:
     m = b.draw(st.integers(1, 5))
     trans_b = b.draw(st.integers(0, 1))
     inputs = [x, b.weight((m, k) if trans_b else (k, m), k)]
-    if b.draw(st.booleans()):
+    if b.opset < 11 or b.draw(st.booleans()):
         c_shape = b.draw(st.sampled_from([(m,), (1, m), (rows, m), (1,)]))
         inputs.append(b.const(b.rng.standard_normal(c_shape).astype(np.float32), "gc"))
     alpha = b.draw(st.sampled_from([1.0, 0.5]))
@@ -271,7 +303,7 @@ def computed_reshape(b: Builder, x: str) -> str:
         return b.op("Identity", [x], shape)
     s = b.op("Shape", [x], (len(shape),))
     del b.shapes[s]
-    head = b.op("Slice", [s, b.ints([0]), b.ints([1])], (1,))
+    head = b.slice_op(s, [0], [1], [0], None, (1,))
     del b.shapes[head]
     target = b.op("Concat", [head, b.ints([-1])], (2,), axis=0)
     del b.shapes[target]
@@ -320,31 +352,58 @@ def split(b: Builder) -> str | None:
     first = b.draw(st.integers(1, shape[axis] - 1))
     sizes = [first, shape[axis] - first]
     outs = [b.name("split") for _ in sizes]
-    b.nodes.append(helper.make_node("Split", [x, b.ints(sizes, "sizes")], outs, axis=axis))
+    if b.opset >= 13:
+        b.nodes.append(helper.make_node("Split", [x, b.ints(sizes, "sizes")], outs, axis=axis))
+    else:
+        b.nodes.append(helper.make_node("Split", [x], outs, axis=axis, split=sizes))
     for o, size in zip(outs, sizes, strict=True):
         b.shapes[o] = tuple(size if i == axis else d for i, d in enumerate(shape))
     return outs[b.draw(st.integers(0, 1))]
 
 
+I64_MAX, I64_MIN, I32_MAX = 2**63 - 1, -(2**63), 2**31 - 1
+
+
 def slice_(b: Builder) -> str | None:
+    """Slice with ordinary and extreme starts, ends and steps (INT64/INT32 max and min, huge
+    steps, ends of INT_MAX with a negative step, which onnxruntime reads as "to the start")."""
     x = b.pick(lambda s: len(s) >= 1)
     if x is None:
         return None
     shape = b.shapes[x]
     axis = b.draw(st.integers(0, len(shape) - 1))
     d = shape[axis]
-    step = b.draw(st.sampled_from([1, 1, 2, -1]))
+    # Steps of 2**31-1 or 2**62 crash or exhaust onnx's own shape inference (a native crash,
+    # not infercc's logic): not drawn here.
+    steps = [1] if b.opset < 10 else [1, 1, 2, -1, -2, 3]
+    step = b.draw(st.sampled_from(steps))
     if step > 0:
-        start = b.draw(st.integers(0, d - 1))
-        end = b.draw(st.sampled_from([d, 2**62, start + 1]))
+        ordinary = b.draw(st.integers(0, d - 1))
+        start = b.draw(st.sampled_from([0, d - 1, -d, I64_MIN, -(2**62), ordinary]))
+        end = b.draw(st.sampled_from([d, 2**62, I64_MAX, I32_MAX, -1, 0]))
     else:
-        start = b.draw(st.sampled_from([d - 1, -1]))
-        end = b.draw(st.sampled_from([-(d + 1), -(2**62)]))
-    picked = np.empty(shape)[(slice(None),) * axis + (slice(start, end, step),)].shape
-    inputs = [x, b.ints([start]), b.ints([end]), b.ints([axis])]
-    if step != 1 or b.draw(st.booleans()):
-        inputs.append(b.ints([step]))
-    return b.op("Slice", inputs, tuple(picked))
+        start = b.draw(st.sampled_from([d - 1, -1, I64_MAX, I32_MAX, 2**62]))
+        end = b.draw(st.sampled_from([-(d + 1), -(2**62), I64_MIN, I64_MAX, I32_MAX, 0]))
+    picked = _ort_slice_len(d, start, end, step)
+    b.lenient |= step < 0 and end in (I32_MAX, I64_MAX)
+    out = tuple(picked if i == axis else n for i, n in enumerate(shape))
+    if 0 in out:
+        return None  # an empty tensor: later ops on it prove little
+    explicit = step != 1 or b.draw(st.booleans())
+    return b.slice_op(x, [start], [end], [axis], [step] if explicit else None, out)
+
+
+def _ort_slice_len(dim: int, start: int, end: int, step: int) -> int:
+    """The length onnxruntime gives one sliced axis (an INT_MAX end means "to the end in the
+    direction of the step")."""
+    start = start + dim if start < 0 else start
+    start = min(max(start, 0), dim - 1 if step < 0 else dim)
+    if end in (I32_MAX, I64_MAX):
+        end = -1 if step < 0 else dim
+    else:
+        end = end + dim if end < 0 else end
+        end = min(max(end, -1), dim - 1) if step < 0 else min(max(end, 0), dim)
+    return max(0, -(-(end - start) // step)) if step > 0 else max(0, -((start - end) // step))
 
 
 def softmax(b: Builder) -> str | None:
@@ -359,6 +418,8 @@ def layer_norm(b: Builder) -> str | None:
     x = b.pick(lambda s: len(s) >= 1)
     if x is None:
         return None
+    if b.opset < 17:
+        return activation_on(b, x)
     shape = b.shapes[x]
     axis = b.draw(st.integers(-len(shape), len(shape) - 1))
     norm = shape[axis % len(shape) :]
@@ -389,6 +450,8 @@ def no_op(b: Builder) -> str | None:
     kind = b.draw(st.sampled_from(["Identity", "Dropout", "Expand", "ExpandWider", "SliceAll"]))
     if kind == "Identity":
         return b.op("Identity", [x], shape)
+    if kind == "Dropout" and b.opset < 12:
+        return b.op("Dropout", [x], shape, ratio=0.5)
     if kind == "Dropout":
         ratio = b.const(np.array(0.5, np.float32), "ratio")
         mode = b.const(np.array(False), "train")
@@ -401,7 +464,7 @@ def no_op(b: Builder) -> str | None:
     if not shape:
         return b.op("Identity", [x], shape)
     rank = len(shape)
-    return b.op("Slice", [x, b.ints([0] * rank), b.ints([2**62] * rank)], shape)
+    return b.slice_op(x, [0] * rank, [2**62] * rank, list(range(rank)), None, shape)
 
 
 def duplicate(b: Builder) -> str | None:
@@ -488,9 +551,12 @@ def squeeze_pair(b: Builder) -> str | None:
     shape = b.shapes[x]
     axis = b.draw(st.integers(0, len(shape)))
     wider = (*shape[:axis], 1, *shape[axis:])
-    y = b.op("Unsqueeze", [x, b.ints([axis])], wider)
+    # negative axes: legal from opset 11; onnxruntime also reads them before (from the back)
+    written = axis - len(wider) if b.draw(st.booleans()) else axis
+    b.lenient |= written < 0 and b.opset < 11
+    y = b.axes_op("Unsqueeze", x, [written], wider)
     if b.draw(st.booleans()):
-        y = b.op("Squeeze", [y, b.ints([axis])], shape)
+        y = b.axes_op("Squeeze", y, [written], shape)
     return y
 
 
@@ -504,6 +570,8 @@ def pad(b: Builder) -> str | None:
     mode = b.draw(st.sampled_from(["constant", "reflect", "edge"]))
     if mode == "reflect" and any(p and d < 2 for p, d in zip(pads, shape * 2, strict=True)):
         mode = "edge"
+    if b.opset < 11:
+        return b.op("Pad", [x], out, mode=mode, pads=pads)
     return b.op("Pad", [x, b.ints(pads, "pads")], out, mode=mode)
 
 
@@ -527,23 +595,65 @@ def if_branch(b: Builder) -> str | None:
     if x is None:
         return None
     shape = b.shapes[x]
-    if b.draw(st.booleans()):
+    kind = b.draw(st.sampled_from(["constant", "data", "rare"]))
+    if kind == "constant":
         cond = b.const(np.array(b.draw(st.booleans())), "cond")
     else:
+        # "rare": taken only when the inputs are large (ReduceSum > 100), which random
+        # validation inputs seldom are; the fuzz property also runs a feed that takes it
         total = b.op("ReduceSum", [x], (), keepdims=0)
         del b.shapes[total]
-        cond = b.op("Greater", [total, b.const(np.array(0, np.float32), "zero")], ())
+        limit = b.const(np.array(0 if kind == "data" else 100, np.float32), "limit")
+        cond = b.op("Greater", [total, limit], ())
         del b.shapes[cond]
     branches = {key: _branch(b, x, shape, key) for key in ("then_branch", "else_branch")}
     return b.op("If", [cond], shape, **branches)
 
 
+def _tricky_scale(b: Builder, nodes: list, inits: list) -> str:
+    """A scalar computed from constants by an op onnx.reference evaluates unlike onnxruntime
+    (a reversing Slice ending at INT64_MAX, LogSoftmax of large values, ArgMax over NaN,
+    Squeeze of an empty axes tensor): folding must give onnxruntime's value."""
+
+    def const(value) -> str:
+        t = numpy_helper.from_array(np.asarray(value), b.name("bk"))
+        inits.append(t)
+        return t.name
+
+    def node(op: str, inputs: list[str], **attrs) -> str:
+        out = b.name(op.lower())
+        nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    kinds = ["logsoftmax", "argmax"] + (["slice"] if b.opset >= 10 else [])
+    kinds += ["squeeze"] if b.opset >= 13 else []
+    kind = b.draw(st.sampled_from(kinds))
+    if kind == "slice":
+        data = const(np.float32([1, 2, 4]))
+        v = node("Slice", [data, const([-1]), const([I64_MAX]), const([0]), const([-1])])
+        v = node("ReduceSum", [v], keepdims=0)  # 7 as onnxruntime slices, 0 as onnx clamps
+    elif kind == "logsoftmax":
+        v = node("LogSoftmax", [const(np.float32([[1000, 0]]))], axis=1)
+        least = node("ReduceMin", [v], keepdims=0)
+        v = node("Exp", [node("Div", [least, const(np.float32(1000))])])
+    elif kind == "argmax":
+        v = node("ArgMax", [const(np.float32([1, np.nan, 3]))], keepdims=0)
+        v = node("Cast", [v], to=FLOAT)
+    else:
+        v = node("Squeeze", [const(np.ones((1, 3, 1), np.float32)), const(np.array([], np.int64))])
+        v = node("Cast", [node("Size", [node("Shape", [v])])], to=FLOAT)
+    return v
+
+
 def _branch(b: Builder, x: str, shape: Shape, tag: str) -> onnx.GraphProto:
     out = b.name(tag.split("_")[0])
-    op = b.draw(st.sampled_from(["Mul", "Add", "Relu", "Identity"]))
+    op = b.draw(st.sampled_from(["Mul", "Add", "Relu", "Identity", "Tricky"]))
     nodes, inits = [], []
     inputs = [x]
-    if op in ("Mul", "Add"):
+    if op == "Tricky":
+        op = "Mul"
+        inputs.append(_tricky_scale(b, nodes, inits))
+    elif op in ("Mul", "Add"):
         value = numpy_helper.from_array(b.rng.uniform(0.5, 1.5, shape[-1:]).astype(np.float32))
         value.name = b.name("bw")
         if b.draw(st.booleans()):
@@ -554,6 +664,68 @@ def _branch(b: Builder, x: str, shape: Shape, tag: str) -> onnx.GraphProto:
     nodes.append(helper.make_node(op, inputs, [out]))
     outputs = [helper.make_tensor_value_info(out, FLOAT, list(shape))]
     return helper.make_graph(nodes, b.name(tag), [], outputs, initializer=inits)
+
+
+def exporter_reshape(b: Builder) -> str | None:
+    """What exporters write around a Reshape: dims read by Shape -> Gather -> Unsqueeze,
+    concatenated with a literal 0 (copy that dim) and -1 (the rest)."""
+    x = b.pick(lambda s: len(s) >= 2)
+    if x is None:
+        return None
+    shape = b.shapes[x]
+    k = b.draw(st.integers(1, len(shape) - 1))
+    s_ = b.op("Shape", [x], (len(shape),))
+    del b.shapes[s_]
+    parts = []
+    for i in range(k - 1):
+        d = b.op("Gather", [s_, b.const(np.array(i, np.int64), "gi")], (), axis=0)
+        del b.shapes[d]
+        parts.append(b.axes_op("Unsqueeze", d, [0], (1,)))
+        del b.shapes[parts[-1]]
+    parts += [b.ints([0]), b.ints([-1])]
+    target = b.op("Concat", parts, (k + 1,), axis=0)
+    del b.shapes[target]
+    rest = int(np.prod(shape[k:], dtype=np.int64))
+    return b.op("Reshape", [x, target], (*shape[: k - 1], shape[k - 1], rest))
+
+
+def sequence_ops(b: Builder) -> str | None:
+    """Sequences of the tensor, or of constants (never folded into a tensor), read back."""
+    x = b.pick(lambda s: len(s) >= 1)
+    if x is None or b.opset < 11:
+        return None
+    shape = b.shapes[x]
+    source = x if b.draw(st.booleans()) else b.const(b.rng.standard_normal(shape, np.float32))
+    kind = b.draw(st.sampled_from(["split", "construct", "insert"]))
+    seq = b.name("seq")
+    if kind == "split":
+        b.nodes.append(helper.make_node("SplitToSequence", [source], [seq], axis=0))
+        item = (1, *shape[1:])
+    elif kind == "construct":
+        b.nodes.append(helper.make_node("SequenceConstruct", [source, source], [seq]))
+        item = shape
+    else:
+        empty = b.name("empty")
+        b.nodes.append(helper.make_node("SequenceEmpty", [], [empty], dtype=FLOAT))
+        b.nodes.append(helper.make_node("SequenceInsert", [empty, source], [seq]))
+        item = shape
+    at = b.op("SequenceAt", [seq, b.const(np.array(-1, np.int64), "pos")], item)
+    if source == x or item != shape:
+        return at
+    return b.op("Add", [x, at], shape)
+
+
+def optional_ops(b: Builder) -> str | None:
+    """Optional(t) -> OptionalGetElement: the tensor, its shape kept."""
+    x = b.pick()
+    if x is None or b.opset < 15:
+        return None
+    shape = b.shapes[x]
+    source = x if b.draw(st.booleans()) else b.const(b.rng.standard_normal(shape, np.float32))
+    opt = b.name("opt")
+    b.nodes.append(helper.make_node("Optional", [source], [opt]))
+    got = b.op("OptionalGetElement", [opt], shape)
+    return got if source == x else b.op("Mul", [x, got], shape)
 
 
 BUILDERS = [
@@ -581,7 +753,13 @@ BUILDERS = [
     constant_output,
     input_passthrough,
     if_branch,
+    exporter_reshape,
+    sequence_ops,
+    optional_ops,
 ]
+
+OPSETS = [9, 11, 13, 17, 17, 18, 21, 24]
+LENIENT = "fuzz.onnx_inference_differs"
 
 STEMS = {2: gemm, 3: matmul, 4: conv_chain}
 
@@ -592,7 +770,7 @@ STEMS = {2: gemm, 3: matmul, 4: conv_chain}
 def models(draw) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A random valid model and a feed for it."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    b = Builder(draw, rng)
+    b = Builder(draw, rng, opset=draw(st.sampled_from(OPSETS)))
     rank = draw(st.sampled_from([4, 2, 3, 4, 2]))
     shape = tuple(draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank)))
     b.shapes["x"] = shape
@@ -609,16 +787,26 @@ def models(draw) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         outputs.append(draw(st.sampled_from(inner)))  # an intermediate value is an output too
     symbolic = draw(st.booleans())
     dims: list = ["N", *shape[1:]] if symbolic else list(shape)
+    inputs = [helper.make_tensor_value_info("x", FLOAT, dims)]
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    # initializers also listed as graph inputs: defaults a caller may override (IR >= 4)
+    floats = [t for t in b.inits if t.data_type == FLOAT and t.dims]
+    for t in draw(st.lists(st.sampled_from(floats), max_size=2, unique_by=lambda t: t.name)
+                  if floats else st.just([])):
+        inputs.append(helper.make_tensor_value_info(t.name, FLOAT, list(t.dims)))
+        if draw(st.booleans()):
+            feeds[t.name] = rng.uniform(0.5, 1.5, tuple(t.dims)).astype(np.float32)
     graph = helper.make_graph(
         b.nodes,
         "fuzz",
-        [helper.make_tensor_value_info("x", FLOAT, dims)],
+        inputs,
         [helper.make_tensor_value_info(o, FLOAT, b.shapes[o]) for o in outputs],
         initializer=b.inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = 8
-    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", b.opset)])
+    model.ir_version = max(4, helper.find_min_ir_version_for([helper.make_opsetid("", b.opset)]))
+    if b.lenient:
+        model.metadata_props.add(key=LENIENT, value="1")
     return model, feeds
 
 
@@ -635,9 +823,14 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 
 
 def optimize_in_memory(model: onnx.ModelProto, portable: bool) -> onnx.ModelProto:
+    return optimize_with_report(model, portable)[0]
+
+
+def optimize_with_report(model: onnx.ModelProto, portable: bool):
     ir = import_model(model)
-    run_passes(ir, PassContext(target="cpu", portable=portable, verify=True), DEFAULT_PIPELINE)
-    return export_model(ir)
+    ctx = PassContext(target="cpu", portable=portable, verify=True)
+    report = run_passes(ir, ctx, DEFAULT_PIPELINE)
+    return export_model(ir), report
 
 
 def assert_close(want: list[np.ndarray], got: list[np.ndarray], what: str) -> None:
@@ -649,17 +842,32 @@ def assert_close(want: list[np.ndarray], got: list[np.ndarray], what: str) -> No
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL * scale, err_msg=what)
 
 
-def check_outputs_match(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
-    """The property: default and portable pipelines keep onnxruntime's outputs."""
-    onnx.checker.check_model(model, full_check=True)
-    want = run_ort(model, feeds)
+def check_outputs_match(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
+    """The property: default and portable pipelines keep onnxruntime's outputs. Returns the
+    default pipeline's report."""
+    # Forms onnxruntime runs but onnx's strict inference rejects (Builder.lenient) skip the
+    # full check.
+    full = all(p.key != LENIENT for p in model.metadata_props)
+    onnx.checker.check_model(model, full_check=full)
+    large = {**feeds, "x": np.abs(feeds["x"]) * 100 + 1}  # takes the branches of "rare" Ifs
+    try:
+        wants = [run_ort(model, f) for f in (feeds, large)]
+    except Exception:
+        # onnxruntime itself fails on some valid graphs (a double Cast round trip read only
+        # inside both If branches: "Missing Input"): such an example says nothing of infercc
+        reject()
+    first = None
     for portable in (False, True):
-        optimized = optimize_in_memory(model, portable)
+        optimized, report = optimize_with_report(model, portable)
+        first = first or report
         if portable:
             assert all(n.domain in ("", "ai.onnx") for n in optimized.graph.node)
-            onnx.checker.check_model(optimized, full_check=True)
+            onnx.checker.check_model(optimized, full_check=full)
         assert [o.name for o in optimized.graph.output] == [o.name for o in model.graph.output]
-        assert_close(want, run_ort(optimized, feeds), f"portable={portable}")
+        assert [i.name for i in optimized.graph.input] == [i.name for i in model.graph.input]
+        for f, want in zip((feeds, large), wants, strict=True):
+            assert_close(want, run_ort(optimized, f), f"portable={portable}")
+    return first
 
 
 def check_deterministic_and_idempotent(model: onnx.ModelProto) -> None:

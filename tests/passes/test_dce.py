@@ -177,3 +177,35 @@ def test_in_the_pipeline_dead_code_left_by_other_passes_goes() -> None:
     assert report.reached_fixpoint and report.passes["eliminate-dead-code"].runs == 2
     assert report.passes["eliminate-dead-code"].counts["initializers"] == 2
     assert_same_outputs(proto, out)
+
+
+FUNCTION_IN_A_BRANCH = """
+<ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+g (float[2] x, bool c) => (float[2] y) {
+  y = local.outer(x, c)
+}
+<domain: "local", opset_import: ["" : 17, "local" : 1]>
+outer (a, flag) => (b) {
+  b = If(flag) <then_branch = t () => (float[2] tb) { tb = local.inner(a) },
+                else_branch = e () => (float[2] eb) { eb = Neg(a) }>
+}
+<domain: "local", opset_import: ["" : 17]>
+inner (p) => (q) {
+  q = Relu(p)
+}
+"""
+
+
+def test_a_function_called_only_from_a_branch_of_a_function_stays() -> None:
+    # regression (issue 12 item 7): `inner` is called only inside an If of `outer`'s body;
+    # it was removed and the model no longer loaded
+    proto = onnx.parser.parse_model(FUNCTION_IN_A_BRANCH)
+    onnx.checker.check_model(proto, full_check=True)
+    model, result = _dce(proto)
+    assert result.stats["functions"] == 0
+    out = export_model(model)
+    assert sorted(f.name for f in out.functions) == ["inner", "outer"]
+    onnx.checker.check_model(out, full_check=True)
+    for flag in (True, False):
+        feeds = {"x": np.array([1.0, -2.0], np.float32), "c": np.array(flag)}
+        assert_same_outputs(proto, out, feeds)

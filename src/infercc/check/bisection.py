@@ -225,7 +225,7 @@ class _Bisector:
         from infercc.data.signature import shape_profile
 
         build = self.config.build
-        ir = load_model(self.reference)
+        ir = load_model(self.reference, freeze_initializers=build.freeze_initializers)
         ctx = pass_context(build, shape_profile(ir, build.shape_pins))
         ctx.rewrite_limits = dict(rewrite_limits or {})
         ctx.run_limits = dict(run_limits or {})

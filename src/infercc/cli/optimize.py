@@ -87,6 +87,15 @@ FoldLimitOpt = Annotated[
         "[default: 16MiB]."
     ),
 ]
+FreezeInitializersOpt = Annotated[
+    bool,
+    typer.Option(
+        "--freeze-initializers",
+        help="Treat initializers the model also lists as graph inputs (IR >= 4: defaults a "
+        "caller may override) as constants, so they fold and fuse; they stop being inputs. "
+        "Without it they stay inputs.",
+    ),
+]
 ExternalDataOpt = Annotated[
     bool,
     typer.Option(
@@ -239,6 +248,7 @@ def optimize(
     no_validate: NoValidateOpt = False,
     verify: VerifyOpt = False,
     fold_limit: FoldLimitOpt = None,
+    freeze_initializers: FreezeInitializersOpt = False,
     external_data: ExternalDataOpt = False,
     align: AlignOpt = 64,
     fp16: Fp16Opt = False,
@@ -289,6 +299,7 @@ def optimize(
         ranges=str(ranges) if ranges is not None else (),
         portable=portable,
         fold_limit=fold_limit,
+        freeze_initializers=freeze_initializers,
         disable_passes=tuple(disable_pass or ()),
         shapes=tuple(parse_profiles(shape)),
         verify=verify,

@@ -76,7 +76,7 @@ def declared_dims(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
 def _declared_dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
     kind = dim.WhichOneof("value")
     if kind == "dim_value":
-        return dim.dim_value
+        return dim.dim_value if dim.dim_value >= 0 else None  # -1: a dynamic axis
     if kind == "dim_param" and dim.dim_param:
         return dim.dim_param
     return None

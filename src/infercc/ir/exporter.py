@@ -91,13 +91,17 @@ def export_node(node: Node, with_weights: bool = True) -> onnx.NodeProto:
     return np_
 
 
-def export_graph(graph: Graph, with_weights: bool = True) -> onnx.GraphProto:
-    """A GraphProto; without weights, the main-graph initializers are left out."""
+def export_graph(
+    graph: Graph, with_weights: bool = True, sparse: bool | None = None
+) -> onnx.GraphProto:
+    """A GraphProto; without weights, the main-graph initializers are left out (and the sparse
+    ones too, unless `sparse`)."""
     gp = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
     gp.node.extend(export_node(n, True) for n in graph)
     if with_weights:
-        gp.initializer.extend(v.const.to_proto(v.name) for v in graph.initializers.values())
-    gp.sparse_initializer.extend(graph.sparse_initializers)
+        gp.initializer.extend(v.const.to_proto(v.name) for v in _initializers(graph))
+    if with_weights if sparse is None else sparse:
+        gp.sparse_initializer.extend(sp for sp, _ in _sparse_kept(graph))
     gp.input.extend(_value_info(v) for v in graph.inputs)
     gp.output.extend(_value_info(v) for v in graph.outputs)
     gp.value_info.extend(_value_info(v) for v in _kept_infos(graph))
@@ -105,6 +109,25 @@ def export_graph(graph: Graph, with_weights: bool = True) -> onnx.GraphProto:
     for k, v in graph.metadata_props:
         gp.metadata_props.add(key=k, value=v)
     return gp
+
+
+def _initializers(graph: Graph) -> list[Value]:
+    """The dense constants (those written back as sparse initializers left out), then the
+    defaults of overridable inputs (also initializers in ONNX)."""
+    sparse = {id(v) for _, v in _sparse_kept(graph)}
+    live = {v.name for v in graph.inputs}
+    defaults = [v for name, v in graph.input_defaults.items() if name in live]
+    dense = [v for v in graph.initializers.values() if id(v) not in sparse]
+    return [*dense, *defaults]
+
+
+def _sparse_kept(graph: Graph) -> list[tuple[onnx.SparseTensorProto, Value]]:
+    """Sparse initializers whose constant is still there, under its own name."""
+    return [
+        (sp, v)
+        for sp, v in graph.sparse_initializers
+        if graph.initializers.get(sp.values.name) is v
+    ]
 
 
 def _kept_infos(graph: Graph) -> Iterator[Value]:
@@ -143,7 +166,7 @@ def export_model(model: Model, with_weights: bool = True) -> onnx.ModelProto:
 
 
 def weights_nbytes(model: Model) -> int:
-    return sum(v.const.nbytes for v in model.graph.initializers.values())  # type: ignore[union-attr]
+    return sum(v.const.nbytes for v in _initializers(model.graph))  # type: ignore[union-attr]
 
 
 def _varint(n: int) -> bytes:
@@ -173,7 +196,7 @@ def save_model(model: Model, path: str | Path, external_data: bool | None = None
     data_path = path.with_name(path.name + ".data")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp_data = data_path.with_name(f".{data_path.name}.{os.getpid()}.tmp")
-    inits = list(model.graph.initializers.values())
+    inits = _initializers(model.graph)
     try:
         with open(tmp, "wb") as f:
             if use_external:
@@ -200,7 +223,7 @@ def _write_model(model: Model, f, tensors: Callable[[], Iterator[TensorProto | T
     in the source file are copied file to file in chunks.
     """
     shell = _model_shell(model).SerializeToString()
-    graph = export_graph(model.graph, with_weights=False).SerializeToString()
+    graph = export_graph(model.graph, with_weights=False, sparse=True).SerializeToString()
     sizes = [_tensor_size(t) for t in tensors()]
     total = len(graph) + sum(len(_INIT_TAG) + len(_varint(s)) + s for s in sizes)
     f.write(shell)

@@ -41,6 +41,7 @@ class Value:
         "doc_string",
         "keep_info",
         "metadata_props",
+        "non_tensor",
     )
 
     def __init__(
@@ -63,6 +64,8 @@ class Value:
         # True when the source model declared value_info for it: the exporter writes it back.
         self.keep_info = False
         self.metadata_props: list[tuple[str, str]] = []
+        # True when the value is known to be a sequence, map or optional (not a tensor).
+        self.non_tensor = False
         if const is not None:
             self.dtype = const.dtype
             self.shape = const.shape
@@ -272,8 +275,14 @@ class Graph:
         self.metadata_props: list[tuple[str, str]] = []
         # Declared value_info for values not produced in this graph (rare, kept verbatim).
         self.extra_value_info: list[onnx.ValueInfoProto] = []
-        # Sparse initializers are kept as protos (rare; passes do not look at them).
-        self.sparse_initializers: list[onnx.SparseTensorProto] = []
+        # Sparse initializers: each is also a constant in `initializers` (its dense value, read
+        # by passes like any other); the exporter writes the sparse proto back while that
+        # constant is still the one imported from it.
+        self.sparse_initializers: list[tuple[onnx.SparseTensorProto, Value]] = []
+        # Graph input name -> its default value (IR >= 4: an initializer that is also listed as
+        # a graph input is a default the caller may override). The input stays an input for
+        # every pass; the exporter writes the default back as an initializer.
+        self.input_defaults: dict[str, Value] = {}
 
     # -- model and names ----------------------------------------------------------------------
 
@@ -644,6 +653,9 @@ class Model:
         self.functions: list[onnx.FunctionProto] = []
         self.training_info: list[onnx.TrainingInfoProto] = []
         self.base_dir = None
+        # Initializers the source listed as graph inputs too (IR >= 4: overridable defaults),
+        # whether kept as inputs or frozen into constants on import.
+        self.overridable: list[str] = []
         self._values: dict[str, Value] = {}
         self._node_names: set[str] = set()
         self._counter = itertools.count()

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 _MAX_PROTO = 2**31 - 1
 
 
-def load_model(path: str | Path) -> Model:
-    """Read a model file into the IR without reading external weights."""
+def load_model(path: str | Path, freeze_initializers: bool = False) -> Model:
+    """Read a model file into the IR without reading external weights (see `import_model`
+    for `freeze_initializers`)."""
     path = Path(path)
     if not path.exists():
         raise InferccError(f"model file not found: {path}", "check the path")
@@ -50,18 +51,27 @@ def load_model(path: str | Path) -> Model:
             f"{path} holds no ONNX graph (empty, truncated or not an ONNX file)",
             "re-export the model",
         )
-    return import_model(proto, base_dir=path.parent, raw_slices=slices)
+    return import_model(
+        proto, base_dir=path.parent, raw_slices=slices, freeze_initializers=freeze_initializers
+    )
 
 
 def import_model(
     proto: onnx.ModelProto,
     base_dir: Path | None = None,
     raw_slices: list[RawSlice | None] | None = None,
+    freeze_initializers: bool = False,
 ) -> Model:
     """Build the IR from a ModelProto (which the IR then references: do not modify it).
 
     `raw_slices` (from `wire.read_model`) says where each main-graph initializer's raw bytes
     lie in the source file, for tensors that were not read into memory.
+
+    An initializer the main graph also lists as an input is, from IR 4 on, a default the
+    caller may override: it stays a graph input (with its default, `Graph.input_defaults`),
+    so no pass folds or fuses through it, unless `freeze_initializers` makes it a constant
+    (and drops the input). Before IR 4 every initializer had to be listed as an input, so
+    there they are constants. `Model.overridable` names them either way.
     """
     _check_versions(proto)
     model = Model(Graph(proto.graph.name))
@@ -78,7 +88,9 @@ def import_model(
     model.base_dir = base_dir
     try:
         with gc_paused():
-            _Importer(model, base_dir, raw_slices).graph(proto.graph, model.graph, None)
+            importer = _Importer(model, base_dir, raw_slices)
+            importer.overridable = proto.ir_version >= 4 and not freeze_initializers
+            importer.graph(proto.graph, model.graph, None)
     except IRError as e:
         raise InferccError(
             f"invalid model: {e}", "the model breaks ONNX's rules; re-export it"
@@ -109,11 +121,13 @@ def _check_versions(proto: onnx.ModelProto) -> None:
 
 
 def _dims(type_proto: onnx.TypeProto) -> tuple[int | str | None, ...] | None:
+    """The dims: ints, symbol names, None where unknown (a negative dim_value, which Paddle and
+    TensorFlow exports write for a dynamic axis, is unknown, as onnxruntime reads it)."""
     if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
         return None
     out: list[int | str | None] = []
     for d in type_proto.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             out.append(int(d.dim_value))
         elif d.HasField("dim_param"):
             out.append(d.dim_param)
@@ -123,6 +137,9 @@ def _dims(type_proto: onnx.TypeProto) -> tuple[int | str | None, ...] | None:
 
 
 def apply_type(value: Value, type_proto: onnx.TypeProto) -> None:
+    kind = type_proto.WhichOneof("value")
+    if kind is not None and kind != "tensor_type":
+        value.non_tensor = True
     if type_proto.HasField("tensor_type"):
         if type_proto.tensor_type.elem_type:
             value.dtype = type_proto.tensor_type.elem_type
@@ -138,26 +155,39 @@ class _Importer:
         self.model = model
         self.base_dir = base_dir
         self.raw_slices = raw_slices
+        self.overridable = False
 
     def graph(self, gp: onnx.GraphProto, graph: Graph, outer: dict[str, Value] | None) -> Graph:
         graph.name = gp.name
         graph.doc_string = gp.doc_string
         graph.metadata_props = [(p.key, p.value) for p in gp.metadata_props]
-        graph.sparse_initializers = list(gp.sparse_initializer)
         scope: dict[str, Value] = {}
         slices = self.raw_slices if outer is None and self.raw_slices else []
+        listed = {vi.name for vi in gp.input} if outer is None else set()
+        if outer is None:
+            self.model.overridable = [t.name for t in gp.initializer if t.name in listed]
         for i, t in enumerate(gp.initializer):
             self._define(scope, t.name, "initializer")
             source = slices[i] if i < len(slices) else None
             v = Value(t.name, const=Tensor.from_proto(t, self.base_dir, source))
             v.doc_string = t.doc_string
+            if self.overridable and t.name in listed:
+                graph.input_defaults[t.name] = v  # a default: the input below stands for it
+                continue
             scope[t.name] = graph.add_initializer(v)
+        for sp in gp.sparse_initializer:
+            v = self._sparse(sp)
+            self._define(scope, v.name, "sparse initializer")
+            scope[v.name] = graph.add_initializer(v)
+            graph.sparse_initializers.append((sp, v))
         for vi in gp.input:
             if vi.name in graph.initializers:
-                # IR < 4 lists every initializer as an input too: it is a constant.
+                # IR < 4 lists every initializer as an input too (or --freeze-initializers):
+                # it is a constant.
                 graph.initializers[vi.name].type_proto = vi.type
                 continue
-            self._define(scope, vi.name, "graph input")
+            if vi.name not in graph.input_defaults:
+                self._define(scope, vi.name, "graph input")
             v = Value(vi.name)
             apply_type(v, vi.type)
             v.type_proto = vi.type
@@ -186,6 +216,20 @@ class _Importer:
                 apply_type(v, vi.type)
                 v.keep_info = True
         return graph
+
+    def _sparse(self, sp: onnx.SparseTensorProto) -> Value:
+        """A sparse initializer's dense value, as onnxruntime reads it."""
+        name = sp.values.name
+        try:
+            dense = sparse_to_dense(sp, self.base_dir)
+        except (ValueError, IndexError) as e:
+            raise InferccError(
+                f"sparse initializer {name!r} is malformed: {first_line(e, 160)}",
+                "re-export the model",
+            ) from None
+        v = Value(name, const=Tensor(dense, dtype=sp.values.data_type))
+        v.doc_string = sp.values.doc_string
+        return v
 
     def _define(self, scope: dict[str, Value], name: str, what: str) -> None:
         if name in scope or self.model.value(name) is not None:
@@ -296,6 +340,21 @@ class _Importer:
         sub = Graph(gp.name, self.model)
         sub.owner = owner
         return self.graph(gp, sub, outer)
+
+
+def sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: Path | None = None):
+    """The dense array of a SparseTensorProto: zeros, with `values` at `indices` (linear
+    indices of shape [NNZ], or coordinates of shape [NNZ, rank])."""
+    import numpy as np
+
+    values = Tensor.from_proto(sp.values, base_dir).numpy()
+    indices = Tensor.from_proto(sp.indices, base_dir).numpy().astype(np.int64)
+    dims = tuple(int(d) for d in sp.dims)
+    dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
+    if indices.ndim == 2:
+        indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices[:, 0]
+    dense[indices.reshape(-1)] = values.reshape(-1)
+    return dense.reshape(dims)
 
 
 def _chain(outer: dict[str, Value] | None, scope: dict[str, Value]) -> dict[str, Value]:

@@ -14,6 +14,8 @@
   integer ops above and onnxruntime's contrib ops its optimizer makes of QDQ models
   (`com.microsoft` QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul, the QLinear* family).
 - **Control-flow ops** hold subgraphs (If, Loop, Scan; SequenceMap's body is a graph too).
+- **Non-tensor ops** output a sequence or an optional, which no tensor constant can stand for
+  (`NON_TENSOR_OPS`; If, Loop and OptionalGetElement may too, depending on their inputs).
 """
 
 from __future__ import annotations
@@ -50,6 +52,18 @@ INT8_COMPUTE_OPS = frozenset(
 )
 
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+NON_TENSOR_OPS = frozenset(
+    {
+        "SequenceEmpty",
+        "SequenceConstruct",
+        "SequenceInsert",
+        "SequenceErase",
+        "SplitToSequence",
+        "SequenceMap",
+        "Optional",
+    }
+)
 
 
 def is_standard_domain(domain: str) -> bool:

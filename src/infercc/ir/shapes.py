@@ -3,6 +3,20 @@
 Inference runs on a skeleton of the model: large weights become typed graph inputs, so no
 weight bytes are serialized; small integer constants keep their data so that data propagation
 can resolve Reshape targets and Shape arithmetic.
+
+What onnx infers must be what onnxruntime computes, since passes fold shapes and remove
+"no-ops" on its word:
+
+- a shape the model declares for a node's output (value_info, graph outputs) is not given to
+  inference (onnx keeps a declared shape that contradicts the one it computes); the inferred
+  dimensions win, the declared ones only fill in what inference leaves unknown;
+- where onnx's inference is known to disagree with onnxruntime, the skeleton's node is first
+  rewritten into a form both read alike (`_as_runtime_reads`), and inference runs again:
+  Unsqueeze/Squeeze with negative axes before opset 11 (onnxruntime counts them from the
+  back; onnx's inference ignores them), Squeeze with an empty axes tensor (onnxruntime
+  squeezes every dimension of size 1), and Slice ending at INT32_MAX or INT64_MAX with a
+  negative step (onnxruntime reads it as "to the beginning", onnx clamps it to the last
+  element).
 """
 
 from __future__ import annotations
@@ -15,7 +29,13 @@ import onnx
 from infercc.ir.exporter import export_model, type_proto_of
 from infercc.ir.graph import Model, Value
 from infercc.ir.importer import apply_type
-from infercc.ir.ops import MS_DOMAIN, QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
+from infercc.ir.ops import (
+    MS_DOMAIN,
+    NON_TENSOR_OPS,
+    QUANTIZATION_OPS,
+    RANDOM_OPS,
+    STANDARD_DOMAINS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +45,7 @@ _KEEP_DATA_ELEMENTS = 64
 def _typed_skeleton(model: Model) -> onnx.ModelProto:
     """The model without weight bytes: large initializers become typed graph inputs."""
     skeleton = export_model(model, with_weights=False)
+    _forget_declared_shapes(skeleton.graph)
     for v in model.graph.initializers.values():
         const = v.const
         assert const is not None
@@ -62,9 +83,12 @@ def _infer(skeleton: onnx.ModelProto) -> onnx.ModelProto | None:
 
 def infer_shapes(model: Model) -> None:
     """Fill in dtype and shape of every value that onnx's inference can type."""
-    inferred = _infer(_typed_skeleton(model))
+    skeleton = _typed_skeleton(model)
+    inferred = _infer(skeleton)
     if inferred is None:
         return
+    if _as_runtime_reads(skeleton, inferred):
+        inferred = _infer(skeleton) or inferred
     for vi in _all_value_infos(inferred.graph):
         value = model.value(vi.name)
         if value is not None and value.const is None:
@@ -97,11 +121,166 @@ def _merge(value: Value, type_proto: onnx.TypeProto) -> None:
 
 
 def _better(old, new):
-    if isinstance(old, int):
-        return old
+    """Inference's dimension, unless it knows less than the one before."""
     if isinstance(new, int):
         return new
+    if isinstance(old, int):
+        return old
     return old if old is not None else new
+
+
+# -- declared shapes: hints, never trusted over inference ------------------------------------
+
+
+def _forget_declared_shapes(graph: onnx.GraphProto) -> None:
+    """Drop the declared shapes of standard nodes' outputs from the skeleton (recursively),
+    keeping their element types: inference computes those shapes itself. Outputs of other
+    domains keep theirs (inference cannot compute them). A negative dim_value is unknown."""
+    standard = {o for n in graph.node if n.domain in STANDARD_DOMAINS for o in n.output if o}
+    for vi in [*graph.value_info, *graph.output]:
+        if vi.name in standard and vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        if vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    d.Clear()  # a dynamic axis (Paddle, TensorFlow): unknown, not -1
+    for n in graph.node:
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                _forget_declared_shapes(g)
+
+
+# -- where onnx's inference reads a node unlike onnxruntime -----------------------------------
+
+_INT_MAX_ENDS = (2**31 - 1, 2**63 - 1)
+
+
+def _as_runtime_reads(skeleton: onnx.ModelProto, inferred: onnx.ModelProto) -> bool:
+    """Rewrite the skeleton's nodes that onnx's inference reads unlike onnxruntime (module
+    docstring) into forms both read alike; True when one was rewritten."""
+    from onnx import numpy_helper
+
+    opset = _standard_opset(skeleton)
+    ranks = _ranks(inferred)
+    consts = _small_constants(skeleton.graph)
+    fixer = _Fixer(skeleton.graph, opset, ranks, consts, numpy_helper)
+    for graph in _graphs(skeleton.graph):
+        for node in graph.node:
+            if node.domain in STANDARD_DOMAINS:
+                fixer.fix(node)
+    return fixer.changed
+
+
+def _standard_opset(model: onnx.ModelProto) -> int:
+    for op in model.opset_import:
+        if op.domain in STANDARD_DOMAINS:
+            return int(op.version)
+    return int(onnx.defs.onnx_opset_version())
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for n in graph.node:
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                yield from _graphs(g)
+
+
+def _ranks(inferred: onnx.ModelProto) -> dict[str, tuple]:
+    """Name -> inferred dims (ints, or None where unknown) of every typed value."""
+    out: dict[str, tuple] = {}
+    for vi in [*_all_value_infos(inferred.graph), *inferred.graph.input]:
+        t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if t is not None and t.HasField("shape"):
+            dims = t.shape.dim
+            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+    for t in inferred.graph.initializer:
+        out[t.name] = tuple(t.dims)
+    return out
+
+
+def _small_constants(graph: onnx.GraphProto) -> dict:
+    from onnx import numpy_helper
+
+    out = {}
+    for g in _graphs(graph):
+        for t in g.initializer:
+            out[t.name] = numpy_helper.to_array(t)
+        for n in g.node:
+            if n.op_type == "Constant" and n.domain in STANDARD_DOMAINS and n.attribute:
+                a = n.attribute[0]
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    out[n.output[0]] = numpy_helper.to_array(a.t)
+                elif a.name == "value_ints":
+                    out[n.output[0]] = list(a.ints)
+    return out
+
+
+class _Fixer:
+    def __init__(self, main: onnx.GraphProto, opset: int, ranks: dict, consts: dict, nh):
+        self.main, self.opset, self.ranks, self.consts, self.nh = main, opset, ranks, consts, nh
+        self.changed = False
+
+    def fix(self, node: onnx.NodeProto) -> None:
+        if node.op_type in ("Unsqueeze", "Squeeze") and self.opset < 11:
+            self._negative_axes(node)
+        elif node.op_type == "Squeeze" and self.opset >= 13 and len(node.input) > 1:
+            self._empty_axes(node)
+        elif node.op_type == "Slice" and self.opset >= 10 and len(node.input) > 4:
+            self._int_max_ends(node)
+
+    def _negative_axes(self, node: onnx.NodeProto) -> None:
+        attr = next((a for a in node.attribute if a.name == "axes"), None)
+        if attr is None or all(a >= 0 for a in attr.ints):
+            return
+        dims = self.ranks.get(node.input[0])
+        if dims is None:
+            return
+        rank = len(dims) + (len(attr.ints) if node.op_type == "Unsqueeze" else 0)
+        axes = [a + rank if a < 0 else a for a in attr.ints]
+        del attr.ints[:]
+        attr.ints.extend(axes)
+        self.changed = True
+
+    def _empty_axes(self, node: onnx.NodeProto) -> None:
+        axes = self.consts.get(node.input[1])
+        if axes is None or len(axes) != 0:
+            return
+        dims = self.ranks.get(node.input[0])
+        if dims is not None and all(isinstance(d, int) and d > 0 for d in dims):
+            ones = [i for i, d in enumerate(dims) if d == 1]
+            node.input[1] = self._constant(ones, "squeeze_axes")
+        else:  # which dimensions are 1 is not known: the output's shape is not either
+            node.input[1] = self._unknown_ints("squeeze_axes")
+        self.changed = True
+
+    def _int_max_ends(self, node: onnx.NodeProto) -> None:
+        ends, steps = self.consts.get(node.input[2]), self.consts.get(node.input[4])
+        if ends is None or steps is None or len(ends) != len(steps):
+            return
+        ends = [int(e) for e in ends]
+        fixed = [
+            -(2**63) if int(s) < 0 and e in _INT_MAX_ENDS else e
+            for e, s in zip(ends, steps, strict=True)
+        ]
+        if fixed != ends:
+            node.input[2] = self._constant(fixed, "slice_ends")
+            self.changed = True
+
+    def _constant(self, values: list[int], base: str) -> str:
+        import numpy as np
+
+        name = f"__infercc_{base}_{len(self.main.initializer)}"
+        self.main.initializer.append(self.nh.from_array(np.array(values, np.int64), name))
+        return name
+
+    def _unknown_ints(self, base: str) -> str:
+        name = f"__infercc_{base}_{len(self.main.input)}"
+        vi = self.main.input.add(name=name)
+        vi.type.tensor_type.elem_type = onnx.TensorProto.INT64
+        vi.type.tensor_type.shape.dim.add()
+        return name
 
 
 def concrete_types(
@@ -133,6 +312,8 @@ def concrete_types(
         inferred = _infer(skeleton)
         if inferred is None:
             break
+        if _as_runtime_reads(skeleton, inferred):
+            inferred = _infer(skeleton) or inferred
         _collect(inferred, types)
         if not _evaluate_shape_tensors(skeleton, types):
             break
@@ -201,6 +382,9 @@ def _evaluate_shape_tensors(skeleton: onnx.ModelProto, types: dict) -> bool:
             keep.append(node)
             continue
         changed = True
+        if any(not hasattr(a, "shape") for a in arrays):  # a sequence or optional
+            keep.append(node)
+            continue
         for name, arr in zip(node.output, arrays, strict=False):
             if name:
                 data[name] = arr
@@ -270,4 +454,4 @@ def _generated_size(node: onnx.NodeProto, data: dict) -> int | None:
     return None
 
 
-_NO_EVAL = RANDOM_OPS | QUANTIZATION_OPS
+_NO_EVAL = RANDOM_OPS | QUANTIZATION_OPS | NON_TENSOR_OPS

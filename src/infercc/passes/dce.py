@@ -3,11 +3,16 @@
 Exact because ONNX operators are pure functions of their inputs: a node none of whose outputs
 is read (directly, through a subgraph, or as a graph output) cannot change any output. The same
 holds for initializers nobody reads, value_info of removed values (the exporter writes only live
-values), model-local functions no node calls, and opset imports of domains no node uses. The
+values), model-local functions no node calls (directly, or from a function body, inside its
+If/Loop/Scan subgraphs too), and opset imports of domains no node uses. The
 default domain's import always stays; graph inputs stay (they are the model's interface).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import onnx
 
 from infercc.ir.graph import Graph, Model
 from infercc.ir.ops import STANDARD_DOMAINS
@@ -48,17 +53,28 @@ def _dead_initializers(graph: Graph) -> int:
 
 
 def _used_ops(model: Model) -> set[tuple[str, str]]:
+    """(domain, op) of every node that can run: in the graphs, and in the bodies of the
+    functions they call, subgraphs (If/Loop/Scan bodies) of those bodies included."""
     used = {(n.domain, n.op_type) for n in model.graph.all_nodes()}
     by_key = {(f.domain, f.name): f for f in model.functions}
     todo = [k for k in used if k in by_key]
     while todo:
-        for n in by_key[todo.pop()].node:
+        for n in _proto_nodes(by_key[todo.pop()].node):
             key = (n.domain, n.op_type)
             if key not in used:
                 used.add(key)
                 if key in by_key:
                     todo.append(key)
     return used
+
+
+def _proto_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """The nodes and, recursively, the nodes of their graph attributes."""
+    for n in nodes:
+        yield n
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                yield from _proto_nodes(g.node)
 
 
 def _dead_functions(model: Model) -> int:

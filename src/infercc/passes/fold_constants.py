@@ -6,21 +6,23 @@ Rewrites, in every graph and subgraph, walking nodes in topological order:
   with the same name; a sparse_value Constant stays a node;
 - Shape / Size of a value whose (selected) dimensions are all known integers becomes an int64
   constant; a symbolic or unknown dimension is never baked in;
-- a standard-domain node whose inputs are all constants (omitted optional inputs allowed) is
-  evaluated with `onnx.reference` (a numpy path for a few cheap ops gives the same results) and
-  its outputs become initializers, cast to the dtype ONNX declares for them;
+- a standard-domain node whose inputs are all constants (omitted optional inputs allowed) and
+  whose outputs are tensors becomes its outputs' values, as onnxruntime computes them
+  (`infercc.passes.evaluate`: one session per batch of such nodes, onnx.reference only for a
+  node onnxruntime cannot load); each value keeps the shape and type it was computed with;
 - an If with a constant condition is replaced by the nodes of the branch it takes.
 
 Exact because ONNX operators are pure functions of their inputs: a node whose inputs are known
-computes the same value at every run, so the value can stand for the node. Shape and Size read
-only the shape, which is fixed when every dimension is an integer. An If whose condition is a
-constant always runs the same branch, and the branch's nodes already read outer-scope values
-directly. Never folded: quantization nodes (the backend needs them), random ops and Dropout in
-training mode with a non-zero ratio (folding would freeze one sample), nodes of other domains,
-Loop/Scan and other subgraph-holding nodes, and any result over `ctx.fold_limit` bytes (checked
-before evaluating where the size is predictable). Ops that onnx defines by a function of the
-input types (GroupNormalization, ...) are evaluated with typed inputs.
-Graph outputs keep their names; no existing initializer is modified.
+computes the same value at every run, so the value can stand for the node, and the value is
+the one the runtime computes (not another implementation's reading of the spec). Shape and
+Size read only the shape, which is fixed when every dimension is an integer. An If whose
+condition is a constant always runs the same branch, and the branch's nodes already read
+outer-scope values directly. Never folded: quantization nodes (the backend needs them), random
+ops and Dropout in training mode with a non-zero ratio (folding would freeze one sample), nodes
+of other domains, Loop/Scan and other subgraph-holding nodes, nodes whose output is a sequence,
+map or optional (a constant is a tensor), and any result over `ctx.fold_limit` bytes (checked
+before evaluating where the size is predictable). Graph outputs keep their names; no existing
+initializer is modified.
 
 One rule (`infercc.passes.rules`) on every op: its check computes the value (or the branch
 an If takes) and says why a node does not fold; for bisection one rewrite is one node replaced
@@ -31,17 +33,21 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto
-from onnx.reference import ReferenceEvaluator
 
 from infercc.ir.graph import Graph, Model, Node, Value
-from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
+from infercc.ir.ops import NON_TENSOR_OPS, QUANTIZATION_OPS, RANDOM_OPS, STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
+from infercc.passes.evaluate import (
+    SIZE_RULES,
+    EvaluationError,
+    Evaluator,
+    ir_version_for,
+    predicted_nbytes,
+)
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import constant_node_tensor, default_opset, is_live
 from infercc.passes.rules import Refuse, Rule, apply_rules
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 NEVER_FOLD = {
     **dict.fromkeys(QUANTIZATION_OPS, "quantization node: kept for the backend"),
     **dict.fromkeys(RANDOM_OPS, "random op: folding would freeze one sample"),
+    **dict.fromkeys(NON_TENSOR_OPS, "its output is a sequence or optional, not a tensor"),
 }
 
 
@@ -63,9 +70,16 @@ def fold_constants(graph: Graph, ctx: PassContext) -> PassResult:
     """Turn Constant nodes into initializers and evaluate what depends only on constants."""
     model = graph.model
     assert model is not None
-    folder = _Folder(default_opset(model))
+    folder = _Folder(model, ctx.fold_limit)
     run = apply_rules(graph, ctx, [Rule("folded", None, folder.check, _rewrite, False)])
     stats = {**dict.fromkeys(_KINDS, 0), **run.counts, "refused": len(run.refused)}
+    evaluated = folder.evaluator.stats
+    stats.update(
+        sessions=evaluated.sessions,
+        by_onnxruntime=evaluated.onnxruntime,
+        by_numpy=evaluated.numpy,
+        by_reference=evaluated.reference,
+    )
     return PassResult(changed=any(stats[k] for k in _KINDS), stats=stats)
 
 
@@ -91,18 +105,21 @@ class _Branch:
 class _Folder:
     """The check of fold-constants: what a live node folds to, or why it does not."""
 
-    def __init__(self, opset: int):
-        self.opset = opset
+    def __init__(self, model: Model, limit: int):
+        self.opset = default_opset(model)
+        self.limit = limit
+        opsets = dict(model.opset_imports)
+        self.evaluator = Evaluator(opsets, ir_version_for(opsets, model.ir_version))
 
     def check(self, node: Node, ctx: PassContext) -> _Values | _Branch | Refuse | None:
         if not is_live(node):
             return None
         try:
-            return self._fold(node, ctx.fold_limit)
+            return self._fold(node)
         except _Refuse as e:
             return Refuse(str(e))
 
-    def _fold(self, node: Node, limit: int) -> _Values | _Branch | None:
+    def _fold(self, node: Node) -> _Values | _Branch | None:
         if node.domain not in STANDARD_DOMAINS:
             if _all_inputs_constant(node):
                 raise _Refuse(f"domain {node.domain!r} is not evaluated")
@@ -115,18 +132,84 @@ class _Folder:
             return None
         if node.op_type == "If":
             return _Branch(_if_taken(node))
-        return _Values("folded", self.evaluate(node, limit))
+        return _Values("folded", self.evaluate(node))
 
-    def evaluate(self, node: Node, limit: int) -> list[Tensor | None]:
-        _check_foldable(node, self.opset)
-        predicted = _predicted_nbytes(node)
-        if predicted is not None and predicted > limit:
-            raise _Refuse(f"result would be {predicted} bytes, over the fold limit of {limit}")
-        arrays = _evaluate(node, self.opset)
+    def evaluate(self, node: Node) -> list[Tensor | None]:
+        reason = self._why_not(node)
+        if reason is not None:
+            raise _Refuse(reason)
+        try:
+            arrays, by = self.evaluator.values(node, self._plan, _known)
+        except EvaluationError as e:
+            raise _Refuse(str(e)) from None
         size = sum(a.nbytes for a in arrays)
-        if size > limit:
-            raise _Refuse(f"result is {size} bytes, over the fold limit of {limit}")
-        return [_conform(a, v) if v is not None else None for a, v in _pair(node, arrays)]
+        if size > self.limit:
+            raise _Refuse(f"result is {size} bytes, over the fold limit of {self.limit}")
+        return [_tensor(a, v, by) if v is not None else None for a, v in _pair(node, arrays)]
+
+    def _why_not(self, node: Node) -> str | None:
+        """Why a node with known inputs must not be evaluated, or None."""
+        try:
+            _check_foldable(node, self.opset)
+        except _Refuse as e:
+            return str(e)
+        predicted = predicted_nbytes(node)
+        if predicted is not None and predicted > self.limit:
+            return f"result would be {predicted} bytes, over the fold limit of {self.limit}"
+        return None
+
+    def _plan(self, graph: Graph) -> list[Node]:
+        """The nodes of `graph` that can fold from what is known now, in order: what one
+        onnxruntime session evaluates (`infercc.passes.evaluate`)."""
+        ready: set[int] = set()
+        plan: list[Node] = []
+        for n in graph:
+            if not _plannable(n) or not is_live(n):
+                continue
+            if not all(v is None or id(v) in ready or _is_known(v) for v in n.inputs):
+                continue
+            if self._why_not(n) is not None:
+                continue
+            if n.op_type in SIZE_RULES and not _all_inputs_constant(n):
+                if predicted_nbytes(n) is None:
+                    continue  # its size is known only once its inputs are: a later batch
+            plan.append(n)
+            ready.update(id(v) for v in n.outputs if v is not None)
+        return plan
+
+
+def _plannable(node: Node) -> bool:
+    return (
+        node.domain in STANDARD_DOMAINS
+        and node.op_type not in ("Constant", "Shape", "Size", "If")
+        and not node.subgraphs()
+    )
+
+
+def _is_known(v: Value) -> bool:
+    """Whether `v` is a constant, or the output of a Constant or of a foldable Shape/Size."""
+    if v.const is not None:
+        return True
+    p = v.producer
+    if p is None or p.domain not in STANDARD_DOMAINS:
+        return False
+    if p.op_type == "Constant":
+        return constant_node_tensor(p) is not None
+    return p.op_type in ("Shape", "Size") and _shape_known(p)
+
+
+def _known(v: Value) -> np.ndarray | None:
+    """The value of `v` when `_is_known`, else None."""
+    if v.const is not None:
+        return v.const.numpy()
+    if not _is_known(v):
+        return None
+    p = v.producer
+    assert p is not None
+    if p.op_type == "Constant":
+        tensor = constant_node_tensor(p)
+        return None if tensor is None else tensor.numpy()
+    return _shape_value(p)
 
 
 def _rewrite(node: Node, found: _Values | _Branch, ctx: PassContext) -> list[Node] | None:
@@ -155,23 +238,33 @@ def _check_foldable(node: Node, opset: int) -> None:
         raise _Refuse("Dropout in training mode is random: folding would freeze one sample")
     if node.subgraphs():
         raise _Refuse("control flow with subgraphs is not evaluated")
+    if any(v is not None and v.non_tensor for v in node.outputs):
+        raise _Refuse("its output is a sequence, map or optional, not a tensor")
 
 
 def _dropout_draws(node: Node, opset: int) -> bool:
-    """True when a Dropout (all inputs constant) draws a random mask: training mode, ratio > 0."""
+    """True when a Dropout draws a random mask: training mode (or unknown), ratio not 0."""
     if opset < 7:
         return node.attr("is_test", 0) != 1 and node.attr("ratio", 0.5) != 0
     mode, ratio = node.input(2), node.input(1)
-    if mode is None or not bool(np.asarray(mode.numpy()).reshape(-1)[0]):
+    if mode is None:
         return False
-    return ratio is None or float(np.asarray(ratio.numpy()).reshape(-1)[0]) != 0.0
+    mode_value = _known(mode)
+    if mode_value is not None and not bool(np.asarray(mode_value).reshape(-1)[0]):
+        return False
+    return ratio is None or _ratio(ratio) != 0.0
+
+
+def _ratio(ratio: Value) -> float | None:
+    value = _known(ratio)
+    return None if value is None else float(np.asarray(value).reshape(-1)[0])
 
 
 def _shape_known(node: Node) -> bool:
     v = node.input(0)
     if v is None or v.shape is None:
         return False
-    return all(isinstance(d, int) for d in _selected_dims(node, v.shape))
+    return all(isinstance(d, int) and d >= 0 for d in _selected_dims(node, v.shape))
 
 
 def _selected_dims(node: Node, shape: tuple) -> tuple:
@@ -188,136 +281,7 @@ def _shape_value(node: Node) -> np.ndarray:
     return np.array(dims, dtype=np.int64)
 
 
-# -- sizes -------------------------------------------------------------------------------------
-
-
-def _predicted_nbytes(node: Node) -> int | None:
-    """Bytes the outputs will take, when their shapes are known before evaluating."""
-    total = 0
-    for i, v in enumerate(node.outputs):
-        if v is None:
-            continue
-        shape = v.static_shape
-        if shape is None and i == 0:
-            shape = _shape_from_inputs(node)
-        if shape is None:
-            return None
-        total += math.prod(shape) * _itemsize(v.dtype or _guess_dtype(node))
-    return total
-
-
-def _shape_from_inputs(node: Node) -> tuple[int, ...] | None:
-    rule = _SHAPE_RULES.get(node.op_type)
-    if rule is None:
-        return None
-    try:
-        return tuple(int(d) for d in rule([_array(v) for v in node.inputs]))
-    except Exception:  # a malformed node: evaluation will say why
-        return None
-
-
-def _range_length(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> tuple[int]:
-    return (max(math.ceil((float(limit) - float(start)) / float(delta)), 0),)
-
-
-_SHAPE_RULES: dict[str, Callable[[list], tuple]] = {
-    "ConstantOfShape": lambda a: tuple(a[0].reshape(-1)),
-    "Expand": lambda a: np.broadcast_shapes(a[0].shape, tuple(a[1].reshape(-1))),
-    "Tile": lambda a: tuple(s * r for s, r in zip(a[0].shape, a[1].reshape(-1), strict=True)),
-    "Range": lambda a: _range_length(*a[:3]),
-}
-
-
-def _guess_dtype(node: Node) -> int:
-    if node.op_type == "ConstantOfShape":
-        value = node.attr("value")
-        return onnx.helper.np_dtype_to_tensor_dtype(value.dtype) if value is not None else 1
-    first = node.input(0)
-    return first.dtype if first is not None and first.dtype else TensorProto.DOUBLE
-
-
-def _itemsize(dtype: int) -> int:
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype)).itemsize
-    except Exception:  # an ONNX type numpy does not know: assume the widest
-        return 8
-
-
-# -- evaluation --------------------------------------------------------------------------------
-
-
-def _array(v: Value | None) -> np.ndarray | None:
-    return None if v is None else np.asarray(v.numpy())
-
-
-def _evaluate(node: Node, opset: int) -> list[np.ndarray]:
-    """The node's present outputs, in order."""
-    fast = _FAST.get(node.op_type)
-    inputs = [_array(v) for v in node.inputs]
-    if fast is not None:
-        try:
-            out = fast(node, inputs, opset)
-        except Exception as e:
-            raise _Refuse(f"evaluation failed: {type(e).__name__}: {_first_line(e)}") from None
-        if out is not None:
-            return [np.asarray(out)]
-    return _reference(node, inputs, opset)
-
-
-def _reference(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    """Evaluate a one-node model with onnx.reference."""
-    names, feeds = _feed_names(node, inputs)
-    outs = [f"out{i}" if v is not None else "" for i, v in enumerate(node.outputs)]
-    proto = onnx.helper.make_node(node.op_type, names, outs)
-    proto.attribute.extend(node.attributes.values())
-    graph = onnx.helper.make_graph(
-        [proto],
-        "fold",
-        [_typed_input(n, v) for n, v in zip(feeds, _distinct(node), strict=True)],
-        [onnx.ValueInfoProto(name=o) for o in outs if o],
-    )
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
-    try:
-        results = ReferenceEvaluator(model).run(None, feeds)
-    except Exception as e:
-        raise _Refuse(f"evaluation failed: {type(e).__name__}: {_first_line(e)}") from None
-    return [np.asarray(r) for r in results]
-
-
-def _distinct(node: Node) -> list[Value]:
-    """The node's present inputs, each value once, in first-use order (as `_feed_names`)."""
-    seen: dict[int, Value] = {}
-    for v in node.inputs:
-        if v is not None:
-            seen.setdefault(id(v), v)
-    return list(seen.values())
-
-
-def _typed_input(name: str, v: Value) -> onnx.ValueInfoProto:
-    """A graph input with its element type: ops defined by a context-dependent function
-    (GroupNormalization, ...) build their body from the input types."""
-    return onnx.helper.make_tensor_value_info(name, v.dtype or 0, None)
-
-
-def _feed_names(
-    node: Node, inputs: list[np.ndarray | None]
-) -> tuple[list[str], dict[str, np.ndarray]]:
-    names: list[str] = []
-    feeds: dict[str, np.ndarray] = {}
-    seen: dict[int, str] = {}
-    for v, arr in zip(node.inputs, inputs, strict=True):
-        if v is None or arr is None:
-            names.append("")
-            continue
-        name = seen.setdefault(id(v), f"in{len(seen)}")
-        feeds[name] = arr
-        names.append(name)
-    return names, feeds
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else ""
+# -- results -----------------------------------------------------------------------------------
 
 
 def _pair(node: Node, arrays: list[np.ndarray]) -> list[tuple[np.ndarray | None, Value | None]]:
@@ -325,105 +289,17 @@ def _pair(node: Node, arrays: list[np.ndarray]) -> list[tuple[np.ndarray | None,
     return [(next(it) if v is not None else None, v) for v in node.outputs]
 
 
-def _conform(arr: np.ndarray, v: Value) -> Tensor:
-    """The result as the dtype ONNX declares for `v`, refusing a shape that disagrees."""
-    if v.shape is not None and len(v.shape) != arr.ndim:
-        raise _Refuse(f"evaluated rank {arr.ndim} differs from the inferred rank {len(v.shape)}")
-    static = v.static_shape
-    if static is not None and static != arr.shape:
-        raise _Refuse(f"evaluated shape {arr.shape} differs from the inferred shape {static}")
-    if v.dtype:
+def _tensor(arr: np.ndarray, v: Value, by: str) -> Tensor:
+    """The value as computed: onnxruntime's dtype and shape. onnx.reference's numpy results
+    take the dtype ONNX declares for `v` (it returns int32 where ONNX says int64, say)."""
+    if by == "onnx.reference" and v.dtype:
         target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(v.dtype))
         if arr.dtype != target:
             arr = arr.astype(target)
         return Tensor(arr, dtype=v.dtype)
+    if v.dtype and arr.dtype == np.dtype(onnx.helper.tensor_dtype_to_np_dtype(v.dtype)):
+        return Tensor(arr, dtype=v.dtype)
     return Tensor(arr)
-
-
-# -- the numpy path: a few cheap, common ops with exactly the reference's semantics -----------
-
-_CASTABLE = {
-    TensorProto.FLOAT,
-    TensorProto.DOUBLE,
-    TensorProto.FLOAT16,
-    TensorProto.BOOL,
-    TensorProto.INT8,
-    TensorProto.INT16,
-    TensorProto.INT32,
-    TensorProto.INT64,
-    TensorProto.UINT8,
-    TensorProto.UINT16,
-    TensorProto.UINT32,
-    TensorProto.UINT64,
-}
-
-
-def _axes(node: Node, inputs: list, opset: int) -> list[int] | None:
-    if opset >= 13:
-        axes = inputs[1] if len(inputs) > 1 else None
-        return None if axes is None else [int(a) for a in axes.reshape(-1)]
-    return node.attr("axes")
-
-
-def _fast_unsqueeze(node: Node, a: list, opset: int) -> np.ndarray:
-    return np.expand_dims(a[0], tuple(_axes(node, a, opset) or ()))
-
-
-def _fast_squeeze(node: Node, a: list, opset: int) -> np.ndarray:
-    axes = _axes(node, a, opset)
-    return np.squeeze(a[0]) if axes is None else np.squeeze(a[0], tuple(axes))
-
-
-def _fast_reshape(node: Node, a: list, opset: int) -> np.ndarray | None:
-    if len(a) < 2 or a[1] is None:
-        return None  # opset 1-4 Reshape takes the shape as an attribute
-    shape = [int(d) for d in a[1].reshape(-1)]
-    if not node.attr("allowzero", 0):
-        shape = [a[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
-    return np.reshape(a[0], shape)
-
-
-def _fast_cast(node: Node, a: list, opset: int) -> np.ndarray | None:
-    to = node.attr("to")
-    if to not in _CASTABLE or a[0].dtype.kind not in "biuf":
-        return None
-    return a[0].astype(onnx.helper.tensor_dtype_to_np_dtype(to))
-
-
-def _fast_binary(fn: Callable) -> Callable:
-    def run(node: Node, a: list, opset: int) -> np.ndarray | None:
-        if a[0].dtype != a[1].dtype or a[0].dtype.kind not in "iuf":
-            return None
-        return np.asarray(fn(a[0], a[1])).astype(a[0].dtype, copy=False)
-
-    return run
-
-
-def _fast_constant_of_shape(node: Node, a: list, opset: int) -> np.ndarray:
-    value = node.attr("value")
-    value = np.zeros(1, np.float32) if value is None else value
-    return np.full(tuple(int(d) for d in a[0].reshape(-1)), value.reshape(-1)[0], value.dtype)
-
-
-def _fast_transpose(node: Node, a: list, opset: int) -> np.ndarray:
-    perm = node.attr("perm")
-    return np.transpose(a[0], None if perm is None else tuple(perm))
-
-
-_FAST: dict[str, Callable[[Node, list, int], np.ndarray | None]] = {
-    "Identity": lambda n, a, o: a[0],
-    "Unsqueeze": _fast_unsqueeze,
-    "Squeeze": _fast_squeeze,
-    "Concat": lambda n, a, o: np.concatenate([x for x in a if x is not None], n.attr("axis")),
-    "Gather": lambda n, a, o: np.take(a[0], a[1], axis=n.attr("axis", 0)),
-    "Reshape": _fast_reshape,
-    "Cast": _fast_cast,
-    "Transpose": _fast_transpose,
-    "Add": _fast_binary(np.add),
-    "Sub": _fast_binary(np.subtract),
-    "Mul": _fast_binary(np.multiply),
-    "ConstantOfShape": _fast_constant_of_shape,
-}
 
 
 # -- rewriting ---------------------------------------------------------------------------------

@@ -10,16 +10,22 @@ dtype, shape and broadcasting known in the graph prove it; fuzzers found peers r
   opset 7, is_test=1) and the mask output is unused; the ratio does not matter then.
 - Cast / CastLike to the input's own (known) dtype: the conversion is the identity.
 - Reshape / Flatten / Squeeze / Unsqueeze whose result has the input's shape: these only
-  relabel the dimensions of a row-major buffer, so equal shapes mean equal tensors. For Reshape
-  with a constant target the shape is checked entry by entry (0 copies the input dimension
-  unless allowzero=1; a -1 is accepted only when every other dimension is proven equal).
+  relabel the dimensions of a row-major buffer, so equal shapes mean equal tensors. The
+  result's shape is computed from the input's shape and the node's own constants (never read
+  off the inferred output, which onnx's inference can get wrong: negative axes before opset
+  11, say): Unsqueeze with axes and Squeeze with axes always change the rank; Squeeze without
+  axes keeps the shape when no dimension is 1 (all known); Flatten when the input is
+  [prod(dims[:axis]), prod(dims[axis:])] already. For Reshape with a constant target the shape
+  is checked entry by entry (0 copies the input dimension unless allowzero=1; a -1 is accepted
+  only when every other dimension is proven equal); a Reshape whose target is not a constant
+  is kept.
 - Reshape(Reshape(x, s1), s2) = Reshape(x, s2) when s2 is a constant with no 0 that copies a
   dimension (allowzero=1, or no 0 at all): the result depends only on the element count and
   row-major order, which the first Reshape preserves (-1 is computed from the element count).
 - Unsqueeze(Squeeze(x, a), a) = x and Squeeze(Unsqueeze(x, a), a) = x for the same normalized
   constant axes (both sets of axes live in the same rank, and Squeeze only drops size-1 dims).
-- Expand(x, s) = x when broadcasting x with s gives x's shape: len(s) <= rank(x) and every
-  aligned entry of s is 1 or equal to x's (static) dimension.
+- Expand(x, s) = x when broadcasting x with s gives x's shape: s is a constant, len(s) <=
+  rank(x) and every aligned entry of s is 1 or equal to x's (static) dimension.
 - Transpose with the identity perm; Transpose(Transpose(x, p1), p2) = Transpose(x, q) with
   q[i] = p1[p2[i]], removed entirely when q is the identity.
 - Slice covering every sliced axis fully with step 1 (start 0, end >= the dimension; for a
@@ -46,6 +52,7 @@ more) or one pair merged, named by the node rewritten.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -135,16 +142,6 @@ def _normalize(axes: Sequence[int], rank: int) -> list[int] | None:
     return sorted(out)
 
 
-def _same_shape(a: Value | None, b: Value | None) -> bool:
-    """Both shapes fully static and equal."""
-    return (
-        a is not None
-        and b is not None
-        and a.static_shape is not None
-        and a.static_shape == b.static_shape
-    )
-
-
 def _broadcast_keeps(shape: tuple[Dim, ...], other: Sequence[int]) -> bool:
     """Whether broadcasting `shape` with a static `other` gives `shape` back."""
     if len(other) > len(shape):
@@ -208,14 +205,12 @@ def _cast_like(node: Node, ctx: PassContext) -> Found:
 
 
 def _reshape(node: Node, ctx: PassContext) -> Found:
-    x, out = node.input(0), node.outputs[0]
+    x = node.input(0)
     target = const_ints(node.input(1))
     allowzero = node.attr("allowzero", 0) == 1
     if x is not None and x.shape is not None and target is not None:
         if _reshape_keeps(x.shape, target, allowzero):
             return _forward(node, x, "reshape")
-    elif _same_shape(x, out):
-        return _forward(node, x, "reshape")
     return _reshape_chain(node, target, allowzero)
 
 
@@ -255,17 +250,16 @@ def _reshape_chain(node: Node, target: list[int] | None, allowzero: bool) -> Fou
 def _flatten(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     axis = node.attr("axis", 1)
-    if x is not None and x.rank == 2 and axis in (1, -1):
+    if x is None or x.rank is None or not -x.rank <= axis <= x.rank:
+        return None
+    if x.rank == 2 and axis in (1, -1):
         return _forward(node, x, "flatten")
-    return _shape_only(node, "flatten")
-
-
-def _shape_only(node: Node, kind: str) -> Found:
-    """A pure relabelling of dimensions whose static output shape equals its input's."""
-    x = node.input(0)
-    if _same_shape(x, node.outputs[0]):
-        return _forward(node, x, kind)
-    return None
+    shape = x.static_shape
+    if shape is None:
+        return None
+    axis = axis + x.rank if axis < 0 else axis
+    flat = (math.prod(shape[:axis]), math.prod(shape[axis:]))
+    return _forward(node, x, "flatten") if flat == shape else None
 
 
 def _axes(node: Node) -> list[int] | None:
@@ -280,22 +274,37 @@ def _squeeze_pair(node: Node, ctx: PassContext) -> Found:
     inverse = "Unsqueeze" if node.op_type == "Squeeze" else "Squeeze"
     first = producer(node.input(0), inverse)
     if first is None:
-        return _shape_only(node, node.op_type.lower())
+        return _squeeze_keeps(node)
     rank = node.input(0).rank if node.op_type == "Squeeze" else first.input(0).rank
     a1, a2 = _axes(first), _axes(node)
     if rank is not None and a1 is not None and a2 is not None:
         n1, n2 = _normalize(a1, rank), _normalize(a2, rank)
         if n1 and n1 == n2:
             return _forward(node, first.input(0), "squeeze_unsqueeze")
-    return _shape_only(node, node.op_type.lower())
+    return _squeeze_keeps(node)
+
+
+def _squeeze_keeps(node: Node) -> Found:
+    """A Squeeze without axes (or an empty axes tensor: onnxruntime squeezes every 1 then) of
+    an input with no dimension 1, all known. Unsqueeze, or Squeeze with axes, always changes
+    the rank."""
+    x = node.input(0)
+    if node.op_type != "Squeeze" or x is None:
+        return None
+    given = node.input(1) is not None if default_opset(node) >= 13 else node.attr("axes")
+    axes = _axes(node)
+    if given and (axes is None or axes):
+        return None
+    shape = x.static_shape
+    if shape is None or 1 in shape:
+        return None
+    return _forward(node, x, "squeeze")
 
 
 def _expand(node: Node, ctx: PassContext) -> Found:
-    x, out = node.input(0), node.outputs[0]
+    x = node.input(0)
     shape = const_ints(node.input(1))
     if shape is None:
-        if _same_shape(x, out):
-            return _forward(node, x, "expand")
         return Refuse("target shape is not a constant")
     if x is None or x.shape is None:
         return Refuse("input shape unknown")
