@@ -67,7 +67,7 @@ class PipelineConfig:
 
     build: BuildConfig = field(default_factory=BuildConfig)
     stages: list[tuple[str, ...]] | None = None  # default: the build's pipelines
-    source: str = "defaults"  # "manifest": the artifact recorded its build
+    source: str = "defaults"  # "manifest": the artifact recorded its build; "build": optimize's
 
     @property
     def precision(self) -> str:
@@ -164,7 +164,9 @@ class BisectReport:
     trials: int = 0
     message: str = ""
     build: dict[str, Any] | None = None  # the BuildConfig every rebuild used
-    settings: str = "defaults"  # "manifest": read from the artifact; "defaults": nothing recorded
+    # "manifest": read from the artifact; "build": the optimize run's own; "defaults": nothing
+    # recorded
+    settings: str = "defaults"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -337,7 +339,7 @@ def _not_reproduced(
         "the pipeline rebuilt from the reference passes validation: the candidate was built "
         "with other options or another infercc version"
     )
-    if b.config.source != "manifest":
+    if b.config.source == "defaults":
         report.message += " (a plain model records no build options: rebuilt with the defaults)"
     if candidate is not None:
         report.divergence = _try_divergence(b, b.reference, candidate)
