@@ -27,7 +27,7 @@ from infercc.data.profiles import ShapeProfile
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
-from infercc.passes.manager import PassContext, run_passes
+from infercc.passes.manager import run_passes
 from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
@@ -235,19 +235,6 @@ def optimize(
     return report
 
 
-def pass_context(cfg: BuildConfig, profile: dict[str, tuple[int, ...]] | None) -> PassContext:
-    """The pass context of a build (the same for `optimize` and `validate --bisect`)."""
-    ctx = PassContext(
-        target=cfg.target, portable=cfg.portable, fold_limit=cfg.fold_limit_bytes, verify=cfg.verify
-    )
-    ctx.backend = cfg.backend if cfg.backend in ("ort", "tensorrt") else "ort"
-    ctx.shapes = profile
-    if cfg.precision == "fp16":
-        ctx.fp16_io, ctx.keep_fp32 = cfg.fp16_io, tuple(cfg.keep_fp32)
-        ctx.ranges = cfg.range_map or None
-    return ctx
-
-
 def pipelines(cfg: BuildConfig) -> list[tuple[str, ...]]:
     """The stages a build runs, in order (`passes.pipelines`: optimize, then fp16's lowering)."""
     return optimize_stages(cfg.precision)
@@ -284,7 +271,7 @@ class _Job:
     def transform(self) -> None:
         """Run the pipelines, then plan the memory of the result."""
         t0 = time.perf_counter()
-        self.ctx = pass_context(self.cfg, self.profile)
+        self.ctx = self.cfg.pass_context(self.profile)
         disabled = list(self.cfg.disable_passes)
         self.bodies = coverage.BodyTracker(self.ir)
         runs = [

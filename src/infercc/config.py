@@ -244,6 +244,24 @@ class BuildConfig:
     def tolerance_map(self) -> dict[str, tuple[float, float]]:
         return {name: (atol, rtol) for name, atol, rtol in self.tolerances}
 
+    def pass_context(self, profile: Mapping[str, tuple[int, ...]] | None = None) -> Any:
+        """The `PassContext` a build with this config runs its passes in (the same for
+        `optimize` and `validate --bisect`); `profile` is the input shapes passes size for."""
+        from infercc.passes.manager import PassContext
+
+        ctx = PassContext(
+            target=self.target,
+            portable=self.portable,
+            fold_limit=self.fold_limit_bytes,
+            verify=self.verify,
+        )
+        ctx.backend = self.backend if self.backend in ("ort", "tensorrt") else "ort"
+        ctx.shapes = profile
+        if self.precision == "fp16":
+            ctx.fp16_io, ctx.keep_fp32 = self.fp16_io, tuple(self.keep_fp32)
+            ctx.ranges = self.range_map or None
+        return ctx
+
     # -- the backend --------------------------------------------------------------------------
 
     def resolve(self, artifact: bool) -> BuildConfig:

@@ -223,12 +223,11 @@ class _Bisector:
         run_limits: Mapping[str, int] | None = None,
     ) -> tuple[onnx.ModelProto, PassContext, dict[str, int]]:
         """The reference through the pipeline, with extra passes disabled and limits set."""
-        from infercc.api import pass_context
         from infercc.data.signature import shape_profile
 
         build = self.config.build
         ir = load_model(self.reference)
-        ctx = pass_context(build, shape_profile(ir, build.shape_pins))
+        ctx = build.pass_context(shape_profile(ir, build.shape_pins))
         ctx.rewrite_limits = dict(rewrite_limits or {})
         ctx.run_limits = dict(run_limits or {})
         off = {*build.disable_passes, *disabled}
