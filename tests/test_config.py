@@ -227,6 +227,8 @@ def test_tensorrt_flags_on_an_onnx_output_exit_2_naming_the_flag(tmp_path: Path)
         (["--keep-fp32", "Softmax"], "--keep-fp32 has no effect without --fp16"),
         (["--no-tune"], "--no-tune has no effect"),
         (["--no-validate", "--min-cosine", "0.9"], "--min-cosine has no effect with --no-validate"),
+        (["--no-validate", "--strict-coverage"], "--strict-coverage has no effect with --no-val"),
+        (["--no-validate", "--bisect"], "--bisect has no effect with --no-validate"),
         (["--fp16", "--int8"], "--fp16 and --int8 exclude each other"),
         (["--target", "a100", "--portable"], "--portable has no effect with the a100 target"),
     ],

@@ -43,7 +43,7 @@ def __getattr__(name: str):
 
         return generate
     if name == "validate":
-        from infercc.check.compare import validate
+        from infercc.check.validation import validate
 
         return validate
     raise AttributeError(name)

@@ -19,13 +19,15 @@ from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
 from infercc.backends.base import MODEL_FILE, CompileOptions
 from infercc.backends.registry import get_backend, require_available
-from infercc.check.compare import ValidationReport, validate
+from infercc.check import coverage
+from infercc.check.compare import ValidationReport
+from infercc.check.validation import validate
 from infercc.config import BuildConfig, OrtOptions, TrtOptions, canonical_target, read_ranges
 from infercc.data.profiles import ShapeProfile
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
-from infercc.passes.manager import PassContext, run_passes
+from infercc.passes.manager import run_passes
 from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
@@ -63,6 +65,10 @@ class OptimizeReport:
     build: dict[str, Any] | None = None  # the BuildConfig, as data
     # Initializers also listed as graph inputs: kept as inputs, or frozen into constants.
     overridable_inputs: dict[str, Any] = field(default_factory=dict)
+    # A failed validation: the bisection's verdict (BisectReport.to_dict()), or when it was
+    # too costly to run by itself, how to run it.
+    bisect: dict[str, Any] | None = None
+    bisect_hint: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -91,6 +97,8 @@ class OptimizeReport:
             "kept_fp32": self.kept_fp32,
             "build": self.build,
             "overridable_inputs": self.overridable_inputs,
+            "bisect": self.bisect,
+            "bisect_hint": self.bisect_hint,
             "seconds": round(self.seconds, 4),
         }
 
@@ -140,6 +148,8 @@ def build_config(
     rtol: float | None = None,
     min_cosine: float | None = None,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
+    strict_coverage: bool = False,
+    bisect: bool = False,
     ort: OrtOptions | None = None,
     tensorrt: TrtOptions | None = None,
 ) -> BuildConfig:
@@ -148,7 +158,10 @@ def build_config(
     `fp16=True` is `precision="fp16"`; `fp16_ranges` (with fp16) are calibrated tensor ranges,
     a `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max); `profiles`
     (from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes for, and `shapes` pins one
-    concrete shape per input (it wins over a profile of the same input).
+    concrete shape per input (it wins over a profile of the same input); a range's OPT is
+    validation's first shape profile and its MAX the second. `strict_coverage` fails a
+    rewritten If/Loop body the validation inputs never ran; `bisect` bisects a failed
+    validation however long it takes (else only when that is cheap).
 
     An initializer the model (IR >= 4) also lists as a graph input is a default the caller
     may override: it stays an input, and nothing is folded or fused through it, unless
@@ -179,6 +192,8 @@ def build_config(
         rtol=rtol,
         min_cosine=min_cosine,
         tolerances=dict(tolerances or {}),
+        strict_coverage=strict_coverage,
+        bisect=bisect,
         ort=ort or OrtOptions(),
         tensorrt=tensorrt or TrtOptions(),
     )
@@ -228,19 +243,6 @@ def optimize(
     report = job.write(build, cache_dir)
     report.seconds = time.perf_counter() - t0
     return report
-
-
-def pass_context(cfg: BuildConfig, profile: dict[str, tuple[int, ...]] | None) -> PassContext:
-    """The pass context of a build (the same for `optimize` and `validate --bisect`)."""
-    ctx = PassContext(
-        target=cfg.target, portable=cfg.portable, fold_limit=cfg.fold_limit_bytes, verify=cfg.verify
-    )
-    ctx.backend = cfg.backend if cfg.backend in ("ort", "tensorrt") else "ort"
-    ctx.shapes = profile
-    if cfg.precision == "fp16":
-        ctx.fp16_io, ctx.keep_fp32 = cfg.fp16_io, tuple(cfg.keep_fp32)
-        ctx.ranges = cfg.range_map or None
-    return ctx
 
 
 def pipelines(cfg: BuildConfig) -> list[tuple[str, ...]]:
@@ -298,12 +300,16 @@ class _Job:
 
     def transform(self) -> None:
         """Run the pipelines, then plan the memory of the result."""
-        self.ctx = pass_context(self.cfg, self.profile)
+        t0 = time.perf_counter()
+        self.ctx = self.cfg.pass_context(self.profile)
         disabled = list(self.cfg.disable_passes)
+        self.bodies = coverage.BodyTracker(self.ir)
         runs = [
             run_passes(self.ir, self.ctx, stage, disabled, on_pass=self._on_pass)
             for stage in pipelines(self.cfg)
         ]
+        self.rewritten = self.bodies.finish()
+        self.transform_seconds = time.perf_counter() - t0
         self.pipe = runs[0]
         for later in runs[1:]:
             self.pipe.passes.update(later.passes)
@@ -316,6 +322,7 @@ class _Job:
         self.plan = _plan(self.ir, self.profile, self.cfg.alignment, schedule)
 
     def _on_pass(self, name: str) -> None:
+        self.bodies.before_pass(name)
         self.step(f"pass {name}")
 
     def write(self, build: _Build, cache_dir: str | os.PathLike[str] | None) -> OptimizeReport:
@@ -328,7 +335,10 @@ class _Job:
         try:
             staged = self._save(stage, build)
             report.size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
+            t0 = time.perf_counter()
             report.validation = self._validate(staged[0])
+            if report.validation is not None and not report.validation.outputs_passed:
+                self._diagnose(report, staged[0], time.perf_counter() - t0)
             if report.passed:
                 self._publish(build, stage, staged, cache_dir, report)
         finally:
@@ -357,8 +367,39 @@ class _Job:
             data=cfg.data,
             float_dtypes_may_differ=cfg.fp16_io,
             tolerances=cfg.tolerance_map,
+            second_shapes=cfg.second_pins,
+            rewritten=self.rewritten,
+            strict_coverage=cfg.strict_coverage,
             **tol,
         )
+
+    def _diagnose(self, report: OptimizeReport, candidate: Path, validate_s: float) -> None:
+        """A model infercc wrote fails: bisect the pipeline when it is cheap (or asked), else
+        say how to."""
+        from infercc.check.bisection import PipelineConfig, bisect
+
+        validation = report.validation
+        assert validation is not None
+        config = PipelineConfig(self.cfg, stages=pipelines(self.cfg), source="build")
+        trials = bisect_trials(len(config.pass_names()), self.ctx.rewrites)
+        estimate = trials * (self.transform_seconds + validate_s / 2)
+        if not self.cfg.bisect and estimate > AUTO_BISECT_SECONDS:
+            report.bisect_hint = (
+                f"rerun with --bisect to name the pass that broke it (about {trials} rebuilds, "
+                f"{estimate:.0f} s)"
+            )
+            return
+        self.step("bisecting the pipeline")
+        tol = tolerance(self.cfg.precision, self.cfg.atol, self.cfg.rtol, self.cfg.min_cosine)
+        result = bisect(
+            self.src,
+            _failing_feeds(validation),
+            config,
+            tolerance=tol.to_dict(),
+            tolerances=self.cfg.tolerance_map,
+            candidate=candidate,
+        )
+        report.bisect = result.to_dict()
 
     def _publish(
         self,
@@ -400,6 +441,27 @@ class _Job:
             build=self.cfg.to_dict(),
             overridable_inputs=overridable_summary(self.ir, self.cfg.freeze_initializers),
         )
+
+
+AUTO_BISECT_SECONDS = 20.0  # a failure is bisected by itself when that should take no longer
+
+
+def bisect_trials(passes: int, rewrites: Mapping[str, Sequence[Any]]) -> int:
+    """About how many rebuilds a bisection takes: the full pipeline, each pass disabled, a
+    binary search over the most rewrites of one pass, and the divergence."""
+    most = max((len(v) for v in rewrites.values()), default=0)
+    return 2 + passes + max(1, most).bit_length()
+
+
+def _failing_feeds(validation: ValidationReport) -> list[dict[str, Any]]:
+    """The samples of the first profile that failed (all samples when none says so)."""
+    start = 0
+    for profile in validation.profiles:
+        end = start + int(profile.get("samples", 0))
+        if profile.get("passed") is False and validation.error is None:
+            return validation.feeds[start:end]
+        start = end
+    return list(validation.feeds)
 
 
 def compile_options(

@@ -191,6 +191,8 @@ class BuildConfig:
     rtol: float | None = None  # --rtol
     min_cosine: float | None = None  # --min-cosine
     tolerances: tuple[OutputTolerance, ...] = ()  # --tol OUTPUT=ATOL:RTOL
+    strict_coverage: bool = False  # --strict-coverage: a rewritten body never run fails
+    bisect: bool = False  # --bisect: on failure always bisect (else only when it is cheap)
     ort: OrtOptions = field(default_factory=OrtOptions)
     tensorrt: TrtOptions = field(default_factory=TrtOptions)
 
@@ -230,12 +232,36 @@ class BuildConfig:
         return {p.name: p.opt for p in self.shapes}
 
     @property
+    def second_pins(self) -> dict[str, tuple[int, ...]]:
+        """The second validation profile's shapes of inputs given as a range: the max, or the
+        min when the max is the opt (fixed shapes pin the first profile only)."""
+        return {p.name: p.max if p.max != p.opt else p.min for p in self.shapes if not p.is_fixed}
+
+    @property
     def range_map(self) -> dict[str, tuple[float, float]]:
         return {name: (lo, hi) for name, lo, hi in self.ranges}
 
     @property
     def tolerance_map(self) -> dict[str, tuple[float, float]]:
         return {name: (atol, rtol) for name, atol, rtol in self.tolerances}
+
+    def pass_context(self, profile: Mapping[str, tuple[int, ...]] | None = None) -> Any:
+        """The `PassContext` a build with this config runs its passes in (the same for
+        `optimize` and `validate --bisect`); `profile` is the input shapes passes size for."""
+        from infercc.passes.manager import PassContext
+
+        ctx = PassContext(
+            target=self.target,
+            portable=self.portable,
+            fold_limit=self.fold_limit_bytes,
+            verify=self.verify,
+        )
+        ctx.backend = self.backend if self.backend in ("ort", "tensorrt") else "ort"
+        ctx.shapes = profile
+        if self.precision == "fp16":
+            ctx.fp16_io, ctx.keep_fp32 = self.fp16_io, tuple(self.keep_fp32)
+            ctx.ranges = self.range_map or None
+        return ctx
 
     # -- the backend --------------------------------------------------------------------------
 
@@ -443,6 +469,8 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {
     "rtol": (_NUMBER, None),
     "min_cosine": (_NUMBER, None),
     "tolerances": ((dict, list, tuple), None),
+    "strict_coverage": ((bool,), None),
+    "bisect": ((bool,), None),
     "ort": ((dict,), _ort_from),
     "tensorrt": ((dict,), _trt_from),
 }
@@ -601,13 +629,16 @@ def _no_tune_needs_a_tuning_backend(c: BuildConfig) -> Broken:
 
 
 def _validation_options_need_validation(c: BuildConfig) -> Broken:
-    """Tolerances and samples are only read by validation."""
+    """Tolerances, samples, coverage and the bisection of a failure are only read by
+    validation."""
     given = {
         "--atol": c.atol,
         "--rtol": c.rtol,
         "--min-cosine": c.min_cosine,
         "--tol": c.tolerances or None,
         "--data": c.data,
+        "--strict-coverage": c.strict_coverage or None,
+        "--bisect": c.bisect or None,
     }
     for flag, value in given.items():
         if value is not None and not c.validate:

@@ -342,13 +342,13 @@ def test_every_rebuild_gets_the_recorded_pass_context(tmp_path: Path, monkeypatc
     )  # fmt: skip
     api.optimize(ENCODER, tmp_path / "art", config, cache_dir=tmp_path / "cache")
     seen: list[PassContext] = []
-    real = api.pass_context
+    real = BuildConfig.pass_context
 
-    def spy(build, profile):
+    def spy(build, profile=None):
         seen.append(real(build, profile))
         return seen[-1]
 
-    monkeypatch.setattr(api, "pass_context", spy)
+    monkeypatch.setattr(BuildConfig, "pass_context", spy)
     assert bisection.config_for_candidate(tmp_path / "art").build == config
     report = validate_candidate(
         tmp_path / "art", ENCODER, bisect=True, atol=1e-7, rtol=0.0, min_cosine=0.9999999

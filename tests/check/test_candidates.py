@@ -145,7 +145,7 @@ def test_goldens_round_trip_without_the_reference(tmp_path: Path) -> None:
     assert only.validation is None and only.saved_golden == str(tmp_path / "gold")
     feeds, outputs, meta = load_golden(tmp_path / "gold")
     assert feeds[0]["x"].shape == (3, 4) and set(outputs[0]) == {"y", "z"}
-    assert meta["reference_sha256"] and meta["samples"] == 1
+    assert meta["reference_sha256"] and meta["samples"] == 2  # two shape profiles
     ref.unlink()  # goldens need no reference
     assert validate_candidate(add_model(tmp_path / "c.onnx"), golden=tmp_path / "gold").passed
     bad = validate_candidate(add_model(tmp_path / "d.onnx", 0.5), golden=tmp_path / "gold")

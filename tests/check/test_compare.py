@@ -15,8 +15,8 @@ from infercc.check.compare import (
     ValidationReport,
     compare_models,
     run_model,
-    validate,
 )
+from infercc.check.validation import validate
 from infercc.errors import InferccError
 
 NO_FEEDS: list[dict[str, np.ndarray]] = [{}]
@@ -129,20 +129,52 @@ def test_worst_sample_decides() -> None:
     assert report.outputs["y"].max_rel == pytest.approx(0.125)
 
 
+def test_an_output_within_atol_everywhere_passes_whatever_its_cosine() -> None:
+    # A near-zero output (a probability map whose maximum is 3.6e-6): its cosine is rounding
+    # noise, but every element is within atol, so it passes, and the report says why.
+    rng = np.random.default_rng(0)
+    ref = (rng.random(64) * 3.6e-6).astype(np.float32)
+    cand = ref + (rng.standard_normal(64) * 1.5e-7).astype(np.float32)
+    report = compare_consts({"y": ref}, {"y": cand})
+    y = report.outputs["y"]
+    assert y.max_abs < 1e-4 and y.cosine < 0.9999  # the cosine alone would fail it
+    assert report.passed and y.decided_by == "atol"
+
+
 def test_cosine_alone_can_fail() -> None:
-    # Every element is within atol of zero, but the candidate points nowhere like the reference.
-    ref = {"y": np.array([1e-5, 0.0, 0.0], np.float32)}
-    cand = {"y": np.array([0.0, 1e-5, 0.0], np.float32)}
-    report = compare_consts(ref, cand)
+    # Every element within atol + rtol * |r| (a loose rtol), not within atol: the cosine decides.
+    ref = {"y": np.array([1.0, 1.0], np.float32)}
+    cand = {"y": np.array([1.4, 0.6], np.float32)}
+    report = compare_consts(ref, cand, rtol=0.5)
     assert report.outputs["y"].frac_out_of_tol == 0.0
-    assert report.outputs["y"].cosine == 0.0
     assert not report.passed and "cosine" in report.outputs["y"].reason
+    assert report.outputs["y"].decided_by == "cosine"
+
+
+def test_the_deciding_criterion_is_reported() -> None:
+    ref = np.array([1.0, 2.0, 3.0], np.float32)
+    checks = {
+        "elementwise": (ref + 0.5, {}),
+        "elementwise+cosine": (ref * (1 + 5e-4), {}),
+        "cosine": (ref * (1 + 5e-4), {"atol": math.inf, "rtol": math.inf}),
+        "atol": (ref + 1e-5, {}),
+    }
+    for expected, (cand, tol) in checks.items():
+        y = compare_consts({"y": ref}, {"y": cand.astype(np.float32)}, **tol).outputs["y"]
+        assert y.decided_by == expected, (expected, y)
+    exact = compare_consts({"k": np.array([1, 2])}, {"k": np.array([1, 3])}).outputs["k"]
+    assert exact.decided_by == "exact" and not exact.passed
+    missing = compare_consts({"y": ref}, {"z": ref}).outputs["y"]
+    assert missing.decided_by == "structure"
+    json.dumps(compare_consts({"y": ref}, {"y": ref}).to_dict(), allow_nan=False)
 
 
 def test_cosine_of_zero_vectors() -> None:
     zeros = {"y": np.zeros(4, np.float32)}
     assert compare_consts(zeros, zeros).outputs["y"].cosine == 1.0
-    report = compare_consts(zeros, {"y": np.full(4, 1e-6, np.float32)})
+    tiny = {"y": np.full(4, 1e-6, np.float32)}
+    assert compare_consts(zeros, tiny).passed  # within atol everywhere
+    report = compare_consts(zeros, tiny, atol=math.inf, rtol=math.inf)  # fp16's: cosine only
     assert report.outputs["y"].cosine == 0.0 and not report.passed
 
 
@@ -279,8 +311,10 @@ def test_validate_feeds_candidate_only_what_it_declares(tmp_path: Path) -> None:
     candidate = add_model(0.0)
     onnx.save(reference, tmp_path / "ref.onnx")
     report = validate(tmp_path / "ref.onnx", candidate, shapes={"x": (5, 3)})
-    assert report.passed and report.samples == 1
+    assert report.passed and report.samples == 2  # the pinned profile and a second one
     assert report.outputs["y"].shape == (5, 3)
+    assert [p["shapes"]["x"] for p in report.profiles] == [[5, 3], [34, 3]]
+    assert [p["source"] for p in report.profiles] == ["pinned", "derived"]
 
 
 def test_validate_detects_a_changed_weight() -> None:

@@ -67,7 +67,7 @@ class PipelineConfig:
 
     build: BuildConfig = field(default_factory=BuildConfig)
     stages: list[tuple[str, ...]] | None = None  # default: the build's pipelines
-    source: str = "defaults"  # "manifest": the artifact recorded its build
+    source: str = "defaults"  # "manifest": the artifact recorded its build; "build": optimize's
 
     @property
     def precision(self) -> str:
@@ -164,7 +164,9 @@ class BisectReport:
     trials: int = 0
     message: str = ""
     build: dict[str, Any] | None = None  # the BuildConfig every rebuild used
-    settings: str = "defaults"  # "manifest": read from the artifact; "defaults": nothing recorded
+    # "manifest": read from the artifact; "build": the optimize run's own; "defaults": nothing
+    # recorded
+    settings: str = "defaults"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -221,12 +223,11 @@ class _Bisector:
         run_limits: Mapping[str, int] | None = None,
     ) -> tuple[onnx.ModelProto, PassContext, dict[str, int]]:
         """The reference through the pipeline, with extra passes disabled and limits set."""
-        from infercc.api import pass_context
         from infercc.data.signature import shape_profile
 
         build = self.config.build
         ir = load_model(self.reference, freeze_initializers=build.freeze_initializers)
-        ctx = pass_context(build, shape_profile(ir, build.shape_pins))
+        ctx = build.pass_context(shape_profile(ir, build.shape_pins))
         ctx.rewrite_limits = dict(rewrite_limits or {})
         ctx.run_limits = dict(run_limits or {})
         off = {*build.disable_passes, *disabled}
@@ -337,7 +338,7 @@ def _not_reproduced(
         "the pipeline rebuilt from the reference passes validation: the candidate was built "
         "with other options or another infercc version"
     )
-    if b.config.source != "manifest":
+    if b.config.source == "defaults":
         report.message += " (a plain model records no build options: rebuilt with the defaults)"
     if candidate is not None:
         report.divergence = _try_divergence(b, b.reference, candidate)

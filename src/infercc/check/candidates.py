@@ -19,6 +19,14 @@ fp16 when it holds float16 initializers or Casts to float16, else fp32. fp32: at
 rtol 1e-3, cosine >= 0.9999; fp16: cosine >= 0.999 only; int8: cosine >= 0.99 only. Options
 given by the user win, and `tolerances` sets atol/rtol for named outputs.
 
+Against a reference, the samples are those of `infercc.check.profiles`: a second shape
+profile whenever an input has a symbolic dimension, and other sizes and values when the
+reference fails on the default ones. The report says whether the samples executed each
+If/Loop body of the candidate (`infercc.check.coverage`; a body is rewritten when the
+reference has no identical one), and `strict_coverage` fails a rewritten body that never ran.
+A candidate onnxruntime (or its backend) cannot load or run fails validation (exit 1), with
+the error in the report.
+
 With `bisect=True` a failing candidate is handed to `infercc.check.bisection`, which rebuilds
 it from the reference and names the pass, the rewrite and the node where outputs first diverge.
 """
@@ -34,9 +42,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.check.compare import ValidationReport, compare_outputs, run_model
+from infercc.check import coverage as cov
+from infercc.check.compare import ModelRunError, ValidationReport, run_model
 from infercc.check.goldens import Feeds, Outputs, load_golden, save_golden
+from infercc.check.profiles import FeedPlan, Profile, plan_feeds, reference_graph
 from infercc.check.tolerances import default_tolerance, detect_precision
+from infercc.check.validation import failed_run, judge, run_with_coverage
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.data.signature import input_dtype, real_inputs
@@ -84,7 +95,7 @@ def run_candidate(candidate: str | os.PathLike[str], feeds_list: Feeds) -> Outpu
     model on onnxruntime's CPU provider without graph optimizations."""
     path = Path(candidate)
     if not path.is_dir():
-        return run_model(path, feeds_list)
+        return run_model(path, feeds_list, role=CANDIDATE)
     source = open_source(path)
     runner, skeleton = source.runner(), source.skeleton()
     dtypes = {vi.name: input_dtype(vi) for vi in real_inputs(skeleton)}
@@ -102,9 +113,7 @@ def _run_runner(runner: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray
     except InferccError:
         raise
     except Exception as exc:  # backends raise their own exception types
-        raise InferccError(
-            f"the artifact's runner failed: {first_line(exc)}", "check the input shapes"
-        ) from exc
+        raise ModelRunError("run", first_line(exc), "the artifact's runner") from exc
 
 
 def _as_dtype(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
@@ -117,6 +126,8 @@ def _as_dtype(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
 
 # --------------------------------------------------------------------------- entry point
 
+CANDIDATE = "the candidate"
+
 
 def reference_feeds(
     reference: str | os.PathLike[str],
@@ -124,7 +135,8 @@ def reference_feeds(
     data: str | os.PathLike[str] | None = None,
     seed: int = 0,
 ) -> Feeds:
-    """Feeds for the reference: the samples in `data`, else one random feed."""
+    """Feeds for the reference: the samples in `data`, else one random feed at the first
+    profile's default shapes (no run; `reference_feeds_plan` runs it and finds profiles)."""
     model = read_skeleton(Path(reference))
     if data is not None:
         return load_samples(data, model)
@@ -147,12 +159,15 @@ def validate_candidate(
     bisect: bool = False,
     target: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    strict_coverage: bool = False,
+    second_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> CandidateReport:
     """Validate `candidate` against `reference` or `golden` (see the module docstring).
 
     `candidate=None` with `save_golden_to` only writes the goldens of `reference`; `target`
     is the target the candidate was built for (for `bisect`); `on_step(what)` is told each
-    step.
+    step; `strict_coverage` fails a rewritten If/Loop body the samples never ran;
+    `second_shapes` pins inputs of the second shape profile (a `--shape` range's MAX).
     """
     step = on_step or (lambda _what: None)
     _check_sources(candidate, reference, golden, save_golden_to, data, bisect, target)
@@ -163,31 +178,74 @@ def validate_candidate(
     step("running the reference")
     if golden is not None:
         feeds_list, expected, _meta = load_golden(golden)
+        plan = FeedPlan([Profile("golden", list(feeds_list), list(expected))])
     else:
-        feeds_list = reference_feeds(reference, shapes, data, seed)
-        expected = run_model(reference, feeds_list)
+        plan = reference_feeds_plan(reference, shapes, data, seed, second_shapes)
     saved = None
     if save_golden_to is not None:
-        saved = str(save_golden(save_golden_to, feeds_list, expected, reference))
+        saved = str(save_golden(save_golden_to, plan.feeds, plan.expected, reference))
     if candidate is None:
         return CandidateReport(None, _str(reference), _str(golden), "fp32", None, saved)
     skeleton = _candidate_skeleton(candidate)
     if skeleton is not None:
-        _check_same_inputs(skeleton, feeds_list[0] if feeds_list else {})
+        _check_same_inputs(skeleton, plan.feeds[0] if plan.feeds else {})
     precision = detect_precision(candidate, skeleton)
     tol = default_tolerance(precision, atol, rtol, min_cosine)
     step("running the candidate")
-    actual = run_candidate(candidate, feeds_list)
-    report = compare_outputs(
-        expected, actual, float_dtypes_may_differ=precision != "fp32", tolerances=tolerances, **tol
+    report = _judge_candidate(
+        candidate, reference, skeleton, plan, tol, precision != "fp32", tolerances, strict_coverage
     )
     result = CandidateReport(
         _str(candidate), _str(reference), _str(golden), precision, report, saved
     )
-    if bisect and not report.passed:
+    if bisect and not report.outputs_passed:
         step("bisecting the pipeline")
-        result.bisect = _bisect(candidate, reference, feeds_list, tol, tolerances, target)
+        result.bisect = _bisect(candidate, reference, plan.feeds, tol, tolerances, target)
     return result
+
+
+def reference_feeds_plan(
+    reference: str | os.PathLike[str],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    data: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    second_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> FeedPlan:
+    """The profiles and the reference's outputs (`infercc.check.profiles.plan_feeds`)."""
+    model, constants = reference_graph(Path(reference))
+    return plan_feeds(
+        reference, model, shapes, data, seed, second_shapes, constants, skip_hint=None
+    )
+
+
+def _judge_candidate(
+    candidate: str | os.PathLike[str],
+    reference: str | os.PathLike[str] | None,
+    skeleton: onnx.ModelProto | None,
+    plan: FeedPlan,
+    tol: dict[str, float],
+    float_dtypes_may_differ: bool,
+    tolerances: Mapping[str, tuple[float, float]] | None,
+    strict_coverage: bool,
+) -> ValidationReport:
+    model_path = candidate_model_path(candidate)
+    rewritten = None
+    if reference is not None and skeleton is not None:
+        rewritten = cov.rewritten_against(read_skeleton(Path(reference)), skeleton)
+    path = Path(candidate)
+    runner = (lambda feeds: run_candidate(path, feeds)) if path.is_dir() else None
+    try:
+        if not model_path.is_file():  # an artifact without its model: the runner says why
+            actual, coverage = run_candidate(path, plan.feeds), None
+        else:
+            actual, coverage = run_with_coverage(
+                model_path, plan.feeds, CANDIDATE, rewritten, runner
+            )
+    except ModelRunError as exc:
+        return failed_run(plan, exc, tol)
+    if coverage is not None:
+        coverage.strict = strict_coverage
+    return judge(plan, actual, tol, float_dtypes_may_differ, tolerances, coverage)
 
 
 def _candidate_skeleton(candidate: str | os.PathLike[str]) -> onnx.ModelProto | None:

@@ -7,11 +7,22 @@ session is released before the candidate's is created: only one model is in memo
 An output passes when, for every sample:
 
 - floating outputs: every element satisfies `|c - r| <= atol + rtol * |r|` and the cosine
-  similarity is at least `min_cosine` (metrics in float64). NaN in the same places in both is
-  equal; an inf must be matched by the same inf. Cosine of two all-zero tensors is 1.0, of a
-  zero and a non-zero tensor 0.0. Empty tensors pass.
+  similarity is at least `min_cosine` (metrics in float64), except that an output within
+  `atol` everywhere passes whatever its cosine (the cosine of tiny values, such as a
+  probability map whose maximum is 3.6e-6, is dominated by rounding). NaN in the same places
+  in both is equal; an inf must be matched by the same inf. Cosine of two all-zero tensors is
+  1.0, of a zero and a non-zero tensor 0.0. Empty tensors pass.
 - integer, bool and string outputs: exactly equal.
+- sequence, map and optional outputs (ZipMap's sequence of maps): the same structure (lengths,
+  keys, each element's dtype and shape, `infercc.check.structured`), then their elements
+  compared by the rules above.
 - names, shapes and dtypes agree; a missing or extra output fails with a `reason`.
+
+Each output's `decided_by` says which criterion gave the verdict: `exact` (integers, bools,
+strings), `elementwise` (failed: elements outside atol + rtol * |r|, or NaN/inf misplaced),
+`atol` (passed: every element within atol, the cosine not consulted), `cosine` (failed on
+the cosine, or passed where no elementwise bound applies, as in fp16), `elementwise+cosine`
+(passed both), `structure` (failed: missing, or another shape, dtype or structure).
 
 `tolerances` overrides atol and rtol for named outputs (`--tol logits=1e-3:1e-2`); the report
 lists the overrides it applied.
@@ -20,6 +31,12 @@ Metrics over several samples are the worst case: largest `max_abs` and `max_rel`
 `cosine`; `frac_out_of_tol` counts bad elements over all samples. `max_rel` is the largest
 `|c - r| / |r|` over finite elements with `r != 0` (zeros show in `max_abs`). An element whose
 NaN/inf placement differs makes `max_abs` and `max_rel` inf.
+
+`validate` (the entry point) also runs the models at a second shape profile when an input has
+a symbolic dimension, tries other sizes and values when the original fails on the default
+ones (`infercc.check.profiles`), reports whether the inputs executed each rewritten If/Loop
+body (`infercc.check.coverage`), and reports a candidate onnxruntime cannot load or run as a
+failed validation (`error`), not as bad input.
 
 `ValidationReport.to_dict()` gives JSON-safe data: non-finite floats are the strings `"nan"`,
 `"inf"` and `"-inf"`; a metric that was not computed (the output is missing or its shape or
@@ -42,11 +59,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from infercc.data.feeds import make_inputs
-from infercc.data.samples import load_samples
+from infercc.check import structured
 from infercc.errors import InferccError
 from infercc.ir import dtypes
-from infercc.ir.wire import read_model
 from infercc.precisions import FP32
 from infercc.util import first_line, json_float
 
@@ -77,6 +92,7 @@ class OutputMetrics:
     frac_out_of_tol: float | None = 0.0
     passed: bool = True
     reason: str | None = None
+    decided_by: str | None = None  # the criterion that gave the verdict (module docstring)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,12 +105,20 @@ class OutputMetrics:
             "frac_out_of_tol": json_float(self.frac_out_of_tol),
             "passed": bool(self.passed),
             "reason": self.reason,
+            "decided_by": self.decided_by,
         }
 
 
 @dataclass
 class ValidationReport:
-    """The verdict over all outputs and samples."""
+    """The verdict over all outputs and samples.
+
+    `profiles`: the shape profiles the samples came from (`Profile.to_dict()` of
+    `infercc.check.profiles`, each with its own `passed`); `notes`: what validation had to
+    decide on the way (another size than the default, a second profile the original does not
+    run at); `coverage`: whether the inputs executed each If/Loop body; `error`: why the
+    candidate could not be run at all (a failure, not bad input).
+    """
 
     passed: bool
     outputs: dict[str, OutputMetrics]
@@ -103,14 +127,36 @@ class ValidationReport:
     rtol: float
     min_cosine: float
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    coverage: Any = None  # infercc.check.coverage.CoverageReport
+    error: str | None = None
+    # The samples it ran on (for a bisection that follows); not part of the report.
+    feeds: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False, compare=False)
 
     def failures(self) -> list[OutputMetrics]:
         return [m for m in self.outputs.values() if not m.passed]
+
+    def failure_reason(self) -> str:
+        """Why it failed, in one line: the error, the failed outputs, or the coverage."""
+        if self.error is not None:
+            return self.error
+        failed = "; ".join(f"{m.name}: {m.reason}" for m in self.failures())
+        if failed:
+            return failed
+        message = self.coverage.message() if self.coverage is not None else None
+        return message or ""
+
+    @property
+    def outputs_passed(self) -> bool:
+        """The outputs agree (coverage aside) and the candidate ran."""
+        return self.error is None and all(m.passed for m in self.outputs.values())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data (see the module docstring for NaN/inf and None)."""
         return {
             "passed": bool(self.passed),
+            "error": self.error,
             "samples": int(self.samples),
             "atol": json_float(self.atol),
             "rtol": json_float(self.rtol),
@@ -120,26 +166,79 @@ class ValidationReport:
                 for name, (a, r) in self.tolerances.items()
             },
             "outputs": {name: m.to_dict() for name, m in self.outputs.items()},
+            "profiles": list(self.profiles),
+            "notes": list(self.notes),
+            "coverage": self.coverage.to_dict() if self.coverage is not None else None,
         }
 
 
 # --------------------------------------------------------------------------- running
 
 
+class ModelRunError(InferccError):
+    """onnxruntime could not load (`stage` "load") or run (`stage` "run") a model; `detail` is
+    onnxruntime's first line."""
+
+    def __init__(self, stage: str, detail: str, role: str = "the model", hint: str | None = None):
+        verb = "cannot load" if stage == "load" else "failed to run"
+        default_hint = (
+            "check the model with onnx.checker.check_model"
+            if stage == "load"
+            else "check the input shapes (--shape) and dtypes"
+        )
+        super().__init__(f"onnxruntime {verb} {role}: {detail}", hint or default_hint)
+        self.stage, self.detail, self.role = stage, detail, role
+
+
+class Runner:
+    """One onnxruntime CPU session for several runs, released on exit:
+
+        with Runner(model, role="the original model") as runner:
+            outputs = runner.run(feeds)
+
+    Errors are `ModelRunError`s naming `role`. Only the inputs the model declares are fed, in
+    the float type it declares."""
+
+    def __init__(self, model: ModelSource, optimize: bool = False, role: str = "the model"):
+        self.model, self.optimize, self.role = model, optimize, role
+        self._source: Any = None
+        self.session: ort.InferenceSession | None = None
+
+    def __enter__(self) -> Runner:
+        self._source = _model_source(self.model)
+        source = self._source.__enter__()
+        try:
+            self.session = _make_session(source, self.optimize, self.role)
+        except BaseException:
+            self._source.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.session = None
+        if self._source is not None:
+            self._source.__exit__(*exc)
+            self._source = None
+
+    def run(self, feeds: Feeds) -> dict[str, Any]:
+        assert self.session is not None, "use Runner as a context manager"
+        return _run_one(self.session, feeds, self.role)
+
+
 def run_model(
-    model: ModelSource, feeds_list: Sequence[Feeds], optimize: bool = False
-) -> list[dict[str, np.ndarray]]:
+    model: ModelSource,
+    feeds_list: Sequence[Feeds],
+    optimize: bool = False,
+    role: str = "the model",
+) -> list[dict[str, Any]]:
     """Run `model` on onnxruntime CPU for each feed; the session is released on return.
 
     Only the inputs the model declares are fed, so one feed dict serves a model that dropped
-    the IR<4 initializer-inputs. `optimize=True` lets onnxruntime optimize the graph.
+    the IR<4 initializer-inputs. `optimize=True` lets onnxruntime optimize the graph. Outputs
+    are arrays, or lists, dicts and None for sequence, map and optional outputs.
     """
-    with _model_source(model) as source:
-        session = _make_session(source, optimize)
-        try:
-            return [_run_one(session, feeds) for feeds in feeds_list]
-        finally:
-            del session
+    with Runner(model, optimize, role) as runner:
+        return [runner.run(feeds) for feeds in feeds_list]
 
 
 @contextmanager
@@ -209,7 +308,7 @@ def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _initializers(sub)
 
 
-def _make_session(source: str | bytes, optimize: bool) -> ort.InferenceSession:
+def _make_session(source: str | bytes, optimize: bool, role: str) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -223,13 +322,10 @@ def _make_session(source: str | bytes, optimize: bool) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
-        raise InferccError(
-            f"onnxruntime cannot load the model: {first_line(exc)}",
-            "check the model with onnx.checker.check_model",
-        ) from exc
+        raise ModelRunError("load", first_line(exc), role) from exc
 
 
-def _run_one(session: ort.InferenceSession, feeds: Feeds) -> dict[str, np.ndarray]:
+def _run_one(session: ort.InferenceSession, feeds: Feeds, role: str) -> dict[str, Any]:
     declared = [i.name for i in session.get_inputs()]
     missing = [name for name in declared if name not in feeds]
     if missing:
@@ -242,10 +338,7 @@ def _run_one(session: ort.InferenceSession, feeds: Feeds) -> dict[str, np.ndarra
     try:
         values = session.run(names, given)
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
-        raise InferccError(
-            f"onnxruntime failed to run the model: {first_line(exc)}",
-            "check the input shapes (--shape) and dtypes",
-        ) from exc
+        raise ModelRunError("run", first_line(exc), role) from exc
     return dict(zip(names, values, strict=True))
 
 
@@ -291,8 +384,12 @@ class _Accumulator:
     name: str
     shape: tuple[int, ...] | None
     dtype: str | None
+    kind: str = "f"  # numpy kind of the compared elements: exact unless "f" or "c"
     stats: list[_Stats] = field(default_factory=list)
     reason: str | None = None
+
+
+_MISSING = object()
 
 
 def compare_models(
@@ -318,15 +415,15 @@ def compare_models(
 
 
 def compare_outputs(
-    expected: Sequence[Mapping[str, np.ndarray]],
-    actual: Sequence[Mapping[str, np.ndarray]],
+    expected: Sequence[Mapping[str, Any]],
+    actual: Sequence[Mapping[str, Any]],
     atol: float = FP32.atol,
     rtol: float = FP32.rtol,
     min_cosine: float = FP32.min_cosine,
     float_dtypes_may_differ: bool = False,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
 ) -> ValidationReport:
-    """Compare outputs already computed (one name -> array dict per sample), by the rules above.
+    """Compare outputs already computed (one name -> value dict per sample), by the rules above.
 
     `tolerances` maps an output name to its own (atol, rtol)."""
     tol = _Tolerance(atol, rtol, min_cosine, float_dtypes_may_differ)
@@ -350,38 +447,53 @@ def compare_outputs(
 
 
 def _compare_sample(
-    ref_out: dict[str, np.ndarray],
-    cand_out: dict[str, np.ndarray],
+    ref_out: dict[str, Any],
+    cand_out: dict[str, Any],
     tol: _Tolerance,
     accumulators: dict[str, _Accumulator],
     per_output: Mapping[str, _Tolerance] | None = None,
 ) -> None:
     for name in [*ref_out, *(n for n in cand_out if n not in ref_out)]:
         out_tol = (per_output or {}).get(name, tol)
-        ref, cand = ref_out.get(name), cand_out.get(name)
+        ref, cand = ref_out.get(name, _MISSING), cand_out.get(name, _MISSING)
         acc = accumulators.get(name)
         if acc is None:
             acc = accumulators[name] = _new_accumulator(name, ref, cand)
         if acc.reason is None:
             acc.reason = _structural_mismatch(ref, cand, tol.float_dtypes_may_differ)
         if acc.reason is None:
-            acc.stats.append(_compare_arrays(np.asarray(ref), np.asarray(cand), out_tol))
+            r, c = _elements(ref, cand)
+            acc.stats.append(_compare_arrays(r, c, out_tol))
+
+
+def _elements(ref: Any, cand: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays to compare: the tensors, or a structured value's leaves joined."""
+    if structured.is_tensor(ref) and structured.is_tensor(cand):
+        return ref, cand
+    return (
+        structured.joined(structured.split(ref)[1]),
+        structured.joined(structured.split(cand)[1]),
+    )
 
 
 def _new_accumulator(name: str, ref: Any, cand: Any) -> _Accumulator:
-    shown = ref if ref is not None else cand
-    if not isinstance(shown, np.ndarray):
-        return _Accumulator(name, None, type(shown).__name__)
-    return _Accumulator(name, tuple(int(d) for d in shown.shape), str(shown.dtype))
+    shown = ref if ref is not _MISSING else cand
+    if isinstance(shown, np.ndarray):
+        shape = tuple(int(d) for d in shown.shape)
+        return _Accumulator(name, shape, str(shown.dtype), shown.dtype.kind)
+    kind = structured.leaf_kind(structured.split(shown)[1])
+    return _Accumulator(name, None, structured.describe(shown), kind)
 
 
 def _structural_mismatch(ref: Any, cand: Any, float_change_ok: bool = False) -> str | None:
-    if cand is None:
+    if cand is _MISSING:
         return "missing from the candidate"
-    if ref is None:
+    if ref is _MISSING:
         return "not an output of the reference"
-    if not isinstance(ref, np.ndarray) or not isinstance(cand, np.ndarray):
-        return "not a tensor (sequence or map outputs are not compared)"
+    if not structured.is_tensor(ref) or not structured.is_tensor(cand):
+        return structured.difference(
+            structured.split(ref, float_change_ok)[0], structured.split(cand, float_change_ok)[0]
+        )
     both_float = ref.dtype.kind == "f" and cand.dtype.kind == "f"
     if ref.dtype != cand.dtype and not (float_change_ok and both_float):
         return f"dtype {cand.dtype} differs from the reference's {ref.dtype}"
@@ -459,7 +571,7 @@ def _cosine(r: np.ndarray, c: np.ndarray) -> float:
 def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
     if acc.reason is not None:
         return OutputMetrics(
-            acc.name, acc.shape, acc.dtype, None, None, None, None, False, acc.reason
+            acc.name, acc.shape, acc.dtype, None, None, None, None, False, acc.reason, "structure"
         )
     total = sum(s.total for s in acc.stats)
     bad = sum(s.bad for s in acc.stats)
@@ -472,21 +584,31 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
         cosine=min((s.cosine for s in acc.stats), default=1.0),
         frac_out_of_tol=bad / total if total else 0.0,
     )
-    metrics.reason = _numeric_failure(metrics, bad, total, tol)
+    metrics.reason, metrics.decided_by = _verdict(metrics, bad, total, tol, acc.kind)
     metrics.passed = metrics.reason is None
     return metrics
 
 
-def _numeric_failure(m: OutputMetrics, bad: int, total: int, tol: _Tolerance) -> str | None:
+def _verdict(
+    m: OutputMetrics, bad: int, total: int, tol: _Tolerance, kind: str
+) -> tuple[str | None, str]:
+    """(the failure, or None) and the criterion that decided (module docstring)."""
+    exact = kind not in "fc"
     if bad:
-        return (
+        reason = (
             f"{bad} of {total} elements out of tolerance (atol {tol.atol:g}, rtol {tol.rtol:g}); "
             f"max_abs {m.max_abs:.3g}"
         )
-    exact = m.dtype is not None and np.dtype(m.dtype).kind not in "fc"
-    if not exact and not (m.cosine >= tol.min_cosine):  # NaN cosine fails too
-        return f"cosine {m.cosine:.6f} below {tol.min_cosine}"
-    return None
+        return reason, "exact" if exact else "elementwise"
+    if exact:
+        return None, "exact"
+    assert m.max_abs is not None and m.cosine is not None
+    if math.isfinite(tol.atol) and m.max_abs <= tol.atol:
+        return None, "atol"  # within atol everywhere: the cosine of tiny values is noise
+    if not (m.cosine >= tol.min_cosine):  # NaN cosine fails too
+        return f"cosine {m.cosine:.6f} below {tol.min_cosine}", "cosine"
+    bounded = math.isfinite(tol.atol) or math.isfinite(tol.rtol)
+    return None, "elementwise+cosine" if bounded else "cosine"
 
 
 def _log_report(report: ValidationReport) -> None:
@@ -498,66 +620,3 @@ def _log_report(report: ValidationReport) -> None:
         report.samples,
         len(report.outputs),
     )
-
-
-# --------------------------------------------------------------------------- entry point
-
-
-def validate(
-    reference: ModelSource,
-    candidate: ModelSource,
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-    data: str | PathLike[str] | None = None,
-    seed: int = 0,
-    atol: float = FP32.atol,
-    rtol: float = FP32.rtol,
-    min_cosine: float = FP32.min_cosine,
-    float_dtypes_may_differ: bool = False,
-    tolerances: Mapping[str, tuple[float, float]] | None = None,
-) -> ValidationReport:
-    """Compare `candidate` with `reference` on samples from `data`, or on one random feed.
-
-    Feeds are built against the reference's inputs; each model is fed only what it declares,
-    in the float type it declares. `float_dtypes_may_differ` accepts a float output whose type
-    the candidate changed on purpose (float16 I/O) and compares its values.
-    """
-    feeds_list = _build_feeds(_load_reference(reference), shapes, data, seed)
-    return compare_models(
-        reference,
-        candidate,
-        feeds_list,
-        atol,
-        rtol,
-        min_cosine,
-        float_dtypes_may_differ,
-        tolerances,
-    )
-
-
-def _load_reference(reference: ModelSource) -> onnx.ModelProto:
-    """The reference's graph for building feeds; weights in external files are not read."""
-    if isinstance(reference, onnx.ModelProto):
-        return reference
-    if isinstance(reference, bytes):
-        return onnx.load_model_from_string(reference)
-    path = _existing_path(reference)
-    try:
-        # Inputs, shapes and initializer dims are all the feeds need: leave the weights on disk.
-        return read_model(Path(path))[0]
-    except Exception as exc:  # protobuf's DecodeError and friends
-        raise InferccError(
-            f"cannot read ONNX model {path!r}: {exc}", "is it an .onnx file?"
-        ) from exc
-
-
-def _build_feeds(
-    model: onnx.ModelProto,
-    shapes: Mapping[str, tuple[int, ...]] | None,
-    data: str | PathLike[str] | None,
-    seed: int,
-) -> list[dict[str, np.ndarray]]:
-    if data is None:
-        return [make_inputs(model, shapes, seed)]
-    if shapes:
-        logger.warning("--shape is ignored when --data gives the samples")
-    return load_samples(data, model)

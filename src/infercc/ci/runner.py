@@ -79,6 +79,8 @@ def _validate(spec: ModelSpec, result: ModelResult) -> None:
         rtol=build.rtol,
         min_cosine=build.min_cosine,
         tolerances=build.tolerance_map,
+        second_shapes=build.second_pins,
+        strict_coverage=build.strict_coverage,
     )
     result.validation = check.validation.to_dict() if check.validation else None
     if not check.passed:
@@ -86,7 +88,7 @@ def _validate(spec: ModelSpec, result: ModelResult) -> None:
 
 
 def _failed_outputs(validation: Any) -> str:
-    return "; ".join(f"{m.name}: {m.reason}" for m in validation.failures())
+    return validation.failure_reason()
 
 
 def bench_model(spec: ModelSpec, output: str) -> dict[str, Any]:

@@ -53,6 +53,15 @@ MinCosineOpt = Annotated[
         help="Minimum cosine per output [default: 0.9999 fp32, 0.999 fp16/bf16, 0.99 int8]."
     ),
 ]
+StrictCoverageOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict-coverage",
+        help="Fail validation when a rewritten If/Loop body never ran on the validation "
+        "inputs (its rewrites were not checked); without it the report only warns. Give "
+        "samples that reach it with --data.",
+    ),
+]
 TolOpt = Annotated[
     list[str] | None,
     typer.Option(

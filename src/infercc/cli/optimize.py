@@ -16,6 +16,7 @@ from infercc.cli.common import (
     Progress,
     RtolOpt,
     ShapeOpt,
+    StrictCoverageOpt,
     TolOpt,
     finish,
 )
@@ -127,6 +128,15 @@ RangesOpt = Annotated[
     typer.Option(
         help="With --fp16: calibrated ranges (the ranges.json `infercc calibrate` "
         "writes); a tensor whose range overflows float16 stays float32."
+    ),
+]
+BisectOpt = Annotated[
+    bool,
+    typer.Option(
+        "--bisect",
+        help="When validation fails (or the optimized model does not run), rebuild with "
+        "passes disabled to name the pass, rewrite and node that broke it, however long it "
+        "takes (without it, only when that should take under 20 s).",
     ),
 ]
 ExplainOpt = Annotated[
@@ -259,6 +269,8 @@ def optimize(
     rtol: RtolOpt = None,
     min_cosine: MinCosineOpt = None,
     tol: TolOpt = None,
+    strict_coverage: StrictCoverageOpt = False,
+    bisect: BisectOpt = False,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     plugin: PluginOpt = None,
@@ -283,7 +295,13 @@ def optimize(
     A flag that would change nothing for this build (a TensorRT option without TensorRT,
     --keep-fp32 without --fp16, ...) is an error naming it.
 
-    Exit codes: 0 success, 1 validation failed (nothing written), 2 bad input.
+    Validation runs the original and the optimized model on the same inputs, at a second
+    shape profile too when an input has a symbolic dimension (a range --shape NAME=MIN:OPT:MAX
+    pins the second at MAX), and reports whether the inputs ran each rewritten If/Loop body.
+    When the original fails on the generated inputs, other sizes and values are tried first.
+
+    Exit codes: 0 success, 1 validation failed or the optimized model does not run (nothing
+    written; infercc's failure), 2 bad input.
     """
     from infercc.api import optimize as run
     from infercc.check.tolerances import parse_tolerances
@@ -312,6 +330,8 @@ def optimize(
         rtol=rtol,
         min_cosine=min_cosine,
         tolerances=parse_tolerances(tol),
+        strict_coverage=strict_coverage,
+        bisect=bisect,
         ort=OrtOptions(optimized_model=ort_optimized_model),
         tensorrt=TrtOptions(
             workspace=workspace,

@@ -25,6 +25,12 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
     console.print(_ops_table(report))
     if report.validation is not None:
         render_validation(report.validation, console)
+        if report.validation.error is not None:
+            console.print(
+                "[red]the model infercc wrote does not run in onnxruntime: this is infercc's "
+                "failure, not the input model's[/]"
+            )
+        _render_bisect_outcome(report, console)
         if not report.validation.passed:
             console.print("[red]validation failed: the optimized model was not written[/]")
     else:
@@ -43,6 +49,31 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
         _render_refusals(report, console)
     elif report.refusals:
         console.print(f"{len(report.refusals)} rewrite(s) refused; --explain lists them")
+
+
+def _render_bisect_outcome(report: OptimizeReport, console: Console) -> None:
+    """The pass a failed validation was bisected to, or the command that would find it."""
+    b = report.bisect
+    if b is not None:
+        if b.get("reproduced") and b.get("guilty_pass"):
+            console.print(
+                f"[red]bisect ({b['trials']} rebuilds): {escape(b['message'])}[/]", highlight=False
+            )
+        else:
+            console.print(f"bisect ({b['trials']} rebuilds): {escape(b['message'])}")
+    elif report.bisect_hint is not None:
+        console.print(f"{escape(report.bisect_hint)}: {escape(_rerun_with_bisect())}")
+
+
+def _rerun_with_bisect() -> str:
+    """This command line with --bisect added (or how to add it, outside the infercc CLI)."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    if Path(sys.argv[0]).name not in ("infercc", "__main__.py") or "optimize" not in sys.argv:
+        return "infercc optimize ... --bisect"
+    return shlex.join(["infercc", *sys.argv[1:], "--bisect"])
 
 
 def _render_artifact(artifact: dict, console: Console) -> None:
@@ -107,19 +138,59 @@ def render_validation(v: ValidationReport, console: Console) -> None:
         f"validation {status} on {v.samples} sample(s) "
         f"(atol {v.atol:g}, rtol {v.rtol:g}, cosine >= {v.min_cosine})"
     )
-    t = Table()
-    for col in ("output", "max abs", "max rel", "cosine", "out of tol", "ok"):
-        t.add_column(col)
-    for m in v.outputs.values():
-        t.add_row(
-            m.name,
-            _num(m.max_abs),
-            _num(m.max_rel),
-            _num(m.cosine, ".6f"),
-            _num(m.frac_out_of_tol, ".2%"),
-            "yes" if m.passed else f"[red]no[/] {m.reason or ''}",
+    for i, p in enumerate(v.profiles, 1):
+        shapes = ", ".join(f"{k}=[{', '.join(map(str, s))}]" for k, s in p["shapes"].items())
+        values = "".join(f", {k}={val}" for k, val in p.get("values", {}).items())
+        ok = {True: "passed", False: "[red]failed[/]", None: "-"}[p.get("passed")]
+        console.print(
+            f"  profile {i} ({p['source']}): {escape(shapes + values) or 'no inputs'}: {ok}",
+            highlight=False,
         )
-    console.print(t)
+    for note in v.notes:
+        console.print(f"  note: {escape(note)}", highlight=False)
+    if v.error is not None:
+        console.print(f"[red]{escape(v.error)}[/]", highlight=False)
+    if v.outputs:
+        t = Table()
+        for col in ("output", "max abs", "max rel", "cosine", "out of tol", "decided by", "ok"):
+            t.add_column(col)
+        for m in v.outputs.values():
+            t.add_row(
+                escape(m.name),
+                _num(m.max_abs),
+                _num(m.max_rel),
+                _num(m.cosine, ".6f"),
+                _num(m.frac_out_of_tol, ".2%"),
+                m.decided_by or "-",
+                "yes" if m.passed else f"[red]no[/] {escape(m.reason or '')}",
+            )
+        console.print(t)
+    if v.coverage is not None:
+        render_coverage(v.coverage, console)
+
+
+def render_coverage(c, console: Console) -> None:
+    """Which rewritten If/Loop bodies the validation inputs ran."""
+    if not c.bodies:
+        return
+    rewritten = [b for b in c.bodies if b.rewritten is not False]
+    console.print(
+        f"coverage: {len(c.bodies)} If/Loop/Scan bod{'y' if len(c.bodies) == 1 else 'ies'}, "
+        f"{len(rewritten)} rewritten (or not known to be untouched), "
+        f"{len(c.unexecuted)} of them not run by the validation inputs",
+        highlight=False,
+    )
+    for b in rewritten:
+        ran = {True: "ran", False: "[red]never ran[/]", None: "not measured"}[b.executed]
+        by = f" by {', '.join(b.passes)}" if b.passes else ""
+        console.print(f"  {escape(b.path)} (rewritten{by}): {ran}", highlight=False)
+    if c.error:
+        console.print(f"  {escape(c.error)}", highlight=False)
+    message = c.message()
+    if message is not None:
+        style = "red" if c.strict else "yellow"
+        suffix = "" if c.strict else " (--strict-coverage makes this a failure)"
+        console.print(f"[{style}]{escape(message)}{suffix}[/]", highlight=False)
 
 
 def _tail(text: str, width: int) -> str:
@@ -376,7 +447,9 @@ def render_bisect(b, console: Console) -> None:
         elif b.granularity == "run" and b.first_bad is not None:
             console.print(f"  run {b.first_bad} of {b.total} (the pass does not count rewrites)")
     if b.build is not None:
-        where = "recorded in the manifest" if b.settings == "manifest" else "the defaults"
+        where = {"manifest": "recorded in the manifest", "build": "of this run"}.get(
+            b.settings, "the defaults"
+        )
         console.print(f"  rebuilt with the build {where} (--json: bisect.build)")
     d = b.divergence
     if d is not None:

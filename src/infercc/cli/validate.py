@@ -16,9 +16,11 @@ from infercc.cli.common import (
     RtolOpt,
     SeedOpt,
     ShapeOpt,
+    StrictCoverageOpt,
     TolOpt,
     finish,
 )
+from infercc.config import BuildConfig
 
 
 @app.command()
@@ -43,6 +45,7 @@ def validate(
     rtol: RtolOpt = None,
     min_cosine: MinCosineOpt = None,
     tol: TolOpt = None,
+    strict_coverage: StrictCoverageOpt = False,
     save_golden: Annotated[
         Path | None,
         typer.Option(
@@ -73,14 +76,18 @@ def validate(
 ) -> None:
     """Check CANDIDATE against --reference (or --golden): per output max abs and relative
     error, cosine and the fraction of elements out of tolerance. Tolerances follow the
-    candidate's precision (from its manifest, or read from the model).
+    candidate's precision (from its manifest, or read from the model). With --reference, the
+    inputs cover a second shape profile when an input has a symbolic dimension, and the report
+    says whether they ran each If/Loop body the candidate changed.
 
-    Exit codes: 0 passed, 1 failed, 2 bad input."""
+    Exit codes: 0 passed, 1 failed (also a candidate that does not load or run), 2 bad
+    input."""
     from infercc.check.candidates import validate_candidate
     from infercc.check.tolerances import parse_tolerances
     from infercc.cli.render import render_candidate
-    from infercc.data.profiles import parse_shapes
+    from infercc.data.profiles import parse_profiles
 
+    profiles = parse_profiles(shape)
     with Progress(as_json) as progress:
         report = validate_candidate(
             candidate,
@@ -88,7 +95,8 @@ def validate(
             golden=golden,
             save_golden_to=save_golden,
             data=data,
-            shapes=parse_shapes(shape),
+            shapes={p.name: p.opt for p in profiles},
+            second_shapes=BuildConfig(shapes=tuple(profiles)).second_pins,
             seed=seed,
             atol=atol,
             rtol=rtol,
@@ -97,5 +105,6 @@ def validate(
             bisect=bisect,
             target=target,
             on_step=progress.step,
+            strict_coverage=strict_coverage,
         )
     finish(report, as_json, render_candidate)

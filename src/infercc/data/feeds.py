@@ -10,12 +10,14 @@ Random feeds are meant to exercise a model the way real data would:
   and lengths.
 
 Symbolic dimensions take one value per symbol name across all inputs; unless pinned with
-`--shape`, that value is 1 on axis 0 (batch) and 8 elsewhere.
+`--shape` (or preset with `symbols`), that value is 1 on axis 0 (batch) and 8 elsewhere.
+`values` fills named inputs with one value instead (an `sr` the model compares with 16000).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -24,6 +26,7 @@ from infercc.data.signature import (
     _INDEX_PASSTHROUGH,
     _MAX_PASSTHROUGH_STEPS,
     Shapes,
+    SymbolKey,
     input_dtype,
     real_inputs,
     resolve_shapes,
@@ -92,16 +95,48 @@ def _index_source(name: str, producers: dict[str, onnx.NodeProto]) -> str:
 
 
 def make_inputs(
-    model: onnx.ModelProto, shapes: Shapes | None = None, seed: int = 0
+    model: onnx.ModelProto,
+    shapes: Shapes | None = None,
+    seed: int = 0,
+    symbols: Mapping[SymbolKey, int] | None = None,
+    values: Mapping[str, float] | None = None,
 ) -> dict[str, np.ndarray]:
     """One random feed per real input, deterministic for a given seed (see module docstring)."""
     rng = np.random.default_rng(seed)
-    concrete = resolve_shapes(model, shapes)
+    concrete = resolve_shapes(model, shapes, symbols)
     bounds = index_bounds(model)
     feeds = {}
     for vi in real_inputs(model):
-        feeds[vi.name] = _random_tensor(vi, concrete[vi.name], bounds.get(vi.name), rng)
+        shape = concrete[vi.name]
+        if values and vi.name in values:
+            feeds[vi.name] = np.full(shape, values[vi.name], dtype=input_dtype(vi))
+        else:
+            feeds[vi.name] = _random_tensor(vi, shape, bounds.get(vi.name), rng)
     return feeds
+
+
+def feed_bytes(feeds: Mapping[str, np.ndarray]) -> int:
+    return sum(int(np.asarray(a).nbytes) for a in feeds.values())
+
+
+def describe_feeds(feeds: Mapping[str, np.ndarray], limit: int = 4) -> str:
+    """`x float32[1, 8], sr int64[] = 16000`: each input's dtype and shape, and for integers
+    and bools their values when there are at most `limit` (or all are equal)."""
+    return ", ".join(f"{name} {_describe_array(np.asarray(a), limit)}" for name, a in feeds.items())
+
+
+def _describe_array(a: np.ndarray, limit: int) -> str:
+    text = f"{a.dtype}[{', '.join(str(d) for d in a.shape)}]"
+    if a.size == 0 or a.dtype.kind not in "iub":
+        return text
+    if a.size <= limit:
+        shown = a.ravel().tolist()
+        return f"{text} = {shown[0] if a.ndim == 0 else shown}"
+    if bool((a == a.flat[0]).all()):
+        return f"{text} all {a.flat[0].item()}"
+    if a.dtype.kind in "iu":
+        return f"{text} in [{a.min()}, {a.max()}]"
+    return text
 
 
 def _random_tensor(

@@ -1,12 +1,19 @@
 """A model's real inputs: names, dtypes, declared dimensions, and the concrete shapes that
 resolve its symbolic dimensions (one value per symbol across inputs; unless pinned with
-`--shape`, 1 on axis 0 and 8 elsewhere).
+`--shape` or preset by the caller, 1 on axis 0 and 8 elsewhere).
+
+A symbol is the name of a `dim_param`; an unnamed unknown dimension is a symbol of its own,
+keyed `(input name, axis)`. `free_symbols` lists the symbols a profile may still choose (those
+no pinned input fixes) and `symbol_values` reads back the value of each symbol in a feed:
+validation uses both to run a model at a second shape profile, and at other sizes when the
+default ones fail (`infercc.check.profiles`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -24,6 +31,7 @@ _INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flat
 _MAX_PASSTHROUGH_STEPS = 8
 
 Shapes = Mapping[str, tuple[int, ...]]
+SymbolKey = str | tuple[str, int]  # a dim_param, or (input, axis) for an unnamed unknown dim
 
 
 # --------------------------------------------------------------------------- which inputs
@@ -83,14 +91,14 @@ def _declared_dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
 
 
 def resolve_shape(
-    vi: onnx.ValueInfoProto, shapes: Shapes | None, symbols: dict[str, int]
+    vi: onnx.ValueInfoProto, shapes: Shapes | None, symbols: dict[SymbolKey, int]
 ) -> tuple[int, ...]:
     """Concrete shape for one input.
 
     A `--shape` pin wins (it must have the declared rank and agree with fixed dims); fixed dims
     stay; a symbolic dim takes the value already chosen for its symbol in `symbols` (shared
     across inputs, updated here), else 1 on axis 0 and 8 elsewhere. Unnamed unknown dims get
-    the same defaults.
+    the same defaults unless `symbols` holds a value for `(input, axis)`.
     """
     dims = declared_dims(vi)
     pinned = (shapes or {}).get(vi.name)
@@ -101,18 +109,20 @@ def resolve_shape(
             f"input {vi.name!r} has no declared shape (unknown rank)",
             f"pin it with --shape {vi.name}=D0xD1x...",
         )
-    return tuple(_resolve_dim(dim, axis, symbols) for axis, dim in enumerate(dims))
+    return tuple(_resolve_dim(vi.name, dim, axis, symbols) for axis, dim in enumerate(dims))
 
 
 def _default_dim(axis: int) -> int:
     return DEFAULT_BATCH if axis == 0 else DEFAULT_DIM
 
 
-def _resolve_dim(dim: int | str | None, axis: int, symbols: dict[str, int]) -> int:
+def _resolve_dim(
+    name: str, dim: int | str | None, axis: int, symbols: dict[SymbolKey, int]
+) -> int:
     if isinstance(dim, int):
         return dim
     if dim is None:
-        return _default_dim(axis)
+        return symbols.get((name, axis), _default_dim(axis))
     return symbols.setdefault(dim, _default_dim(axis))
 
 
@@ -120,7 +130,7 @@ def _check_pin(
     name: str,
     dims: list[int | str | None] | None,
     pinned: tuple[int, ...],
-    symbols: dict[str, int],
+    symbols: dict[SymbolKey, int],
 ) -> tuple[int, ...]:
     if dims is None:
         return pinned
@@ -141,7 +151,7 @@ def _check_pinned_dim(
     dim: int | str | None,
     value: int,
     dims: list[int | str | None],
-    symbols: dict[str, int],
+    symbols: dict[SymbolKey, int],
 ) -> None:
     if isinstance(dim, int) and dim != value:
         raise InferccError(
@@ -166,14 +176,21 @@ def _format_dims(dims: Iterable[int | str | None]) -> str:
 
 
 def resolve_shapes(
-    model: onnx.ModelProto, shapes: Shapes | None = None
+    model: onnx.ModelProto,
+    shapes: Shapes | None = None,
+    symbols: Mapping[SymbolKey, int] | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes for every real input; pinned inputs first so their symbols propagate."""
+    """Concrete shapes for every real input; pinned inputs first so their symbols propagate.
+    `symbols` presets the value of symbols (pins still win) in place of the defaults."""
     inputs = real_inputs(model)
     _check_shape_names(inputs, shapes or {})
-    symbols: dict[str, int] = {}
+    chosen: dict[SymbolKey, int] = {}
     pinned_first = sorted(inputs, key=lambda vi: vi.name not in (shapes or {}))
-    resolved = {vi.name: resolve_shape(vi, shapes, symbols) for vi in pinned_first}
+    pinned = sum(1 for vi in inputs if vi.name in (shapes or {}))
+    resolved = {vi.name: resolve_shape(vi, shapes, chosen) for vi in pinned_first[:pinned]}
+    chosen = {**dict(symbols or {}), **chosen}
+    for vi in pinned_first[pinned:]:
+        resolved[vi.name] = resolve_shape(vi, None, chosen)
     return {vi.name: resolved[vi.name] for vi in inputs}
 
 
@@ -214,3 +231,66 @@ def shape_profile(
     except InferccError as e:
         logger.info("no shape profile for memory planning: %s", e)
         return None
+
+
+# --------------------------------------------------------------------------- symbols
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A symbolic dimension a profile may choose: where it appears and its default."""
+
+    key: SymbolKey
+    where: tuple[tuple[str, int, int], ...]  # (input, axis, the input's rank) per occurrence
+
+    @property
+    def default(self) -> int:
+        return _default_dim(self.where[0][1])
+
+    @property
+    def batch_like(self) -> bool:
+        """Axis 0 of an input of rank >= 2 somewhere: a batch, not a size the model needs."""
+        return any(axis == 0 and rank >= 2 for _, axis, rank in self.where)
+
+    @property
+    def label(self) -> str:
+        """How a message names it: the dim_param, or `input[axis]`."""
+        if isinstance(self.key, str):
+            return self.key
+        name, axis = self.key
+        return f"{name}[{axis}]"
+
+
+def free_symbols(model: onnx.ModelProto, shapes: Shapes | None = None) -> dict[SymbolKey, Symbol]:
+    """The symbols of the real inputs that no pinned input fixes, in order of appearance."""
+    pins = shapes or {}
+    fixed: set[SymbolKey] = set()
+    found: dict[SymbolKey, list[tuple[str, int, int]]] = {}
+    for vi in real_inputs(model):
+        dims = declared_dims(vi) or []
+        for axis, dim in enumerate(dims):
+            if isinstance(dim, int):
+                continue
+            key: SymbolKey = dim if isinstance(dim, str) else (vi.name, axis)
+            if vi.name in pins:
+                fixed.add(key)
+            else:
+                found.setdefault(key, []).append((vi.name, axis, len(dims)))
+    return {k: Symbol(k, tuple(w)) for k, w in found.items() if k not in fixed}
+
+
+def symbol_values(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+) -> dict[SymbolKey, int]:
+    """The value each symbolic dimension has in `feeds` (the first input that shows it)."""
+    values: dict[SymbolKey, int] = {}
+    for vi in real_inputs(model):
+        array = feeds.get(vi.name)
+        dims = declared_dims(vi)
+        if array is None or dims is None or np.ndim(array) != len(dims):
+            continue
+        for axis, dim in enumerate(dims):
+            if not isinstance(dim, int):
+                key: SymbolKey = dim if isinstance(dim, str) else (vi.name, axis)
+                values.setdefault(key, int(np.shape(array)[axis]))
+    return values
