@@ -44,4 +44,3 @@ class NoneBackend:
         from infercc.backends.ort import default_runner
 
         return default_runner(artifact.model_path)
-

@@ -1,5 +1,4 @@
-"""The reports of a ci run: JSON, JUnit XML and Markdown (appended to `$GITHUB_STEP_SUMMARY`).
-"""
+"""The reports of a ci run: JSON, JUnit XML and Markdown (appended to `$GITHUB_STEP_SUMMARY`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Building, validating and timing every model of a manifest, each in its own process.
-"""
+"""Building, validating and timing every model of a manifest, each in its own process."""
 
 from __future__ import annotations
 
@@ -23,10 +22,6 @@ log = logging.getLogger(__name__)
 
 Event = Callable[[str, str], None]
 # --------------------------------------------------------------------------- results
-
-
-
-
 
 
 # --------------------------------------------------------------------------- one model

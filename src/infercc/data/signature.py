@@ -168,7 +168,6 @@ def _format_dims(dims: Iterable[int | str | None]) -> str:
 def resolve_shapes(
     model: onnx.ModelProto, shapes: Shapes | None = None
 ) -> dict[str, tuple[int, ...]]:
-
     """Concrete shapes for every real input; pinned inputs first so their symbols propagate."""
     inputs = real_inputs(model)
     _check_shape_names(inputs, shapes or {})

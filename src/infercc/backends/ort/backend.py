@@ -1,5 +1,4 @@
-"""The `ort` backend: compile tunes each shape point, load returns a runner.
-"""
+"""The `ort` backend: compile tunes each shape point, load returns a runner."""
 
 from __future__ import annotations
 
@@ -46,9 +45,7 @@ except ImportError:  # the core dependency, but a broken install must give a rea
     ort = None
 
 
-
 # --------------------------------------------------------------------------- the backend
-
 
 
 def gpu_providers() -> list[str]:

@@ -1,5 +1,4 @@
-"""Session configurations, the knobs the tuner sweeps, and sessions built from them.
-"""
+"""Session configurations, the knobs the tuner sweeps, and sessions built from them."""
 
 from __future__ import annotations
 
@@ -250,6 +249,7 @@ def _tuning_results(session: Any, config: Mapping[str, Any]) -> list[Any]:
     except Exception as exc:  # onnxruntime raises its own exception types
         log.warning("could not read TunableOp results: %s", first_line(exc))
         return []
+
 
 def _version() -> str:
     return str(ort.__version__) if ort is not None else ""

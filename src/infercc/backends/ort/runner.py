@@ -1,5 +1,4 @@
-"""Loading an ort artifact: its configuration and a runner that picks the session per shape.
-"""
+"""Loading an ort artifact: its configuration and a runner that picks the session per shape."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Per-shape tuning: coordinate descent over the knobs, each candidate timed and validated.
-"""
+"""Per-shape tuning: coordinate descent over the knobs, each candidate timed and validated."""
 
 from __future__ import annotations
 

@@ -105,4 +105,3 @@ def _tensorrt() -> Any:
     except ImportError as exc:
         raise InferccError(f"the tensorrt package cannot be imported: {exc}", INSTALL_HINT) from exc
     return tensorrt
-
