@@ -183,7 +183,10 @@ def _cell(row: dict, key: str, what: str) -> str:
 
 
 def print_table(rows: list[dict], static_mode: bool) -> None:
-    head = "| model | original | infercc | onnxslim | onnxsim | time infercc / onnxslim / onnxsim (s) | equal at 2 shapes | dims kept |"
+    head = (
+        "| model | original | infercc | onnxslim | onnxsim "
+        "| time infercc / onnxslim / onnxsim (s) | equal at 2 shapes | dims kept |"
+    )
     print(head)
     print("|" + "---|" * 8)
     for r in rows:

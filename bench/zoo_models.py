@@ -49,7 +49,7 @@ def _trained_like(model) -> None:
     torch = _torch()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.ndim == 1:
                 p.copy_(p + 0.05 * torch.randn(p.shape, generator=g))
 

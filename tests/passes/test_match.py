@@ -127,12 +127,14 @@ def test_sole_reader_and_liveness(values) -> None:
 
 
 def test_a_node_reading_a_value_twice_is_its_sole_reader() -> None:
-    model = import_model(parse("""
+    model = import_model(
+        parse("""
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[2] x) => (float[2] y) {
   a = Relu(x)
   y = Add(a, a)
-}"""))
+}""")
+    )
     relu = model.graph.nodes[0]
     assert sole_reader(relu.output) is model.graph.nodes[1]
 

@@ -579,8 +579,10 @@ def test_shapes_inside_an_if_branch_fold():
     assert [n.op_type for n in then.node] == ["Div"]
     for c in (True, False):
         for n in (1, 4):
-            feeds = {"x": np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32),
-                     "c": np.array(c)}
+            feeds = {
+                "x": np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32),
+                "c": np.array(c),
+            }
             np.testing.assert_allclose(run_ort(proto, feeds)[0], run_ort(out, feeds)[0])
 
 
@@ -607,3 +609,29 @@ def test_optimizing_twice_changes_nothing():
     proto, out, _, _ = _run(ATTENTION_SCALE, None)
     again, report = optimize_proto(out, None, PassContext())
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_reshape_reads_past_a_transpose_that_moves_only_unit_dims():
+    """ConvNeXt's head: [batch, C, 1, 1] -> Transpose -> [batch, 1, 1, C] -> Reshape [batch, C]."""
+    body = """
+    g (float[batch,8,1,1] x) => (float[batch,8] y) <int64[2] t = {-1, 8}> {
+      p = Transpose<perm=[0, 2, 3, 1]>(x)
+      y = Reshape(p, t)
+    }
+    """
+    proto, out, report, _ = _run(body)
+    assert op_counts(out) == {"Reshape": 1}
+    assert _counts(report)["layout_transposes"] == 1
+    _same_at_two_shapes(proto, out)
+
+
+def test_a_transpose_that_reorders_two_dims_stays_before_a_reshape():
+    body = """
+    g (float[batch,8,2,1] x) => (float[batch,16] y) <int64[2] t = {-1, 16}> {
+      p = Transpose<perm=[0, 2, 3, 1]>(x)
+      y = Reshape(p, t)
+    }
+    """
+    proto, out, report, _ = _run(body)
+    assert op_counts(out)["Transpose"] == 1
+    _same_at_two_shapes(proto, out)

@@ -19,6 +19,9 @@ and subgraph:
   aligned dimension (written 1: broadcasting keeps the input's dimension) becomes constant;
 - **Slice bounds**: computed starts/ends that are ints, or the sliced dimension itself
   (written 2**63-1, which Slice clamps to the dimension), become constants;
+- **layout Transposes**: a Reshape reads x instead of Transpose(x) when the Transpose moves
+  only dimensions of size 1 (the others keep their order, so the elements are in the same
+  row-major order) and the target copies no dimension;
 - **identities**: a Reshape, Flatten, Squeeze, Unsqueeze or Expand whose output shape equals
   its input's, a Slice that keeps every element (start 0, step 1, end at or past the dimension),
   a Tile by ones, and a Where whose condition is constant (or whose two branches are one value)
@@ -64,7 +67,14 @@ VALUE_OPS = frozenset(
         "LessOrEqual Greater GreaterOrEqual Not And Or Where"
     ).split()
 )
-_KINDS = ("static_values", "reshape_targets", "expand_shapes", "slice_bounds", "identities")
+_KINDS = (
+    "static_values",
+    "reshape_targets",
+    "expand_shapes",
+    "slice_bounds",
+    "identities",
+    "layout_transposes",
+)
 
 
 @register_pass("fold-shapes")
@@ -75,6 +85,7 @@ def fold_shapes(graph: Graph, ctx: PassContext) -> PassResult:
         Rule("static_values", sorted(VALUE_OPS), folder.check_static, _fold_static),
         Rule("identities", _IDENTITY_OPS, folder.check_identity, _forward),
         Rule("reshape_targets", ("Reshape",), folder.check_reshape, _set_input),
+        Rule("layout_transposes", ("Reshape",), folder.check_reshape_source, _set_input),
         Rule("expand_shapes", ("Expand",), folder.check_expand, _set_input),
         Rule("slice_bounds", ("Slice",), folder.check_slice, _set_input),
     ]
@@ -102,9 +113,10 @@ class _Forward:
 
 @dataclass(frozen=True)
 class _Inputs:
-    """Replace inputs by new int64 constants: index -> elements."""
+    """Replace inputs by new int64 constants (index -> elements), or by values (index ->
+    Value)."""
 
-    values: dict[int, list[int]]
+    values: dict[int, list[int] | Value]
     key: str
 
 
@@ -136,11 +148,11 @@ class _ShapeFolder:
         return _Static(tensors)
 
     def _static_tensor(self, v: Value) -> Tensor | Refuse | None:
-        info = self.sym.info(v)
-        if info.elems is None or info.shape is None:
-            return None
         dtype = v.dtype or _implied_dtype(v)
         if dtype not in TRACKED_TYPES:
+            return None  # activations: never a shape value (and no walk up their ancestry)
+        info = self.sym.info(v)
+        if info.elems is None or info.shape is None:
             return None
         for i, e in enumerate(info.elems):
             if not isinstance(e, int):
@@ -245,6 +257,29 @@ class _ShapeFolder:
                 "dimension: the target stays computed"
             )
         return _Inputs({1: out}, "reshape_targets")  # type: ignore[dict-item]
+
+    def check_reshape_source(self, node: Node, ctx: PassContext) -> _Inputs | None:
+        """Reshape(Transpose(x, perm)) = Reshape(x) when the Transpose moves only dimensions of
+        size 1 (the others keep their order, so the row-major elements are in the same order)
+        and the target copies no dimension (no 0 unless allowzero)."""
+        t = node.input(0)
+        p = t.producer if t is not None else None
+        if p is None or p.op_type != "Transpose" or not p.is_standard or not is_live(node):
+            return None
+        x = p.input(0)
+        target = node.input(1)
+        shape = self.sym.shape(x) if x is not None else None
+        elems = self.sym.info(target).static_elems if target is not None else None
+        if shape is None or elems is None or x is None:
+            return None
+        if 0 in elems and not node.attr("allowzero", 0):
+            return None
+        perm = p.attr("perm")
+        perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
+        moved = [a for a in perm if shape[a] != 1]
+        if moved != sorted(moved) or any(shape[a] is None for a in moved):
+            return None
+        return _Inputs({0: x}, "layout_transposes")
 
     def check_expand(self, node: Node, ctx: PassContext) -> _Inputs | Refuse | None:
         data, target = node.input(0), node.input(1)
@@ -401,6 +436,9 @@ def _set_input(node: Node, found: _Inputs, ctx: PassContext) -> None:
     graph = node.graph
     assert graph is not None
     for index, elems in found.values.items():
+        if isinstance(elems, Value):
+            node.set_input(index, elems)
+            continue
         old = node.input(index)
         dtype = old.dtype if old is not None and old.dtype == TensorProto.INT32 else None
         if dtype == TensorProto.INT32:
