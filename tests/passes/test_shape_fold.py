@@ -635,3 +635,52 @@ def test_a_transpose_that_reorders_two_dims_stays_before_a_reshape():
     proto, out, report, _ = _run(body)
     assert op_counts(out)["Transpose"] == 1
     _same_at_two_shapes(proto, out)
+
+
+def test_shapes_inside_a_loop_body_fold():
+    body = """
+    g (float[batch,8] x, int64 n) => (float[batch,8] y) <int64[1] i1 = {1}, bool c = {1}> {
+      y = Loop(n, c, x) <
+        body = b (int64 it, bool cin, float[batch,8] acc) => (bool cout, float[batch,8] nxt) {
+          sh = Shape(acc)
+          d = Gather<axis=0>(sh, i1)
+          f = Cast<to=1>(d)
+          nxt = Div(acc, f)
+          cout = Identity(cin)
+        }
+      >
+    }
+    """
+    proto, out, report, _ = _run(body)
+    assert _counts(report)["static_values"] == 1
+    loop_body = out.graph.node[0].attribute[0].g
+    assert "Shape" not in [n.op_type for n in loop_body.node]
+    for b in (1, 3):
+        feeds = {
+            "x": np.random.default_rng(b).standard_normal((b, 8)).astype(np.float32),
+            "n": np.array(2, np.int64),
+        }
+        np.testing.assert_allclose(run_ort(proto, feeds)[0], run_ort(out, feeds)[0])
+
+
+def test_shapes_onnx_cannot_infer_are_written_into_the_ir():
+    proto = parse(
+        HEADER
+        + """
+        g (float[batch,seq,8] x) => (float[batch,seq,8] y) <int64[2] t = {-1, 8}> {
+          a = com.microsoft.Gelu(x)
+          b = Reshape(a, t)
+          c = Relu(b)
+          y = com.microsoft.FastGelu(a)
+        }
+        """
+    )
+    model = import_model(proto)
+    from infercc.ir.shapes import infer_shapes
+    from infercc.passes.shape_fold import fold_shapes
+
+    infer_shapes(model)
+    assert model.value("b").shape in (None, (None, 8))  # onnx stops at the contrib op
+    result = fold_shapes(model.graph, PassContext())
+    assert result.stats["shapes_refined"] >= 1
+    assert model.value("b").shape == ("batch*seq", 8)
