@@ -684,3 +684,23 @@ def test_shapes_onnx_cannot_infer_are_written_into_the_ir():
     result = fold_shapes(model.graph, PassContext())
     assert result.stats["shapes_refined"] >= 1
     assert model.value("b").shape == ("batch*seq", 8)
+
+
+def test_integer_div_and_mod_of_negative_shape_values_match_onnxruntime():
+    """Div truncates, Mod takes the divisor's sign, Mod with fmod=1 the dividend's."""
+    body = """
+    g (float[batch,8] x) => (int64[1] d, int64[1] m, int64[1] f) <int64[1] i1 = {1},
+                                                                 int64[1] three = {3}> {
+      sh = Shape(x)
+      n = Gather<axis=0>(sh, i1)
+      neg = Neg(n)
+      d = Div(neg, three)
+      m = Mod(neg, three)
+      f = Mod<fmod=1>(neg, three)
+    }
+    """
+    proto, out, _, _ = _run(body)
+    assert len(out.graph.node) == 0
+    feeds = random_feeds(proto, dims=2)
+    assert [a.tolist() for a in run_ort(out, feeds)] == [[-2], [1], [-2]]
+    assert [a.tolist() for a in run_ort(proto, feeds)] == [[-2], [1], [-2]]

@@ -238,10 +238,14 @@ def _norm(axis: int, rank: int) -> int:
     return a
 
 
+_SIGNED = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8})
+
+
 def _out_int(node: Node) -> bool:
-    """Whether the node computes on integers (its first input's type)."""
+    """Whether the node computes on signed integers (its first input's type): unsigned
+    arithmetic wraps, which the algebra does not model."""
     v = node.input(0)
-    return v is not None and v.dtype in INT_TYPES
+    return v is not None and v.dtype in _SIGNED
 
 
 def broadcast(shapes: Sequence[Shape]) -> Shape:
@@ -340,6 +344,14 @@ def _unary_int(fn: Callable[[Dim], Dim | None]) -> Rule:
         return [_tracked(first.shape, [None if e is None else fn(e) for e in first.elems])]
 
     return rule
+
+
+def _fmod(a: Dim, b: Dim) -> Dim | None:
+    """Mod with fmod=1 (the sign of the dividend) on ints."""
+    if isinstance(a, int) and isinstance(b, int) and b != 0:
+        r = abs(a) % abs(b)
+        return -r if a < 0 else r
+    return None
 
 
 def _abs(d: Dim) -> Dim | None:
@@ -716,7 +728,7 @@ def _bound(dim: Dim, b: Dim) -> Dim | None:
         if b >= 0:
             return b if isinstance(dim, int) else S.dmin(b, dim)
         return S.dmax(S.add(dim, b), 0)
-    return b  # a computed bound: a dimension-like value, non-negative
+    return b if S.nonneg(b) else None  # a negative bound counts from the end: undecided
 
 
 def _slice(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
@@ -891,7 +903,7 @@ RULES: dict[str, Rule] = {
     "Sub": _arith(S.sub),
     "Mul": _arith(S.mul),
     "Div": _arith(S.div),
-    "Mod": _arith(S.mod),
+    "Mod": lambda node, ins: (_arith(_fmod) if node.attr("fmod", 0) else _arith(S.mod))(node, ins),
     "Neg": _unary_int(S.neg),
     "Abs": _unary_int(_abs),
     "Max": _variadic(S.dmax),
