@@ -51,7 +51,7 @@ from infercc.ir.symbolic_shapes import (
     slice_params,
 )
 from infercc.ir.tensor import Tensor
-from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
+from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import is_live
 from infercc.passes.rules import Refuse, Rule, apply_rules
 
@@ -80,6 +80,8 @@ _KINDS = (
 @register_pass("fold-shapes")
 def fold_shapes(graph: Graph, ctx: PassContext) -> PassResult:
     """Fold shape arithmetic symbolically: static elements become constants, identities go."""
+    if not _has_shape_work(graph):
+        return PassResult(changed=False, stats={**dict.fromkeys(_KINDS, 0), "refused": 0})
     folder = _ShapeFolder(SymbolicShapes())
     rules = [
         Rule("static_values", sorted(VALUE_OPS), folder.check_static, _fold_static),
@@ -94,6 +96,18 @@ def fold_shapes(graph: Graph, ctx: PassContext) -> PassResult:
     changed = any(stats[k] for k in _KINDS)
     stats["shapes_refined"] = folder.write_back(graph)
     return PassResult(changed=changed, stats=stats)
+
+
+# Every rewrite starts from one of these: a shape read off a tensor, or an op that takes one.
+_TRIGGERS = frozenset(
+    "Shape Size Reshape Expand Slice Tile Where Flatten Squeeze Unsqueeze".split()
+)
+
+
+def _has_shape_work(graph: Graph) -> bool:
+    """Whether any node (in any subgraph) is one the rewrites start from: a graph without
+    one is left as it is at the cost of one scan."""
+    return any(n.op_type in _TRIGGERS for n in graph.all_nodes())
 
 
 # -- what the checks return ---------------------------------------------------------------------
@@ -342,13 +356,10 @@ class _ShapeFolder:
         """Put what the algebra knows into `Value.shape` where onnx's inference left a
         dimension unknown (never on graph inputs and outputs: their declared dims stand)."""
         count = 0
-        for g in graphs_of(graph):
-            outputs = {id(v) for v in g.outputs}
-            for node in g:
-                for v in node.outputs:
-                    if v is None or id(v) in outputs or v.keep_info:
-                        continue
-                    count += self._refine(v)
+        for v in list(self.sym._memo):
+            if v.producer is None or v.graph is None or v.keep_info or v.is_graph_output:
+                continue
+            count += self._refine(v)
         return count
 
     def _refine(self, v: Value) -> int:
