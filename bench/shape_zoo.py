@@ -5,7 +5,8 @@
 Exports the models of `bench/zoo_models.py` (random weights, nothing downloaded; cached in
 bench/.cache/zoo/), then for each model and tool (infercc, onnxslim, onnxsim), in a fresh
 process: optimize it, time the call (load, optimize and save; the interpreter's start and
-imports excluded; the whole process's wall time is printed too), count the nodes left. Every optimized model is run with onnxruntime against
+imports excluded; the whole process's wall time is printed too), count the nodes left.
+Every optimized model is run with onnxruntime against
 the original at two values of each symbolic dimension, and its inputs' and outputs' declared
 dimensions are compared with the original's. `--static` adds the fixed-shape mode of each
 tool (infercc --static-shapes, onnxslim --input-shapes, onnxsim --overwrite-input-shape) at
@@ -181,6 +182,32 @@ def measure(model: ZooModel, static_mode: bool) -> dict:
     return row
 
 
+def race(models: list[ZooModel], rounds: int) -> None:
+    """infercc and onnxslim in fresh processes, interleaved (A B A B), `rounds` pairs per
+    model: the median of the per-pair ratios of their optimize-call times."""
+    import statistics
+
+    out_dir = CACHE / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(
+        "| model | infercc s (median) | onnxslim s (median) | infercc / onnxslim (median pair) |"
+    )
+    print("|---|---|---|---|")
+    for m in models:
+        src = exported(m)
+        a, b = [], []
+        for _ in range(rounds):
+            a.append(optimize_fresh("infercc", src, out_dir / "race.infercc.onnx", None)["seconds"])
+            b.append(
+                optimize_fresh("onnxslim", src, out_dir / "race.onnxslim.onnx", None)["seconds"]
+            )
+        ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
+        print(
+            f"| {m.name} | {statistics.median(a):.2f} | {statistics.median(b):.2f} | {ratio:.2f} |",
+            flush=True,
+        )
+
+
 def _cell(row: dict, key: str, what: str) -> str:
     got = row.get(key)
     if got is None:
@@ -226,10 +253,20 @@ def main() -> None:
     ap.add_argument("--models", default="", help="comma-separated names (default: all)")
     ap.add_argument("--static", action="store_true", help="also the fixed-shape modes")
     ap.add_argument("--export-only", action="store_true")
+    ap.add_argument(
+        "--race",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only time infercc against onnxslim, N interleaved pairs per model",
+    )
     ap.add_argument("--json", default="", help="write the rows to this file")
     args = ap.parse_args()
     wanted = set(filter(None, args.models.split(",")))
     models = [m for m in ZOO if not wanted or m.name in wanted]
+    if args.race:
+        race(models, args.race)
+        return
     rows = []
     for m in models:
         if args.export_only:
