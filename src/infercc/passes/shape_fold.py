@@ -107,7 +107,12 @@ _TRIGGERS = frozenset(
 def _has_shape_work(graph: Graph) -> bool:
     """Whether any node (in any subgraph) is one the rewrites start from: a graph without
     one is left as it is at the cost of one scan."""
-    return any(n.op_type in _TRIGGERS for n in graph.all_nodes())
+    for node in graph:
+        if node.op_type in _TRIGGERS:
+            return True
+        if node.attributes and any(_has_shape_work(sub) for sub in node.subgraphs()):
+            return True
+    return False
 
 
 # -- what the checks return ---------------------------------------------------------------------
