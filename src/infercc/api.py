@@ -25,6 +25,7 @@ from infercc.data.profiles import ShapeProfile
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
 from infercc.passes.manager import PassContext, run_passes
 from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
@@ -61,6 +62,7 @@ class OptimizeReport:
     precision: str = "fp32"
     kept_fp32: list[dict[str, str]] = field(default_factory=list)
     build: dict[str, Any] | None = None  # the BuildConfig, as data
+    static_shapes: dict[str, list[int]] | None = None  # --static-shapes: valid only for them
 
     @property
     def passed(self) -> bool:
@@ -88,6 +90,8 @@ class OptimizeReport:
             "precision": self.precision,
             "kept_fp32": self.kept_fp32,
             "build": self.build,
+            "static_shapes": self.static_shapes,
+            "valid_only_for_static_shapes": self.static_shapes is not None,
             "seconds": round(self.seconds, 4),
         }
 
@@ -126,6 +130,7 @@ def build_config(
     disable_passes: Iterable[str] = (),
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     profiles: Sequence[ShapeProfile] | None = None,
+    static_shapes: Mapping[str, tuple[int, ...]] | None = None,
     verify: bool = False,
     external_data: bool | None = None,
     alignment: int = 64,
@@ -144,7 +149,9 @@ def build_config(
     `fp16=True` is `precision="fp16"`; `fp16_ranges` (with fp16) are calibrated tensor ranges,
     a `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max); `profiles`
     (from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes for, and `shapes` pins one
-    concrete shape per input (it wins over a profile of the same input).
+    concrete shape per input (it wins over a profile of the same input). `static_shapes`
+    fixes inputs' dimensions in the model itself (`infercc.ir.static_shapes`): the result is
+    valid only for those shapes, which the report and the manifest record.
     """
     pins = [ShapeProfile(name, tuple(d), tuple(d), tuple(d)) for name, d in (shapes or {}).items()]
     named = {p.name for p in pins}
@@ -159,6 +166,10 @@ def build_config(
         fold_limit=fold_limit,
         disable_passes=tuple(disable_passes),
         shapes=(*[p for p in profiles or () if p.name not in named], *pins),
+        static_shapes=tuple(
+            ShapeProfile(name, tuple(d), tuple(d), tuple(d))
+            for name, d in (static_shapes or {}).items()
+        ),
         verify=verify,
         external_data=bool(external_data),
         alignment=alignment,
@@ -260,6 +271,8 @@ class _Job:
         self.src, self.cfg, self.step = src, cfg, step
         step("loading")
         self.ir = load_model(src)
+        if cfg.static_map:
+            fix_input_shapes(self.ir, cfg.static_map)
         check_model(self.ir, cfg)
         self.size_before = model_files_size(src, self.ir)
         self.nodes_before = sum(1 for _ in self.ir.graph.all_nodes())
@@ -279,6 +292,8 @@ class _Job:
             self.pipe.passes.update(later.passes)
         plan = self.pipe.details("convert-fp16")
         self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
+        if self.cfg.static_map:
+            declare_static_outputs(self.ir)
         self.nodes_after = sum(1 for _ in self.ir.graph.all_nodes())
         self.ops_after = op_histogram(self.ir)
         self.step("planning memory")
@@ -368,6 +383,7 @@ class _Job:
             precision=self.cfg.precision,
             kept_fp32=self.kept_fp32,
             build=self.cfg.to_dict(),
+            static_shapes={k: list(v) for k, v in self.cfg.static_map.items()} or None,
         )
 
 
@@ -476,6 +492,7 @@ class _Build:
             profiles=self.cfg.shapes,
             precision=self.cfg.precision,
             build=self.cfg.to_dict(),
+            static_shapes=self.cfg.static_map,
             memory=report.memory,
             validation=validation.to_dict() if validation is not None else None,
         )

@@ -68,9 +68,7 @@ def test_second_build_hits_the_cache(tmp_path):
 
 
 def test_loaded_artifact_matches_onnxruntime(tmp_path):
-    build(
-        tmp_path / "art", tmp_path / "cache", tune=False, ort=OrtOptions(optimized_model=True)
-    )
+    build(tmp_path / "art", tmp_path / "cache", tune=False, ort=OrtOptions(optimized_model=True))
     assert (tmp_path / "art" / "ort_optimized.onnx").is_file()
     runner = load_artifact(tmp_path / "art")
     x = np.random.default_rng(0).standard_normal((2, 16, 64)).astype(np.float32)

@@ -226,6 +226,10 @@ class _Bisector:
 
         build = self.config.build
         ir = load_model(self.reference)
+        if build.static_map:  # the model was built with these inputs fixed (--static-shapes)
+            from infercc.ir.static_shapes import fix_input_shapes
+
+            fix_input_shapes(ir, build.static_map)
         ctx = pass_context(build, shape_profile(ir, build.shape_pins))
         ctx.rewrite_limits = dict(rewrite_limits or {})
         ctx.run_limits = dict(run_limits or {})

@@ -500,8 +500,7 @@ def validate_engine(
         trt, data, resolved, config["outputs"], device=hooks.device, host_code=host_code
     )
     feeds = [
-        make_inputs(proto, {n: r[1] for n, r in p.items()}, seed=options.seed)
-        for p in resolved
+        make_inputs(proto, {n: r[1] for n, r in p.items()}, seed=options.seed) for p in resolved
     ]
     expected = run_model(model, feeds)
     actual = [dict(zip(runner.output_names, runner.run(f), strict=True)) for f in feeds]

@@ -35,6 +35,8 @@ from infercc.util import parse_size  # noqa: F401  (the size parser; tests and c
 
 MIB = 2**20
 CONTEXT_RESERVE = 512 * MIB
+
+
 def default_workspace(target_memory: int, weights: int, arena: int) -> int:
     """The target's memory budget for scratch: memory - weights - arena - CUDA context."""
     from infercc.analysis.roofline import default_workspace as floor
