@@ -189,9 +189,7 @@ def race(models: list[ZooModel], rounds: int) -> None:
 
     out_dir = CACHE / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(
-        "| model | infercc s (median) | onnxslim s (median) | infercc / onnxslim (median pair) |"
-    )
+    print("| model | infercc s (median) | onnxslim s (median) | infercc / onnxslim (median pair) |")
     print("|---|---|---|---|")
     for m in models:
         src = exported(m)

@@ -6,7 +6,7 @@ The workload is the one fold-shapes runs on exported transformers: products of a
 dimensions with constants (batch*seq*64), sums (past + seq), exact division by one term
 ((batch*seq*64) / (seq*64)), and equality tests, repeated over fresh operands. Both sides do
 the same operations in the same order, interleaved in blocks (A B A B); the figure is the ratio
-of their times, and the import time of each is printed apart. sympy is a bench-only dependency
+of their times, and sympy's import time is printed apart. sympy is a bench-only dependency
 (it comes with torch).
 """
 
