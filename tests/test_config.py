@@ -61,6 +61,10 @@ BROKEN = {
         "--fold-limit",
     ),
     "_portable_needs_fused_ops_to_avoid": (BuildConfig(portable=True, **GPU), "--portable"),
+    "_shapes_agree_with_static_shapes": (
+        BuildConfig(shapes=(parse_profile("x=1x3"),), static_shapes=(parse_profile("x=2x3"),)),
+        "--shape x differs from --static-shapes x",
+    ),
 }
 
 
@@ -129,6 +133,7 @@ RICH = BuildConfig(
     fold_limit="1MiB",
     disable_passes=("fuse-qkv",),
     shapes=(parse_profile("ids=1x16:8x64:32x128"), parse_profile("mask=1x16")),
+    static_shapes=(parse_profile("pos=1x16"),),
     verify=True,
     external_data=True,
     alignment=128,

@@ -27,6 +27,7 @@ from infercc.data.profiles import ShapeProfile
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
 from infercc.passes.manager import run_passes
 from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
@@ -69,6 +70,7 @@ class OptimizeReport:
     # too costly to run by itself, how to run it.
     bisect: dict[str, Any] | None = None
     bisect_hint: str | None = None
+    static_shapes: dict[str, list[int]] | None = None  # --static-shapes: valid only for them
 
     @property
     def passed(self) -> bool:
@@ -99,6 +101,8 @@ class OptimizeReport:
             "overridable_inputs": self.overridable_inputs,
             "bisect": self.bisect,
             "bisect_hint": self.bisect_hint,
+            "static_shapes": self.static_shapes,
+            "valid_only_for_static_shapes": self.static_shapes is not None,
             "seconds": round(self.seconds, 4),
         }
 
@@ -138,6 +142,7 @@ def build_config(
     disable_passes: Iterable[str] = (),
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     profiles: Sequence[ShapeProfile] | None = None,
+    static_shapes: Mapping[str, tuple[int, ...]] | None = None,
     verify: bool = False,
     external_data: bool | None = None,
     alignment: int = 64,
@@ -161,7 +166,9 @@ def build_config(
     concrete shape per input (it wins over a profile of the same input); a range's OPT is
     validation's first shape profile and its MAX the second. `strict_coverage` fails a
     rewritten If/Loop body the validation inputs never ran; `bisect` bisects a failed
-    validation however long it takes (else only when that is cheap).
+    validation however long it takes (else only when that is cheap). `static_shapes`
+    fixes inputs' dimensions in the model itself (`infercc.ir.static_shapes`): the result is
+    valid only for those shapes, which the report and the manifest record.
 
     An initializer the model (IR >= 4) also lists as a graph input is a default the caller
     may override: it stays an input, and nothing is folded or fused through it, unless
@@ -182,6 +189,10 @@ def build_config(
         freeze_initializers=freeze_initializers,
         disable_passes=tuple(disable_passes),
         shapes=(*[p for p in profiles or () if p.name not in named], *pins),
+        static_shapes=tuple(
+            ShapeProfile(name, tuple(d), tuple(d), tuple(d))
+            for name, d in (static_shapes or {}).items()
+        ),
         verify=verify,
         external_data=bool(external_data),
         alignment=alignment,
@@ -292,6 +303,8 @@ class _Job:
         step("loading")
         self.ir = load_model(src, freeze_initializers=cfg.freeze_initializers)
         check_freeze(self.ir, cfg.freeze_initializers)
+        if cfg.static_map:
+            fix_input_shapes(self.ir, cfg.static_map)
         check_model(self.ir, cfg)
         self.size_before = model_files_size(src, self.ir)
         self.nodes_before = sum(1 for _ in self.ir.graph.all_nodes())
@@ -315,6 +328,8 @@ class _Job:
             self.pipe.passes.update(later.passes)
         plan = self.pipe.details("convert-fp16")
         self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
+        if self.cfg.static_map:
+            declare_static_outputs(self.ir)
         self.nodes_after = sum(1 for _ in self.ir.graph.all_nodes())
         self.ops_after = op_histogram(self.ir)
         self.step("planning memory")
@@ -440,6 +455,7 @@ class _Job:
             kept_fp32=self.kept_fp32,
             build=self.cfg.to_dict(),
             overridable_inputs=overridable_summary(self.ir, self.cfg.freeze_initializers),
+            static_shapes={k: list(v) for k, v in self.cfg.static_map.items()} or None,
         )
 
 
@@ -569,6 +585,7 @@ class _Build:
             profiles=self.cfg.shapes,
             precision=self.cfg.precision,
             build=self.cfg.to_dict(),
+            static_shapes=self.cfg.static_map,
             memory=report.memory,
             validation=validation.to_dict() if validation is not None else None,
         )

@@ -136,6 +136,18 @@ def _profile_list(value: Any, where: str) -> tuple[ShapeProfile, ...]:
     return tuple(found)
 
 
+def _fixed_list(value: Any) -> tuple[ShapeProfile, ...]:
+    """--static-shapes: fixed shapes only (a model cannot be fixed to a range)."""
+    found = _profile_list(value, "--static-shapes")
+    for p in found:
+        if not p.is_fixed:
+            raise InferccError(
+                f"--static-shapes {p.name} gives a range",
+                "fix one shape, e.g. --static-shapes input_ids=1x128 (ranges are for --shape)",
+            )
+    return found
+
+
 def _profile_set(value: Any, index: int) -> tuple[ShapeProfile, ...]:
     found = _profile_list(value, f"--profile {index}")
     if not found:
@@ -181,6 +193,7 @@ class BuildConfig:
     freeze_initializers: bool = False  # --freeze-initializers (IR >= 4 inputs with defaults)
     disable_passes: tuple[str, ...] = ()  # --disable-pass
     shapes: tuple[ShapeProfile, ...] = ()  # --shape
+    static_shapes: tuple[ShapeProfile, ...] = ()  # --static-shapes (fixed in the model)
     verify: bool = False  # --verify
     external_data: bool = False  # --external-data (always on above 2 GB)
     alignment: int = DEFAULT_ALIGNMENT  # --align
@@ -207,6 +220,7 @@ class BuildConfig:
         _set(self, "ranges", _ranges(self.ranges))
         _set(self, "tolerances", _output_tolerances(self.tolerances))
         _set(self, "shapes", _profile_list(self.shapes, "--shape"))
+        _set(self, "static_shapes", _fixed_list(self.static_shapes))
         if self.fold_limit is not None:
             _set(self, "fold_limit", parse_size(self.fold_limit, "--fold-limit"))
         if self.data is not None:
@@ -228,8 +242,14 @@ class BuildConfig:
 
     @property
     def shape_pins(self) -> dict[str, tuple[int, ...]]:
-        """One concrete shape per input named (a range stands for its opt)."""
-        return {p.name: p.opt for p in self.shapes}
+        """One concrete shape per input named (a range stands for its opt; an input fixed by
+        --static-shapes has its fixed shape)."""
+        return {**{p.name: p.opt for p in self.shapes}, **self.static_map}
+
+    @property
+    def static_map(self) -> dict[str, tuple[int, ...]]:
+        """Input name -> the shape --static-shapes fixes it to."""
+        return {p.name: p.opt for p in self.static_shapes}
 
     @property
     def second_pins(self) -> dict[str, tuple[int, ...]]:
@@ -299,6 +319,7 @@ class BuildConfig:
             ranges={name: [lo, hi] for name, lo, hi in self.ranges},
             disable_passes=list(self.disable_passes),
             shapes=_specs(self.shapes),
+            static_shapes=_specs(self.static_shapes),
             tolerances={name: [a, r] for name, a, r in self.tolerances},
             ort=self.ort.to_dict(),
             tensorrt=self.tensorrt.to_dict(),
@@ -459,6 +480,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {
     "freeze_initializers": ((bool,), None),
     "disable_passes": ((list, tuple), None),
     "shapes": ((dict, list, tuple), _shapes_from),
+    "static_shapes": ((dict, list, tuple), _shapes_from),
     "verify": ((bool,), None),
     "external_data": ((bool,), None),
     "alignment": ((int,), None),
@@ -698,6 +720,20 @@ def _disabled_passes_run(c: BuildConfig) -> Broken:
     return None
 
 
+def _shapes_agree_with_static_shapes(c: BuildConfig) -> Broken:
+    """A model fixed to one shape accepts only that shape: a --shape (or range) naming another
+    for the same input could never run."""
+    fixed = c.static_map
+    for p in c.shapes:
+        if p.name in fixed and not (p.is_fixed and p.opt == fixed[p.name]):
+            return (
+                f"--shape {p.name} differs from --static-shapes {p.name}: the model will accept "
+                "only the fixed shape",
+                f"drop --shape {p.name}",
+            )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     _disabled_passes_exist,
     _disabled_passes_run,
@@ -713,4 +749,5 @@ RULES: tuple[Rule, ...] = (
     _validation_options_need_validation,
     _fold_limit_needs_folding,
     _portable_needs_fused_ops_to_avoid,
+    _shapes_agree_with_static_shapes,
 )

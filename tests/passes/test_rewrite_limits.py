@@ -36,6 +36,21 @@ g (float[2, 3] x) => (float[2, 3] y) {
 }"""
 )
 
+SHAPES = (
+    HEADER
+    + """
+g (float[batch, 6, 8] x) => (float[batch, 6, 8] y) <int64[1] i1 = {1}, int64[1] i2 = {2}> {
+  [shape] sh = Shape(x)
+  [g1] a = Gather <axis = 0> (sh, i1)
+  [g2] b = Gather <axis = 0> (sh, i2)
+  [mul] m = Mul(a, b)
+  [cast] f = Cast <to = 1> (m)
+  [relu] r = Relu(x)
+  [expand] e = Expand(r, sh)
+  [div] y = Div(e, f)
+}"""
+)
+
 NO_OPS = (
     HEADER
     + """
@@ -161,6 +176,7 @@ class Case:
 
 CASES = [
     Case("fold-constants", lambda: parse(FOLD), ["c1", "c2", "s", "shape", "cond", "if"], _present),
+    Case("fold-shapes", lambda: parse(SHAPES), ["g1", "g2", "expand"], _present),
     Case("eliminate-no-ops", lambda: parse(NO_OPS), ["id", "t2", "cast", "r2"], _inputs),
     Case("eliminate-common-subexpressions", lambda: parse(CSE), ["q", "a2", "b2"], _inputs),
     Case(

@@ -227,6 +227,10 @@ class _Bisector:
 
         build = self.config.build
         ir = load_model(self.reference, freeze_initializers=build.freeze_initializers)
+        if build.static_map:  # the model was built with these inputs fixed (--static-shapes)
+            from infercc.ir.static_shapes import fix_input_shapes
+
+            fix_input_shapes(ir, build.static_map)
         ctx = build.pass_context(shape_profile(ir, build.shape_pins))
         ctx.rewrite_limits = dict(rewrite_limits or {})
         ctx.run_limits = dict(run_limits or {})

@@ -44,6 +44,17 @@ BackendOpt = Annotated[
         "none) [default: ort for cpu, tensorrt for GPU targets]."
     ),
 ]
+StaticShapesOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--static-shapes",
+        metavar="NAME=DIMS",
+        help="Fix an input's dimensions in the model itself, e.g. --static-shapes "
+        "input_ids=1x128 (repeatable), so all shape arithmetic after it folds. The result is "
+        "valid only for those input shapes (the report and manifest say so); without it, "
+        "symbolic dimensions stay symbolic.",
+    ),
+]
 NoTuneOpt = Annotated[
     bool, typer.Option("--no-tune", help="Build the artifact without autotuning.")
 ]
@@ -248,6 +259,7 @@ def optimize(
     output: OutputOpt = None,
     target: TargetOpt = "cpu",
     shape: ShapeOpt = None,
+    static_shapes: StaticShapesOpt = None,
     backend: BackendOpt = None,
     cache_dir: CacheDirOpt = None,
     no_tune: NoTuneOpt = False,
@@ -320,6 +332,7 @@ def optimize(
         freeze_initializers=freeze_initializers,
         disable_passes=tuple(disable_pass or ()),
         shapes=tuple(parse_profiles(shape)),
+        static_shapes=tuple(parse_profiles(static_shapes)),
         verify=verify,
         external_data=external_data,
         alignment=align,

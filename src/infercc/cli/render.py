@@ -21,6 +21,9 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
         f"{report.iterations} round(s){'' if report.reached_fixpoint else ' (step cap reached)'}"
         f"   {report.seconds:.2f} s"
     )
+    if report.static_shapes:
+        fixed = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in report.static_shapes.items())
+        console.print(f"[yellow]valid only for the input shapes {fixed}[/] (--static-shapes)")
     console.print(_passes_table(report))
     console.print(_ops_table(report))
     if report.validation is not None:

@@ -17,6 +17,7 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
     no_ops,
     quantize_qdq,
     schedule,
+    shape_fold,
     split_outliers,
 )
 from infercc.passes.manager import (

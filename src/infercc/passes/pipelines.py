@@ -5,7 +5,8 @@ fixpoint, `final` passes once after it, `once` passes in the first round only). 
 separate where something happens between them: calibration measures ranges on the graph one
 stage made before the next stage can use them.
 
-- `optimize`: what `infercc optimize` runs (and `validate --bisect` rebuilds): folding, no-op
+- `optimize`: what `infercc optimize` runs (and `validate --bisect` rebuilds): folding (of
+  constants, and of shape arithmetic with symbolic dimensions), no-op
   and duplicate elimination, dead code, the Conv/BatchNormalization and QKV fusions, and last
   the memory schedule.
 - `fp16`: after `optimize`, with `--fp16`: float32 compute to float16, then dead code.
@@ -47,6 +48,7 @@ OPTIMIZE = Pipeline(
     (
         (
             "fold-constants",
+            "fold-shapes",
             "eliminate-no-ops",
             "eliminate-common-subexpressions",
             "eliminate-dead-code",

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -180,7 +180,10 @@ def manifest(
     memory: dict[str, Any] | None,
     validation: dict[str, Any] | None,
     build: dict[str, Any] | None = None,
+    static_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
+    """The artifact's manifest. `static_shapes`: the input shapes --static-shapes fixed the
+    model to (it is valid only for them), else None."""
     return {
         "schema": SCHEMA,
         "infercc_version": __version__,
@@ -197,6 +200,7 @@ def manifest(
         "tuning": backend.get("points", []),
         "memory": memory,
         "validation": validation,
+        "static_shapes": {k: list(v) for k, v in static_shapes.items()} if static_shapes else None,
     }
 
 
