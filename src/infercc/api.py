@@ -17,6 +17,7 @@ from typing import Any
 from infercc.analysis.memory import MemoryPlan, plan_memory
 from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
+from infercc.assumptions import describe as describe_assumptions
 from infercc.backends.base import MODEL_FILE, CompileOptions
 from infercc.backends.registry import get_backend, require_available
 from infercc.check.compare import ValidationReport, validate
@@ -61,6 +62,7 @@ class OptimizeReport:
     precision: str = "fp32"
     kept_fp32: list[dict[str, str]] = field(default_factory=list)
     build: dict[str, Any] | None = None  # the BuildConfig, as data
+    assumptions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -87,6 +89,7 @@ class OptimizeReport:
             "artifact": self.artifact,
             "precision": self.precision,
             "kept_fp32": self.kept_fp32,
+            "assumptions": self.assumptions,
             "build": self.build,
             "seconds": round(self.seconds, 4),
         }
@@ -122,6 +125,7 @@ def build_config(
     keep_fp32: Sequence[str] = (),
     fp16_ranges: str | os.PathLike[str] | Mapping[str, tuple[float, float]] | None = None,
     portable: bool = False,
+    assume: Sequence[str] = (),
     fold_limit: int | str | None = None,
     disable_passes: Iterable[str] = (),
     shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -144,7 +148,8 @@ def build_config(
     `fp16=True` is `precision="fp16"`; `fp16_ranges` (with fp16) are calibrated tensor ranges,
     a `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max); `profiles`
     (from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes for, and `shapes` pins one
-    concrete shape per input (it wins over a profile of the same input).
+    concrete shape per input (it wins over a profile of the same input). `assume` names
+    assumptions about the inputs (`infercc.assumptions`) under which more rewrites are exact.
     """
     pins = [ShapeProfile(name, tuple(d), tuple(d), tuple(d)) for name, d in (shapes or {}).items()]
     named = {p.name for p in pins}
@@ -156,6 +161,7 @@ def build_config(
         keep_fp32=tuple(keep_fp32),
         ranges=read_ranges(fp16_ranges) if fp16_ranges is not None else (),
         portable=portable,
+        assume=tuple(assume),
         fold_limit=fold_limit,
         disable_passes=tuple(disable_passes),
         shapes=(*[p for p in profiles or () if p.name not in named], *pins),
@@ -227,6 +233,7 @@ def pass_context(cfg: BuildConfig, profile: dict[str, tuple[int, ...]] | None) -
     )
     ctx.backend = cfg.backend if cfg.backend in ("ort", "tensorrt") else "ort"
     ctx.shapes = profile
+    ctx.assumptions = frozenset(cfg.assume)
     if cfg.precision == "fp16":
         ctx.fp16_io, ctx.keep_fp32 = cfg.fp16_io, tuple(cfg.keep_fp32)
         ctx.ranges = cfg.range_map or None
@@ -327,6 +334,7 @@ class _Job:
             data=cfg.data,
             float_dtypes_may_differ=cfg.fp16_io,
             tolerances=cfg.tolerance_map,
+            assumptions=cfg.assume,
             **tol,
         )
 
@@ -368,6 +376,7 @@ class _Job:
             precision=self.cfg.precision,
             kept_fp32=self.kept_fp32,
             build=self.cfg.to_dict(),
+            assumptions=describe_assumptions(self.cfg.assume, self.ctx.assumed),
         )
 
 
@@ -478,6 +487,7 @@ class _Build:
             build=self.cfg.to_dict(),
             memory=report.memory,
             validation=validation.to_dict() if validation is not None else None,
+            assumptions=report.assumptions,
         )
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from infercc.assumptions import honour
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.errors import InferccError
@@ -514,14 +515,16 @@ def validate(
     min_cosine: float = FP32.min_cosine,
     float_dtypes_may_differ: bool = False,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
+    assumptions: Sequence[str] = (),
 ) -> ValidationReport:
     """Compare `candidate` with `reference` on samples from `data`, or on one random feed.
 
     Feeds are built against the reference's inputs; each model is fed only what it declares,
     in the float type it declares. `float_dtypes_may_differ` accepts a float output whose type
-    the candidate changed on purpose (float16 I/O) and compares its values.
+    the candidate changed on purpose (float16 I/O) and compares its values. A random feed
+    satisfies `assumptions` (`infercc.assumptions`: the candidate was built under them).
     """
-    feeds_list = _build_feeds(_load_reference(reference), shapes, data, seed)
+    feeds_list = _build_feeds(_load_reference(reference), shapes, data, seed, assumptions)
     return compare_models(
         reference,
         candidate,
@@ -555,9 +558,10 @@ def _build_feeds(
     shapes: Mapping[str, tuple[int, ...]] | None,
     data: str | PathLike[str] | None,
     seed: int,
+    assumptions: Sequence[str] = (),
 ) -> list[dict[str, np.ndarray]]:
     if data is None:
-        return [make_inputs(model, shapes, seed)]
+        return [honour(make_inputs(model, shapes, seed), assumptions)]
     if shapes:
         logger.warning("--shape is ignored when --data gives the samples")
     return load_samples(data, model)

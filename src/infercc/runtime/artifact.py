@@ -180,7 +180,11 @@ def manifest(
     memory: dict[str, Any] | None,
     validation: dict[str, Any] | None,
     build: dict[str, Any] | None = None,
+    assumptions: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
+    """The artifact's manifest.json. `assumptions`: what the build assumed about the inputs
+    (`infercc.assumptions`), each with the rewrites it enabled; the artifact is exact only on
+    inputs that satisfy them."""
     return {
         "schema": SCHEMA,
         "infercc_version": __version__,
@@ -197,6 +201,7 @@ def manifest(
         "tuning": backend.get("points", []),
         "memory": memory,
         "validation": validation,
+        "assumptions": list(assumptions),
     }
 
 
