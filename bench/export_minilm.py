@@ -72,12 +72,14 @@ def english_texts(tokenizer, seq: int, count: int) -> list[str]:
     return chunks[:count]
 
 
-def build(path: Path):
+def build(path: Path, attn: str = "eager"):
+    """The sentence encoder and its tokenizer; `attn` is transformers' attention
+    implementation ("eager" or "sdpa", which torch.onnx writes differently)."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    bert = AutoModel.from_pretrained(str(path), attn_implementation="eager").eval()
+    bert = AutoModel.from_pretrained(str(path), attn_implementation=attn).eval()
 
     class SentenceEncoder(torch.nn.Module):
         def __init__(self, bert):

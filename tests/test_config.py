@@ -65,6 +65,13 @@ BROKEN = {
         BuildConfig(shapes=(parse_profile("x=1x3"),), static_shapes=(parse_profile("x=2x3"),)),
         "--shape x differs from --static-shapes x",
     ),
+    "_assumptions_need_their_passes": (
+        BuildConfig(
+            assume=("nonempty-sequences",),
+            disable_passes=("emit-attention", "remove-nan-guard"),
+        ),
+        "--assume nonempty-sequences",
+    ),
 }
 
 
@@ -132,6 +139,7 @@ RICH = BuildConfig(
     ranges={"h": (-1.5, 9.0e4), "a": (0.0, 1.0)},
     fold_limit="1MiB",
     disable_passes=("fuse-qkv",),
+    assume=("nonempty-sequences",),
     shapes=(parse_profile("ids=1x16:8x64:32x128"), parse_profile("mask=1x16")),
     static_shapes=(parse_profile("pos=1x16"),),
     verify=True,
@@ -161,6 +169,14 @@ def test_to_dict_round_trips_through_json(config: BuildConfig) -> None:
     data = json.loads(json.dumps(config.to_dict()))
     assert BuildConfig.from_dict(data) == config
     assert set(data) == {f for f in BuildConfig.__dataclass_fields__}
+
+
+def test_assumptions_are_known_names_sorted_once() -> None:
+    config = BuildConfig(assume=("Nonempty-Sequences", "nonempty-sequences"))
+    assert config.assume == ("nonempty-sequences",)
+    assert config.to_dict()["assume"] == ["nonempty-sequences"]
+    with pytest.raises(InferccError, match="not an assumption"):
+        BuildConfig(assume=("short-sequences",))
 
 
 def test_from_dict_names_the_bad_key() -> None:

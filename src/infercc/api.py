@@ -17,6 +17,7 @@ from typing import Any
 from infercc.analysis.memory import MemoryPlan, plan_memory
 from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
+from infercc.assumptions import describe as describe_assumptions
 from infercc.backends.base import MODEL_FILE, CompileOptions
 from infercc.backends.registry import get_backend, require_available
 from infercc.check import coverage
@@ -71,6 +72,7 @@ class OptimizeReport:
     bisect: dict[str, Any] | None = None
     bisect_hint: str | None = None
     static_shapes: dict[str, list[int]] | None = None  # --static-shapes: valid only for them
+    assumptions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -97,6 +99,7 @@ class OptimizeReport:
             "artifact": self.artifact,
             "precision": self.precision,
             "kept_fp32": self.kept_fp32,
+            "assumptions": self.assumptions,
             "build": self.build,
             "overridable_inputs": self.overridable_inputs,
             "bisect": self.bisect,
@@ -137,6 +140,7 @@ def build_config(
     keep_fp32: Sequence[str] = (),
     fp16_ranges: str | os.PathLike[str] | Mapping[str, tuple[float, float]] | None = None,
     portable: bool = False,
+    assume: Sequence[str] = (),
     fold_limit: int | str | None = None,
     freeze_initializers: bool = False,
     disable_passes: Iterable[str] = (),
@@ -168,7 +172,8 @@ def build_config(
     rewritten If/Loop body the validation inputs never ran; `bisect` bisects a failed
     validation however long it takes (else only when that is cheap). `static_shapes`
     fixes inputs' dimensions in the model itself (`infercc.ir.static_shapes`): the result is
-    valid only for those shapes, which the report and the manifest record.
+    valid only for those shapes, which the report and the manifest record. `assume` names
+    assumptions about the inputs (`infercc.assumptions`) under which more rewrites are exact.
 
     An initializer the model (IR >= 4) also lists as a graph input is a default the caller
     may override: it stays an input, and nothing is folded or fused through it, unless
@@ -185,6 +190,7 @@ def build_config(
         keep_fp32=tuple(keep_fp32),
         ranges=read_ranges(fp16_ranges) if fp16_ranges is not None else (),
         portable=portable,
+        assume=tuple(assume),
         fold_limit=fold_limit,
         freeze_initializers=freeze_initializers,
         disable_passes=tuple(disable_passes),
@@ -385,6 +391,7 @@ class _Job:
             second_shapes=cfg.second_pins,
             rewritten=self.rewritten,
             strict_coverage=cfg.strict_coverage,
+            assumptions=cfg.assume,
             **tol,
         )
 
@@ -456,6 +463,7 @@ class _Job:
             build=self.cfg.to_dict(),
             overridable_inputs=overridable_summary(self.ir, self.cfg.freeze_initializers),
             static_shapes={k: list(v) for k, v in self.cfg.static_map.items()} or None,
+            assumptions=describe_assumptions(self.cfg.assume, self.ctx.assumed),
         )
 
 
@@ -588,6 +596,7 @@ class _Build:
             static_shapes=self.cfg.static_map,
             memory=report.memory,
             validation=validation.to_dict() if validation is not None else None,
+            assumptions=report.assumptions,
         )
 
 

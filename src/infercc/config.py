@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from infercc.assumptions import check_assumptions
 from infercc.data.profiles import ShapeProfile, parse_profiles
 from infercc.errors import InferccError
 from infercc.precisions import BUILD_PRECISIONS
@@ -189,6 +190,7 @@ class BuildConfig:
     keep_fp32: tuple[str, ...] = ()  # --keep-fp32 (op types or node names)
     ranges: tuple[Range, ...] = ()  # --ranges (calibrated tensor ranges, sorted by name)
     portable: bool = False  # --portable
+    assume: tuple[str, ...] = ()  # --assume (infercc.assumptions; sorted, each once)
     fold_limit: int | None = None  # --fold-limit; None: fold-constants' default (16 MiB)
     freeze_initializers: bool = False  # --freeze-initializers (IR >= 4 inputs with defaults)
     disable_passes: tuple[str, ...] = ()  # --disable-pass
@@ -217,6 +219,7 @@ class BuildConfig:
             )
         _set(self, "keep_fp32", tuple(str(k) for k in self.keep_fp32))
         _set(self, "disable_passes", tuple(str(p) for p in self.disable_passes))
+        _set(self, "assume", check_assumptions(self.assume))
         _set(self, "ranges", _ranges(self.ranges))
         _set(self, "tolerances", _output_tolerances(self.tolerances))
         _set(self, "shapes", _profile_list(self.shapes, "--shape"))
@@ -278,6 +281,7 @@ class BuildConfig:
         )
         ctx.backend = self.backend if self.backend in ("ort", "tensorrt") else "ort"
         ctx.shapes = profile
+        ctx.assumptions = frozenset(self.assume)
         if self.precision == "fp16":
             ctx.fp16_io, ctx.keep_fp32 = self.fp16_io, tuple(self.keep_fp32)
             ctx.ranges = self.range_map or None
@@ -318,6 +322,7 @@ class BuildConfig:
             keep_fp32=list(self.keep_fp32),
             ranges={name: [lo, hi] for name, lo, hi in self.ranges},
             disable_passes=list(self.disable_passes),
+            assume=list(self.assume),
             shapes=_specs(self.shapes),
             static_shapes=_specs(self.static_shapes),
             tolerances={name: [a, r] for name, a, r in self.tolerances},
@@ -476,6 +481,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {
     "keep_fp32": ((list, tuple), None),
     "ranges": ((dict, str, list, tuple), _ranges_from),
     "portable": ((bool,), None),
+    "assume": ((list, tuple), None),
     "fold_limit": ((int, str), None),
     "freeze_initializers": ((bool,), None),
     "disable_passes": ((list, tuple), None),
@@ -678,8 +684,9 @@ def _fold_limit_needs_folding(c: BuildConfig) -> Broken:
 
 
 def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
-    """--portable keeps onnxruntime's contrib ops out; only fuse-conv-bn-relu makes one
-    (FusedConv), and only for onnxruntime on the cpu target (PassContext.fused_ops_allowed)."""
+    """--portable keeps onnxruntime's contrib ops out; only fuse-conv-bn-relu (FusedConv) and
+    emit-attention (Attention) make one, and only for onnxruntime on the cpu target
+    (PassContext.fused_ops_allowed)."""
     if not c.portable:
         return None
     if c.target != "cpu" or c.backend == "tensorrt":
@@ -688,6 +695,20 @@ def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
             f"--portable has no effect with {where}: only onnxruntime on the cpu target gets "
             "contrib ops",
             "drop --portable",
+        )
+    return None
+
+
+# The passes whose rewrites an assumption can enable (`infercc.assumptions`).
+ASSUMPTION_PASSES = ("emit-attention", "remove-nan-guard")
+
+
+def _assumptions_need_their_passes(c: BuildConfig) -> Broken:
+    """--assume with every pass that reads assumptions disabled would change nothing."""
+    if c.assume and all(name in c.disable_passes for name in ASSUMPTION_PASSES):
+        return (
+            f"--assume {c.assume[0]} has no effect: the passes that use it are disabled",
+            f"drop --assume, or enable {' or '.join(ASSUMPTION_PASSES)}",
         )
     return None
 
@@ -750,4 +771,5 @@ RULES: tuple[Rule, ...] = (
     _fold_limit_needs_folding,
     _portable_needs_fused_ops_to_avoid,
     _shapes_agree_with_static_shapes,
+    _assumptions_need_their_passes,
 )

@@ -152,7 +152,8 @@ def test_candidates_dedupe_and_cover_every_knob() -> None:
         ("ORT_SEQUENTIAL", 0),
         ("ORT_PARALLEL", 2),
     }
-    assert len(configs) == oc.candidate_count([oc.CPU], cores=2) == 6
+    assert {tuple(c["disabled_optimizers"]) for c in configs} == {(), ("SkipLayerNormFusion",)}
+    assert len(configs) == oc.candidate_count([oc.CPU], cores=2) == 7
 
 
 def test_thread_counts_and_single_core() -> None:
@@ -160,7 +161,7 @@ def test_thread_counts_and_single_core() -> None:
     assert oc.thread_counts(1) == [1, 0]
     single = oc.candidate_configs([oc.CPU], cores=1)
     assert all(c["session_options"]["execution_mode"] == "ORT_SEQUENTIAL" for c in single)
-    assert oc.candidate_count([oc.CPU], cores=8) == 7
+    assert oc.candidate_count([oc.CPU], cores=8) == 8
 
 
 def test_providers_by_target_kind() -> None:
@@ -218,7 +219,7 @@ def test_coordinate_descent_sweeps_one_knob_at_a_time() -> None:
     assert best is not None and best["median_ms"] == 5.0
     assert best["config"]["session_options"]["graph_optimization_level"] == "ORT_ENABLE_BASIC"
     assert best["config"]["session_options"]["intra_op_num_threads"] == 1
-    assert len(evaluated) == len(records) == oc.candidate_count([oc.CPU], 8) == 7  # not 3x4x2
+    assert len(evaluated) == len(records) == oc.candidate_count([oc.CPU], 8) == 8  # not 3x2x4x2
 
 
 def test_coordinate_descent_keeps_defaults_for_gains_within_noise() -> None:
@@ -243,7 +244,7 @@ def test_coordinate_descent_skips_failures_and_reports_none_when_all_fail() -> N
         return {"config": config, "knob": knob, "skipped": "session failed: no"}
 
     best, records = ot.coordinate_descent(oc.default_config(), oc.knobs([oc.CPU], 2), fail)
-    assert best is None and len(records) == 6
+    assert best is None and len(records) == 7
     assert all(r["skipped"] == "session failed: no" for r in records)
 
 
@@ -292,9 +293,8 @@ def test_compile_writes_ort_config(cnn_dir: Path, cache) -> None:
     assert section["name"] == "ort" and section["version"] == onnxruntime.__version__
     assert section["files"] == [oc.CONFIG_FILE, oc.OPTIMIZED_FILE]
     assert section["providers"] == [oc.CPU]
-    assert section["points"][0] == {
-        k: point[k] for k in ("name", "shapes", "provider", "session_options", "median_ms", "cache")
-    }
+    keys = ("name", "shapes", "provider", "session_options", "disabled_optimizers")
+    assert section["points"][0] == {k: point[k] for k in (*keys, "median_ms", "cache")}
 
 
 def test_second_compile_hits_the_cache_and_times_nothing(cnn_dir: Path, cache, counts) -> None:
@@ -653,3 +653,63 @@ def test_another_schema_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / oc.CONFIG_FILE).write_text(json.dumps({"schema": "infercc.ort_config/9"}))
     with pytest.raises(InferccError, match="schema 'infercc.ort_config/9'"):
         obk.OrtBackend().load(Artifact(tmp_path, {}))
+
+
+# --------------------------------------------------------------------------- disabled fusions
+
+SKIP_LN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4,8] x, float[2,4,8] skip) => (float[2,4,8] y)
+<float[8] gamma = {1.1, 0.9, 1.0, 1.2, 0.8, 1.0, 1.05, 0.95},
+ float[8] beta = {0.1, -0.1, 0.2, 0.0, 0.3, -0.2, 0.05, 0.0}> {
+  s = Add(x, skip)
+  y = LayerNormalization<axis=-1, epsilon=1e-5>(s, gamma, beta)
+}
+"""
+
+
+def _skip_ln_model(tmp_path: Path) -> Path:
+    model = parse(SKIP_LN)
+    rng = np.random.default_rng(0)
+    for init in model.graph.initializer:
+        init.CopyFrom(
+            onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), init.name)
+        )
+    path = tmp_path / "skip_ln.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _ops_after_session(model: Path, config: dict, tmp_path: Path) -> set[str]:
+    saved = tmp_path / "ort_opt.onnx"
+    oc._create_session(model, config, save_to=saved)
+    return {n.op_type for n in onnx.load(saved).graph.node}
+
+
+def test_disabled_optimizers_keep_skip_layer_norm_out(tmp_path: Path) -> None:
+    """The knob's value reaches onnxruntime: with SkipLayerNormFusion disabled the session's
+    graph keeps Add + LayerNormalization, by default onnxruntime fuses them."""
+    path = _skip_ln_model(tmp_path)
+    default = oc.default_config(oc.CPU)
+    assert "SkipLayerNormalization" in _ops_after_session(path, default, tmp_path)
+    off = oc.apply_patch(default, {"disabled_optimizers": ["SkipLayerNormFusion"]})
+    ops = _ops_after_session(path, off, tmp_path)
+    assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops
+
+
+def test_disabled_optimizers_recorded_and_honoured_at_load(tmp_path: Path) -> None:
+    """A point's disabled_optimizers is written in ort_config.json and the runner builds its
+    session with it (an ort_config.json from before the knob reads as none disabled)."""
+    chosen = oc.apply_patch(
+        oc.default_config(oc.CPU), {"disabled_optimizers": ["SkipLayerNormFusion"]}
+    )
+    point = ot._point("opt", {"x": (2, 4, 8)}, {"config": chosen, "median_ms": 1.0}, "miss")
+    assert point["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    path = _skip_ln_model(tmp_path)
+    runner = orn.OrtRunner(path, [point])
+    model, config = runner._source(point)
+    assert model == path and config["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    feeds = {"x": np.ones((2, 4, 8), np.float32), "skip": np.zeros((2, 4, 8), np.float32)}
+    assert runner.run(feeds)[0].shape == (2, 4, 8)
+    old = {k: v for k, v in point.items() if k != "disabled_optimizers"}
+    assert orn.OrtRunner(path, [old])._source(old)[1]["disabled_optimizers"] == []

@@ -292,7 +292,7 @@ def _provider_options(monkeypatch) -> set[tuple[str, str, str]]:
     every candidate configuration for the GPU providers, through `_create_session`."""
     handed: list[Any] = []
 
-    def record(model, opts, providers):
+    def record(model, opts, providers, **kwargs):  # disabled_optimizers: CPU configurations
         handed.extend(providers)
 
     monkeypatch.setattr(ort_backend.ort, "InferenceSession", record)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infercc.assumptions import honour
 from infercc.check.compare import ModelRunError, ModelSource, Runner
 from infercc.data.feeds import describe_feeds, feed_bytes, make_inputs
 from infercc.data.hints import compared_sizes, compared_values
@@ -110,12 +111,14 @@ def plan_feeds(
     second_shapes: Shapes | None = None,
     constants: Mapping[str, np.ndarray] | None = None,
     skip_hint: str | None = "--no-validate",
+    assumptions: Sequence[str] = (),
 ) -> FeedPlan:
     """The profiles to validate at (module docstring), with the original's outputs.
 
     `model` is the reference's graph (weights may be left out; `constants` are its small
     initializers then); `second_shapes` pins inputs of the second profile; `skip_hint` is the
-    flag that skips validation, named when the original fails (None: there is none)."""
+    flag that skips validation, named when the original fails (None: there is none);
+    generated feeds satisfy `assumptions` (`infercc.assumptions`)."""
     notes: list[str] = []
     with Runner(reference, role=ORIGINAL) as runner:
         if data is not None:
@@ -123,8 +126,8 @@ def plan_feeds(
                 logger.warning("--shape is ignored when --data gives the samples")
             first = _from_data(runner, model, data)
         else:
-            first = _first(runner, model, shapes, seed, constants, notes, skip_hint)
-        second = _second(runner, model, first, second_shapes, seed, notes)
+            first = _first(runner, model, shapes, seed, constants, notes, skip_hint, assumptions)
+        second = _second(runner, model, first, second_shapes, seed, notes, assumptions)
     return FeedPlan([first] if second is None else [first, second], notes)
 
 
@@ -163,6 +166,7 @@ def _first(
     constants: Mapping[str, np.ndarray] | None,
     notes: list[str],
     skip_hint: str | None,
+    assumptions: Sequence[str] = (),
 ) -> Profile:
     """The first feed the original runs on: the defaults, else the ladder."""
     failures: list[tuple[Feeds, ModelRunError]] = []
@@ -170,7 +174,9 @@ def _first(
     for attempt in _first_attempts(model, shapes, constants):
         if len(tried) >= MAX_FIRST_ATTEMPTS:
             break
-        feeds = make_inputs(model, shapes, seed, attempt.symbols, attempt.values)
+        feeds = honour(
+            make_inputs(model, shapes, seed, attempt.symbols, attempt.values), assumptions
+        )
         if failures and feed_bytes(feeds) > MAX_FEED_BYTES:
             continue
         tried.append(attempt)
@@ -271,6 +277,7 @@ def _second(
     second_shapes: Shapes | None,
     seed: int,
     notes: list[str],
+    assumptions: Sequence[str] = (),
 ) -> Profile | None:
     base = symbol_values(model, first.feeds[0])
     if not base:
@@ -282,7 +289,7 @@ def _second(
     varying = [key for key in free_symbols(model, pins) if key in base]
     pinned = None
     if pins:
-        pinned = _try(runner, model, first, pins, dict(base), seed)
+        pinned = _try(runner, model, first, pins, dict(base), seed, None, assumptions)
         if pinned is None:
             raise InferccError(
                 "the original model fails at the second shape profile --shape pins "
@@ -292,7 +299,7 @@ def _second(
         pinned.source = "pinned range"
         if not varying:
             return pinned
-    found = _derive(runner, model, first, pins, base, varying, seed, notes)
+    found = _derive(runner, model, first, pins, base, varying, seed, notes, assumptions)
     return found if found is not None else pinned
 
 
@@ -314,22 +321,25 @@ def _derive(
     varying: Sequence[SymbolKey],
     seed: int,
     notes: list[str],
+    assumptions: Sequence[str] = (),
 ) -> Profile | None:
     symbols = free_symbols(model, None)
     options = {k: second_values(base[k]) for k in varying}
     budget = [MAX_SECOND_ATTEMPTS]
     for j in range(max((len(v) for v in options.values()), default=0)):
         chosen = {k: v[min(j, len(v) - 1)] for k, v in options.items()}
-        found = _try(runner, model, first, pins, {**base, **chosen}, seed, budget)
+        found = _try(runner, model, first, pins, {**base, **chosen}, seed, budget, assumptions)
         if found is not None:
             return found
     alone: dict[SymbolKey, int] = {}
     for key, values in options.items():
         for value in values:
-            if _try(runner, model, first, pins, {**base, key: value}, seed, budget) is not None:
+            chosen = {**base, key: value}
+            trial = _try(runner, model, first, pins, chosen, seed, budget, assumptions)
+            if trial is not None:
                 alone[key] = value
                 break
-    found, kept = _combine(runner, model, first, pins, base, alone, seed, budget)
+    found, kept = _combine(runner, model, first, pins, base, alone, seed, budget, assumptions)
     fixed = [k for k in varying if k not in kept]
     label = {k: symbols[k].label if k in symbols else str(k) for k in varying}
     tried = "; ".join(f"{label[k]} at {', '.join(map(str, options[k]))}" for k in fixed)
@@ -357,13 +367,14 @@ def _combine(
     alone: dict[SymbolKey, int],
     seed: int,
     budget: list[int],
+    assumptions: Sequence[str] = (),
 ) -> tuple[Profile | None, list[SymbolKey]]:
     """The symbols that vary alone, together as far as the original runs (greedy)."""
     found: Profile | None = None
     kept: list[SymbolKey] = []
     for key, value in alone.items():
         chosen = {**base, **{k: alone[k] for k in kept}, key: value}
-        trial = _try(runner, model, first, pins, chosen, seed, budget)
+        trial = _try(runner, model, first, pins, chosen, seed, budget, assumptions)
         if trial is not None:
             found, kept = trial, [*kept, key]
     return found, kept
@@ -377,6 +388,7 @@ def _try(
     symbols: dict[SymbolKey, int],
     seed: int,
     budget: list[int] | None = None,
+    assumptions: Sequence[str] = (),
 ) -> Profile | None:
     """A second-profile feed at `symbols` (inputs whose shape is the first profile's keep its
     values), if the original runs on it."""
@@ -384,7 +396,7 @@ def _try(
         if budget[0] <= 0:
             return None
         budget[0] -= 1
-    feeds = make_inputs(model, pins, seed + 1, symbols)
+    feeds = honour(make_inputs(model, pins, seed + 1, symbols), assumptions)
     for name, array in first.feeds[0].items():
         if name in feeds and np.shape(feeds[name]) == np.shape(array):
             feeds[name] = array

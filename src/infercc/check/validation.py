@@ -57,6 +57,7 @@ def validate(
     strict_coverage: bool = False,
     skip_hint: str | None = "--no-validate",
     role: str = "the optimized model",
+    assumptions: Sequence[str] = (),
 ) -> ValidationReport:
     """Compare `candidate` with `reference` (module docstring).
 
@@ -69,7 +70,9 @@ def validate(
     on the generated inputs); `role` names the candidate in messages.
     """
     model, constants = reference_graph(reference)
-    plan = plan_feeds(reference, model, shapes, data, seed, second_shapes, constants, skip_hint)
+    plan = plan_feeds(
+        reference, model, shapes, data, seed, second_shapes, constants, skip_hint, assumptions
+    )
     if rewritten is None:
         rewritten = cov.rewritten_against(model, _skeleton(candidate))
     tol = {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}

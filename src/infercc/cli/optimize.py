@@ -79,6 +79,17 @@ DisablePassOpt = Annotated[
         "--disable-pass", help="Skip a pass by name (repeatable); `infercc passes` lists them."
     ),
 ]
+AssumeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--assume",
+        help="State an assumption about the inputs (repeatable) under which more rewrites are "
+        "exact; the model is then exact only on inputs that satisfy it. nonempty-sequences: no "
+        "sequence is all padding (its attention_mask is not all zeros), which removes the NaN "
+        "guard after attention Softmax. Recorded in the manifest and the report; validation's "
+        "random inputs satisfy it.",
+    ),
+]
 PortableOpt = Annotated[
     bool,
     typer.Option(
@@ -267,6 +278,7 @@ def optimize(
     data: DataOpt = None,
     disable_pass: DisablePassOpt = None,
     portable: PortableOpt = False,
+    assume: AssumeOpt = None,
     no_validate: NoValidateOpt = False,
     verify: VerifyOpt = False,
     fold_limit: FoldLimitOpt = None,
@@ -299,8 +311,9 @@ def optimize(
     shape_input: ShapeInputOpt = None,
 ) -> None:
     """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation and
-    Q/K/V projections, schedule for memory; validate against the original; write the result
-    atomically, with its memory plan (<stem>.memory_plan.json) beside it.
+    Q/K/V projections, attention into onnxruntime's Attention op (cpu target), schedule for
+    memory; validate against the original; write the result atomically, with its memory plan
+    (<stem>.memory_plan.json) beside it.
 
     -o model.opt.onnx writes the optimized model; -o DIR builds an artifact directory there
     with --backend (model.onnx, manifest.json, memory_plan.json and the backend's tuned files).
@@ -328,6 +341,7 @@ def optimize(
         keep_fp32=tuple(keep_fp32 or ()),
         ranges=str(ranges) if ranges is not None else (),
         portable=portable,
+        assume=tuple(assume or ()),
         fold_limit=fold_limit,
         freeze_initializers=freeze_initializers,
         disable_passes=tuple(disable_pass or ()),

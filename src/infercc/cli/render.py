@@ -46,6 +46,7 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
         if explain:
             for k in report.kept_fp32:
                 console.print(f"  {k['node']} ({k['op']}): {k['reason']}", highlight=False)
+    _render_assumptions(report, console)
     if report.artifact is not None:
         _render_artifact(report.artifact, console)
     if explain:
@@ -121,6 +122,18 @@ def _ops_table(report: OptimizeReport) -> Table:
         delta = f"{b - a:+d}" if b != a else ""
         t.add_row(op, str(a), str(b), delta)
     return t
+
+
+def _render_assumptions(report: OptimizeReport, console: Console) -> None:
+    """Each assumption stated, what it promises and the rewrites it enabled per pass."""
+    for a in report.assumptions:
+        rewrites = a.get("rewrites") or {}
+        enabled = ", ".join(f"{p} {n}" for p, n in rewrites.items()) or "no rewrite"
+        console.print(
+            f"assumed [bold]{a['name']}[/] ({a['doc']}): enabled {enabled}; the model is exact "
+            "only on inputs that satisfy it",
+            highlight=False,
+        )
 
 
 def _render_refusals(report: OptimizeReport, console: Console) -> None:

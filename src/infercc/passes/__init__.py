@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from infercc.passes import (  # noqa: F401  (importing registers the passes)
+    attention,
     cse,
     dce,
     fold_constants,

@@ -77,7 +77,9 @@ class PassContext:
     `infercc.data.signature.resolve_shapes`). `fp16_io`, `keep_fp32` (op types or node
     names) and `ranges` (tensor name -> calibrated (min, max)): convert-fp16.
     `outlier_channels` (MatMul name -> input channels kept float): split-outlier-channels.
-    `quantize`: quantize-qdq.
+    `quantize`: quantize-qdq. `assumptions`: what the user stated about the inputs
+    (`infercc.assumptions`); a rewrite exact only under one asks `assumes(name)`, which
+    records the use (`assumed`: assumption -> pass -> rewrites) for the report.
     """
 
     target: str = "cpu"
@@ -91,6 +93,8 @@ class PassContext:
     ranges: Mapping[str, tuple[float, float]] | None = None
     outlier_channels: Mapping[str, Sequence[int]] = field(default_factory=dict)
     quantize: QuantizeSettings | None = None
+    assumptions: frozenset[str] = frozenset()
+    assumed: dict[str, dict[str, int]] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     current_pass: str = ""
     rewrite_limits: dict[str, int] = field(default_factory=dict)
@@ -113,6 +117,15 @@ class PassContext:
         if limit is not None and len(done) >= limit:
             return False
         done.append((node.name, node.op_type))
+        return True
+
+    def assumes(self, name: str) -> bool:
+        """Whether the user stated assumption `name`; when so, the rewrite about to be made
+        is counted as enabled by it (for the current pass)."""
+        if name not in self.assumptions:
+            return False
+        per_pass = self.assumed.setdefault(name, {})
+        per_pass[self.current_pass] = per_pass.get(self.current_pass, 0) + 1
         return True
 
     @property

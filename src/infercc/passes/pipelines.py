@@ -6,9 +6,10 @@ separate where something happens between them: calibration measures ranges on th
 stage made before the next stage can use them.
 
 - `optimize`: what `infercc optimize` runs (and `validate --bisect` rebuilds): folding (of
-  constants, and of shape arithmetic with symbolic dimensions), no-op
-  and duplicate elimination, dead code, the Conv/BatchNormalization and QKV fusions, and last
-  the memory schedule.
+  constants, and of shape arithmetic with symbolic dimensions), no-op and duplicate
+  elimination, dead code, the Conv/BatchNormalization and QKV fusions, onnxruntime's
+  Attention op on the cpu target and the attention Softmax NaN guard where no row can be
+  empty (or `--assume nonempty-sequences`), and last the memory schedule.
 - `fp16`: after `optimize`, with `--fp16`: float32 compute to float16, then dead code.
 - `calibrate-fp32`: the fp32 reference `infercc calibrate` quantizes and compares against: the
   optimize passes with `portable` set (no onnxruntime contrib op, so the int8 model stays
@@ -54,6 +55,8 @@ OPTIMIZE = Pipeline(
             "eliminate-dead-code",
             "fuse-conv-bn-relu",
             "fuse-qkv",
+            "emit-attention",
+            "remove-nan-guard",
             "schedule-memory",
         ),
     ),

@@ -181,9 +181,12 @@ def manifest(
     validation: dict[str, Any] | None,
     build: dict[str, Any] | None = None,
     static_shapes: Mapping[str, Sequence[int]] | None = None,
+    assumptions: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The artifact's manifest. `static_shapes`: the input shapes --static-shapes fixed the
-    model to (it is valid only for them), else None."""
+    model to (it is valid only for them), else None. `assumptions`: what the build assumed
+    about the inputs (`infercc.assumptions`), each with the rewrites it enabled; the artifact
+    is exact only on inputs that satisfy them."""
     return {
         "schema": SCHEMA,
         "infercc_version": __version__,
@@ -201,6 +204,7 @@ def manifest(
         "memory": memory,
         "validation": validation,
         "static_shapes": {k: list(v) for k, v in static_shapes.items()} if static_shapes else None,
+        "assumptions": list(assumptions),
     }
 
 

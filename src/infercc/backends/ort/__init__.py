@@ -5,7 +5,8 @@ What it tunes. An onnxruntime session is a model plus a configuration:
 ```
 {"provider": "CPUExecutionProvider", "provider_options": {...},
  "session_options": {"graph_optimization_level", "intra_op_num_threads",
-                     "inter_op_num_threads", "execution_mode"}}
+                     "inter_op_num_threads", "execution_mode"},
+ "disabled_optimizers": [...]}
 ```
 
 `compile` picks one configuration per shape point. With no ranged profile there is one point,
@@ -25,13 +26,19 @@ time, keeping the fastest configuration that validates before moving to the next
    choices it makes (`session.get_tuning_results()`) are stored with the choice and handed back
    with `set_tuning_results` at load time;
 4. graph optimization level: ORT_ENABLE_BASIC / EXTENDED / ALL;
-5. intra-op threads: 1, half the cores, all cores, 0 (deduplicated);
-6. execution mode: sequential, or parallel with one inter-op thread per core (only with more
+5. CPU only: onnxruntime fusions turned off (`InferenceSession(disabled_optimizers=...)`):
+   none, or `SkipLayerNormFusion` (onnxruntime 1.32's CPU SkipLayerNormalization kernel is
+   slower than the Add + Add + LayerNormalization it replaces, and the session optimizer
+   makes it by itself); recorded as the point's `disabled_optimizers` and passed again when
+   the artifact is loaded;
+6. intra-op threads: 1, half the cores, all cores, 0 (deduplicated);
+7. execution mode: sequential, or parallel with one inter-op thread per core (only with more
    than one core: parallel changes nothing with a single inter-op thread).
 
 A pass times 1 + sum over knobs of (values - 1) configurations instead of the product: on the
-CPU 1 + 2 + 3 + 1 = 7 (6 on two cores, where half the cores is one thread) against 3 x 4 x 2 =
-24; with CUDA 1 + 2 + 1 + 2 + 3 + 1 = 10 against 144. `candidate_count` computes it.
+CPU 1 + 2 + 1 + 3 + 1 = 8 (7 on two cores, where half the cores is one thread) against
+3 x 2 x 4 x 2 = 48; with CUDA 1 + 2 + 1 + 2 + 3 + 1 = 10 against 144. `candidate_count`
+computes it.
 
 Timing: `options.warmup` untimed runs, then `options.iters` timed runs (`time.perf_counter`);
 a configuration's figure is the median, in milliseconds. Validation: the last timed run's

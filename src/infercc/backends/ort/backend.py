@@ -155,7 +155,15 @@ def _ort_config(
 def _manifest_section(
     ctx: _Context, points: list[dict[str, Any]], default: int, optimized: dict | None
 ) -> dict[str, Any]:
-    summary_keys = ("name", "shapes", "provider", "session_options", "median_ms", "cache")
+    summary_keys = (
+        "name",
+        "shapes",
+        "provider",
+        "session_options",
+        "disabled_optimizers",
+        "median_ms",
+        "cache",
+    )
     return {
         "name": "ort",
         "version": _version(),

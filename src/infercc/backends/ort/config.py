@@ -60,6 +60,11 @@ _PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
     TENSORRT: {},
 }
 _FALLBACKS = {TENSORRT: [CUDA, CPU], CUDA: [CPU], CPU: []}
+# onnxruntime graph fusions the tuner may turn off (`InferenceSession(disabled_optimizers=)`),
+# in sweep order: each value is tried on the best configuration so far. onnxruntime 1.32's CPU
+# SkipLayerNormalization kernel is slower than the Add + Add + LayerNormalization it fuses, and
+# its session optimizer makes it by itself.
+DISABLED_OPTIMIZERS: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
 
 
 # --------------------------------------------------------------------------- configurations
@@ -71,6 +76,7 @@ def default_config(provider: str = CPU) -> dict[str, Any]:
         "provider": provider,
         "provider_options": dict(_PROVIDER_DEFAULTS.get(provider, {})),
         "session_options": dict(DEFAULT_SESSION_OPTIONS),
+        "disabled_optimizers": [],
     }
 
 
@@ -110,9 +116,16 @@ def config_key(config: Mapping[str, Any]) -> str:
 
 
 def _config_only(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {
+    config = {
         k: copy.deepcopy(record[k]) for k in ("provider", "provider_options", "session_options")
     }
+    config["disabled_optimizers"] = disabled_optimizers(record)
+    return config
+
+
+def disabled_optimizers(config: Mapping[str, Any]) -> list[str]:
+    """The onnxruntime optimizers a configuration turns off (none when it does not say)."""
+    return [str(name) for name in config.get("disabled_optimizers") or []]
 
 
 # --------------------------------------------------------------------------- knobs
@@ -155,10 +168,16 @@ def knobs(providers: Sequence[str], cores: int) -> list[Knob]:
     if CUDA in providers:
         found += _cuda_knobs()
     found.append(_patch_knob("graph_optimization_level", "session_options.", LEVELS))
+    found.append(_disabled_optimizers_knob())
     found.append(_patch_knob("intra_op_num_threads", "session_options.", thread_counts(cores)))
     if cores > 1:
         found.append(_execution_mode_knob(cores))
     return found
+
+
+def _disabled_optimizers_knob() -> Knob:
+    values = tuple({"disabled_optimizers": list(v)} for v in DISABLED_OPTIMIZERS)
+    return Knob("disabled_optimizers", values, CPU)
 
 
 def _provider_patch(provider: str) -> dict[str, Any]:
@@ -232,7 +251,13 @@ def _create_session(model: Path, config: Mapping[str, Any], save_to: Path | None
     opts, providers = session_options(config)
     if save_to is not None:
         opts.optimized_model_filepath = str(save_to)
-    return ort.InferenceSession(str(model), opts, providers=providers)
+    # disabled_optimizers only when some are: an onnxruntime stand-in need not know the word
+    extra = (
+        {"disabled_optimizers": disabled_optimizers(config)}
+        if config.get("disabled_optimizers")
+        else {}
+    )
+    return ort.InferenceSession(str(model), opts, providers=providers, **extra)
 
 
 def _time_runs(session: Any, feeds: Feeds, warmup: int, iters: int) -> tuple[float, list[Any]]:

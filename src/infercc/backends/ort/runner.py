@@ -27,6 +27,7 @@ from infercc.backends.ort.config import (
     _version,
     config_key,
     default_config,
+    disabled_optimizers,
 )
 from infercc.backends.ort.tuner import _fingerprint
 from infercc.data.signature import real_inputs
@@ -164,8 +165,11 @@ class OrtRunner:
             and opt["provider"] == config["provider"]
             and opt["provider_options"] == config["provider_options"]
             and opt["graph_optimization_level"] == level
+            and disabled_optimizers(opt) == config["disabled_optimizers"]
         ):
+            # onnxruntime's optimized graph already went through the fusions chosen
             config["session_options"]["graph_optimization_level"] = REFERENCE_LEVEL
+            config["disabled_optimizers"] = []
             return Path(opt["path"]), config
         return self._model, config
 

@@ -33,6 +33,7 @@ from infercc.backends.ort.config import (
     candidate_count,
     config_key,
     default_config,
+    disabled_optimizers,
     knobs,
     reference_config,
 )
@@ -350,6 +351,7 @@ def _point(
         "provider": config["provider"],
         "provider_options": dict(config.get("provider_options", {})),
         "session_options": {**DEFAULT_SESSION_OPTIONS, **config.get("session_options", {})},
+        "disabled_optimizers": disabled_optimizers(config),
         "median_ms": choice.get("median_ms"),
         "cache": cache,
         "tuning_seconds": round(seconds, 3),
@@ -400,5 +402,6 @@ def _save_optimized(ctx: _Context, point: Mapping[str, Any], out_dir: Path) -> d
         "provider": point["provider"],
         "provider_options": dict(point["provider_options"]),
         "graph_optimization_level": point["session_options"]["graph_optimization_level"],
+        "disabled_optimizers": disabled_optimizers(point),
         "fingerprint": ctx.fingerprint,
     }
