@@ -33,7 +33,7 @@ RECORDED = {
     "small_cnn-portable": "c954b3e175e718fed5794040e86b01547c1f6909c174179cfc866c5348ade9df",
     "small_cnn-fp16": "a14884875dd49d2b1d4c3c882ec0355a31e2e959df6bfeed52608ea06383bcab",
     "tiny_encoder": "cf32df24510e5549d4f872afb911c79e5d9eb2d589bd8587dc614539a7fbbb42",
-    "tiny_encoder-portable": "67191bf8f961c6f42349fe018b605ea751cc773bee5bfda3dd189ccde6276e94",
+    "tiny_encoder-portable": "d8cf4a1203f5ee7dcfd433994303eccbefd0f0d3f0693f1a16892dc9063e5c99",
     "tiny_encoder-fp16": "0583fab1ba26b311d5c8fdac2ef1ab4bc47770ddec914be8b7f7f9bce57db953",
     "light_resnet50": "1bb3f4a51a0b6846b0830ebfb1d5f753614b7fe91bb09af7f6806dc8c917ea0c",
     "light_densenet121": "19b32a3e4d5981b3333857aeafe31f951fe8fdff7d82a87f82edb7757ba6a63b",

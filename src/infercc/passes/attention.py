@@ -331,6 +331,8 @@ class _Matcher:
         split = self._split(q_heads, k_heads, v_heads)
         x, weight, bias, widths = self._projection(split)
         self.names[x] = ("B", "S", "Ein")
+        for r in (q_heads, k_heads, v_heads):  # a last-axis Split of x @ W: [B, S, E]
+            self._name(r.input(0), ("B", "S", "E"))
         heads, sizes = self._head_counts(q_heads, k_heads, v_heads, widths)
         self._name_block(q_heads, k_heads, v_heads, probs, pv, split)
         output, anchor = self._output(pv.outputs[0], heads, sizes[2])
@@ -464,7 +466,8 @@ class _Matcher:
     def _is_dim(self, entry: object, reshape: Node, index: int, symbol: str) -> bool:
         """Whether a target entry is the dimension `symbol` of the tensor reshaped."""
         if entry == 0 and not reshape.attr("allowzero", 0):
-            return self._names_of(reshape.input(0))[index] == symbol
+            names = self._names_of(reshape.input(0))
+            return names is not None and index < len(names) and names[index] == symbol
         if isinstance(entry, tuple):
             names = self._names_of(entry[0])
             return names is not None and entry[1] < len(names) and names[entry[1]] == symbol
