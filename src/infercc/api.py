@@ -30,6 +30,7 @@ from infercc.passes.manager import DEFAULT_FOLD_LIMIT, PassContext, check_pass_n
 from infercc.passes.pipelines import FP16, OPTIMIZE, check_disabled
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
+from infercc.runtime.ort_support import check_ir_version, warn_ir_version
 from infercc.util import first_line
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,8 @@ def optimize(
     step = on_step or (lambda _s: None)
     step("loading")
     ir = load_model(src)
+    # Validation runs the original under onnxruntime: refuse before any work if it cannot.
+    (check_ir_version if run_validation else warn_ir_version)(ir.ir_version, str(src))
     check_shape_names(ir, shapes)
     size_before = model_files_size(src, ir)
     nodes_before, ops_before = sum(1 for _ in ir.graph.all_nodes()), op_histogram(ir)

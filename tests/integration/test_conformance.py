@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from infercc.ir import export_model, import_model
 from infercc.passes import PassContext, run_passes
+from tests.helpers import make_model
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "conformance.py"
 EVERY = 10
@@ -134,7 +135,7 @@ def _dropout_model(training: bool, ratio: float) -> onnx.ModelProto:
         ],
         initializer=inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_training_dropout_is_not_folded():

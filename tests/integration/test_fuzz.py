@@ -40,6 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 from infercc import api
 from infercc.ir import export_model, import_model
 from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes
+from tests.helpers import make_model
 
 OPSET = 17
 ATOL, RTOL = 1e-4, 1e-3
@@ -616,7 +617,7 @@ def models(draw) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         [helper.make_tensor_value_info(o, FLOAT, b.shapes[o]) for o in outputs],
         initializer=b.inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = 8
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
     return model, feeds

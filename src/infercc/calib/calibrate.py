@@ -111,6 +111,7 @@ from infercc.passes.quantize_qdq import (
 )
 from infercc.passes.split_outliers import candidates as outlier_candidates
 from infercc.runtime.artifact import publish, staging_dir
+from infercc.runtime.ort_support import check_ir_version
 from infercc.util import json_float
 
 logger = logging.getLogger(__name__)
@@ -392,6 +393,7 @@ def calibrate(
     step = on_step or (lambda _text: None)
     step("loading")
     ir = load_model(src)
+    check_ir_version(ir.ir_version, str(src))
     check_opset(ir)
     samples = read_samples(data, export_model(ir, with_weights=False), num_samples, preprocess)
     calib, evaluation_set, on_holdout = split_samples(samples, holdout)

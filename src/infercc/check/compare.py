@@ -46,6 +46,7 @@ from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
+from infercc.runtime.ort_support import check_ir_version, refused_ir_version
 from infercc.util import first_line, json_float
 
 logger = logging.getLogger(__name__)
@@ -221,6 +222,9 @@ def _make_session(source: str | bytes, optimize: bool) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
+        refused = refused_ir_version(exc)
+        if refused is not None:
+            check_ir_version(refused)
         raise InferccError(
             f"onnxruntime cannot load the model: {first_line(exc)}",
             "check the model with onnx.checker.check_model",
