@@ -56,10 +56,17 @@ def test_sample_has_no_regression(sample):
 
 
 def test_sample_is_not_vacuous(sample):
-    """Most cases run under onnxruntime and fold completely, so the equalities mean much."""
+    """Most cases run under onnxruntime and fold completely, so the equalities mean much.
+
+    Cases stamped with an IR newer than the installed onnxruntime reads (onnx 1.23's cases of
+    opsets 24 to 28 are IR 12 to 14; onnxruntime 1.23, the newest for Python 3.10, reads IR
+    <= 11) cannot run under it; they still count in (b), which needs no onnxruntime.
+    """
     _, results = sample
     summary = conformance.summarize(results)
-    assert summary["ort_passes_unoptimized"] >= 0.75 * summary["ran"]
+    readable = summary["ran"] - summary["ir_newer_than_onnxruntime"]
+    assert readable >= 0.6 * summary["ran"]
+    assert summary["ort_passes_unoptimized"] >= 0.75 * readable
     assert summary["folded_matches"] >= 0.85 * summary["ran"]
     assert summary["rewritten_and_pass"] >= 20  # (a) compares models optimize did change
     assert set(summary["skipped"]) <= {"sequence/optional", "no data set"}
