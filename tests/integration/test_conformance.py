@@ -60,15 +60,17 @@ def test_sample_is_not_vacuous(sample):
 
     Cases stamped with an IR newer than the installed onnxruntime reads (onnx 1.23's cases of
     opsets 24 to 28 are IR 12 to 14; onnxruntime 1.23, the newest for Python 3.10, reads IR
-    <= 11) cannot run under it; they still count in (b), which needs no onnxruntime.
+    <= 11, 1.21 IR <= 10) cannot run under it; they still count in (b), which needs no
+    onnxruntime.
     """
     _, results = sample
     summary = conformance.summarize(results)
     readable = summary["ran"] - summary["ir_newer_than_onnxruntime"]
-    assert readable >= 0.6 * summary["ran"]
+    assert readable >= 0.6 * summary["ran"]  # 115 of 186 on onnxruntime 1.21, 186 on 1.32
     assert summary["ort_passes_unoptimized"] >= 0.75 * readable
     assert summary["folded_matches"] >= 0.85 * summary["ran"]
-    assert summary["rewritten_and_pass"] >= 20  # (a) compares models optimize did change
+    # (a) compares models optimize did change: 16 of 106 on onnxruntime 1.21, 38 of 158 on 1.32
+    assert summary["rewritten_and_pass"] >= 0.12 * summary["ort_passes_unoptimized"]
     assert set(summary["skipped"]) <= {"sequence/optional", "no data set"}
 
 
