@@ -61,11 +61,13 @@ from onnx import numpy_helper
 from infercc.errors import InferccError
 from infercc.ir import export_model, import_model, load_model, save_model
 from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes
+from infercc.runtime.ort_support import max_ir_version
 
 # (a) outcomes
 A_PASS = "pass"
 A_REGRESSION = "regression"
 A_ORT_FAILS = "ort-fails-unoptimized"
+A_NEWER_IR = "ir-newer-than-onnxruntime"  # stamped with an IR this onnxruntime cannot read
 # (b) outcomes
 B_MATCH = "folded-match"  # equal to onnxruntime's result
 B_MATCH_EXPECTED = "folded-match-expected"  # onnxruntime cannot run it: the expected outputs
@@ -283,6 +285,10 @@ def check_as_is(
     portable: bool,
 ) -> tuple[str, str, list[str], bool]:
     """(outcome, detail, refusals, whether optimize changed the nodes) for the case as-is."""
+    limit = max_ir_version()
+    if model.ir_version > limit:
+        detail = f"IR {model.ir_version}; onnxruntime {ort.__version__} reads IR <= {limit}"
+        return A_NEWER_IR, detail, [], False
     try:
         why = outputs_mismatch(expected, run_ort(model, feeds), *tol)
     except Exception as e:  # onnxruntime refuses the case itself
@@ -489,12 +495,14 @@ def _quiet(fn, *args):
 def summarize(results: Sequence[CaseResult]) -> dict[str, Any]:
     """The counts the issue asks for, and the failures by name."""
     ran = [r for r in results if r.skipped is None]
-    ort_ok = [r for r in ran if r.a != A_ORT_FAILS]
+    newer = [r for r in ran if r.a == A_NEWER_IR]
+    ort_ok = [r for r in ran if r.a not in (A_ORT_FAILS, A_NEWER_IR)]
     b_counts = Counter(r.b for r in ran)
     return {
         "total": len(results),
         "skipped": dict(Counter(r.skipped for r in results if r.skipped)),
         "ran": len(ran),
+        "ir_newer_than_onnxruntime": len(newer),
         "ort_passes_unoptimized": len(ort_ok),
         "still_pass_after": sum(r.a == A_PASS for r in ran),
         "rewritten_and_pass": sum(r.a == A_PASS and r.a_rewritten for r in ran),
@@ -524,6 +532,7 @@ def render(summary: dict[str, Any], seconds: float) -> str:
         ("cases", summary["total"]),
         ("skipped", sum(summary["skipped"].values())),
         ("ran", summary["ran"]),
+        ("(a) IR newer than onnxruntime reads", summary["ir_newer_than_onnxruntime"]),
         ("(a) onnxruntime passes unoptimized", summary["ort_passes_unoptimized"]),
         ("(a) still pass after optimize", summary["still_pass_after"]),
         ("(a)   of which optimize rewrote", summary["rewritten_and_pass"]),

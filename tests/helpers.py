@@ -11,6 +11,19 @@ import onnxruntime as ort
 
 from infercc.ir import export_model, import_model
 from infercc.passes import PassContext, PipelineReport, run_passes
+from infercc.runtime.ort_support import max_ir_version
+
+# The IR version test models are written at: the newest that both the installed onnx writes and
+# the installed onnxruntime reads (onnx 1.23 writes IR 14 by default; onnxruntime 1.23, the
+# newest for Python 3.10, reads IR <= 11).
+IR_VERSION = max_ir_version()
+
+
+def make_model(graph: onnx.GraphProto, **kwargs) -> onnx.ModelProto:
+    """onnx.helper.make_model at IR_VERSION unless `ir_version` is given: every model a test
+    builds loads in the installed onnxruntime."""
+    kwargs.setdefault("ir_version", IR_VERSION)
+    return onnx.helper.make_model(graph, **kwargs)
 
 
 def parse(text: str) -> onnx.ModelProto:

@@ -34,6 +34,7 @@ from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
+from infercc.runtime.ort_support import check_ir_version, warn_ir_version
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +310,8 @@ class _Job:
         step("loading")
         self.ir = load_model(src, freeze_initializers=cfg.freeze_initializers)
         check_freeze(self.ir, cfg.freeze_initializers)
+        # Validation runs the original under onnxruntime: refuse before any work if it cannot.
+        (check_ir_version if cfg.validate else warn_ir_version)(self.ir.ir_version, str(src))
         if cfg.static_map:
             fix_input_shapes(self.ir, cfg.static_map)
         check_model(self.ir, cfg)

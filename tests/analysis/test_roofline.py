@@ -21,7 +21,7 @@ from infercc.analysis.roofline import (
 from infercc.errors import InferccError
 from infercc.ir import import_model, load_model
 from infercc.ir.shapes import concrete_types
-from tests.helpers import parse
+from tests.helpers import make_model, parse
 from tests.zoo import light_path
 
 targets = pytest.importorskip("infercc.analysis.targets")
@@ -107,7 +107,7 @@ def test_gemm_transposes(trans_a, trans_b, with_c):
         [numpy_helper.from_array(np.ones(b, np.float32), "b")]
         + ([numpy_helper.from_array(np.ones(n, np.float32), "c")] if with_c else []),
     )
-    model = import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = import_model(make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     c = costs(model)["Gemm"]
     assert c.flops == 2 * m_ * n * k + (m_ * n if with_c else 0)
     assert c.bytes_read == (m_ * k + k * n + (n if with_c else 0)) * F

@@ -26,6 +26,7 @@ from infercc.backends.trt.versions import SUPPORTED_MAJORS
 from infercc.errors import InferccError
 from tests.backends import test_tensorrt_fake as fake
 from tests.backends import trt_surface as surface
+from tests.helpers import make_model
 
 TRT_LISTS = surface.tensorrt_lists()
 ORT_LISTS = surface.onnxruntime_lists()
@@ -218,7 +219,7 @@ def _fake_objects(version: str) -> dict[str, Any]:
     trt = fake.FakeTrt(version)
     builder = trt.Builder(trt.Logger())
     network = builder.create_network(0)
-    model = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    model = make_model(onnx.helper.make_graph([], "g", [], []))
     header = {"flags": [], "profiles": [], "model": base64.b64encode(model.SerializeToString())}
     engine = fake.FakeEngine(trt, {**header, "model": header["model"].decode()})
     found: dict[str, Any] = {

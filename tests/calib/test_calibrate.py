@@ -27,12 +27,13 @@ from infercc.calib.calibrate import (
 )
 from infercc.calib.trt_cache import read_calibration_cache
 from infercc.errors import InferccError
+from tests.helpers import make_model
 
 
 def _save_model(nodes, inputs, outputs, weights, path: Path) -> Path:
     inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in weights.items()]
     graph = oh.make_graph(nodes, "g", inputs, outputs, inits)
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, path)

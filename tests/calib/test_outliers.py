@@ -20,6 +20,7 @@ from infercc.calib import outliers
 from infercc.calib.calibrate import INT8_FILE, calibrate
 from infercc.ir import export_model, import_model, infer_shapes
 from infercc.passes import split_outliers
+from tests.helpers import make_model
 
 K, N = 96, 32
 OUTLIER = 7  # the channel that is 40x the others
@@ -47,7 +48,7 @@ def projection(tmp: Path) -> tuple[Path, onnx.ModelProto]:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N])],
         [numpy_helper.from_array(a, n) for n, a in weights.items()],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     path = tmp / "proj.onnx"
     onnx.save(model, path)
@@ -124,7 +125,7 @@ def test_a_2d_matmul_is_not_a_candidate():
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, [4, N])],
         [w],
     )
-    model = import_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    model = import_model(make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     infer_shapes(model)
     assert split_outliers.candidates(model) == {}
 

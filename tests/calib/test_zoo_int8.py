@@ -30,23 +30,32 @@ def shufflenet_int8(tmp_path_factory):
     return model, report, tmp / "int8" / INT8_FILE
 
 
+def _runtime_kept(report) -> list[str]:
+    """Nodes kept float because this onnxruntime's int8 kernel is wrong for them (onnxruntime
+    1.21 to 1.24 on AMX-INT8 CPUs: shufflenet's 3 -> 24 and two 24-channel Convs)."""
+    return [k.node for k in report.kept_float if k.cause == "runtime"]
+
+
 def test_shufflenet_batchnorm_is_folded_and_convs_quantized(shufflenet_int8):
     original, report, int8 = shufflenet_int8
     assert report.passed, report.message
     ops = Counter(n.op_type for n in onnx.load(int8).graph.node)
     assert ops["BatchNormalization"] == 0  # every BN follows a Conv: folded before quantizing
     convs = sum(n.op_type == "Conv" for n in original.graph.node)
-    assert ops["Conv"] == convs and report.quantized_nodes >= convs
+    runtime = _runtime_kept(report)
+    assert len(runtime) <= 3
+    assert ops["Conv"] == convs and report.quantized_nodes + len(runtime) >= convs
     assert report.outputs[original.graph.output[0].name].cosine > 0.98
 
 
 def test_shufflenet_convs_run_as_int8_in_onnxruntime(shufflenet_int8, tmp_path):
-    original, _, int8 = shufflenet_int8
+    original, report, int8 = shufflenet_int8
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(tmp_path / "ort.onnx")
     opts.log_severity_level = 3
     ort.InferenceSession(str(int8), opts, providers=["CPUExecutionProvider"])
     ops = Counter(n.op_type for n in onnx.load(tmp_path / "ort.onnx").graph.node)
     convs = sum(n.op_type == "Conv" for n in original.graph.node)
-    assert ops["QLinearConv"] == convs
-    assert ops["Conv"] + ops["FusedConv"] == 0  # no Conv left in float
+    runtime = len(_runtime_kept(report))
+    assert ops["QLinearConv"] == convs - runtime
+    assert ops["Conv"] + ops["FusedConv"] == runtime  # no other Conv left in float

@@ -18,6 +18,7 @@ from infercc.check.compare import (
 )
 from infercc.check.validation import validate
 from infercc.errors import InferccError
+from tests.helpers import make_model
 
 NO_FEEDS: list[dict[str, np.ndarray]] = [{}]
 
@@ -33,7 +34,7 @@ def const_model(**outputs: np.ndarray) -> onnx.ModelProto:
         for name, a in outputs.items()
     ]
     graph = helper.make_graph(nodes, "consts", [], infos)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def add_model(offset: float, ir3: bool = False, unused_input: bool = False) -> onnx.ModelProto:
@@ -52,7 +53,7 @@ def add_model(offset: float, ir3: bool = False, unused_input: bool = False) -> o
         [numpy_helper.from_array(weight, "W")],
     )
     opset, ir_version = (8, 3) if ir3 else (17, 8)
-    return helper.make_model(
+    return make_model(
         graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version
     )
 
@@ -84,7 +85,7 @@ def test_run_model_large_proto_goes_through_external_data(monkeypatch) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
         [numpy_helper.from_array(np.eye(64, dtype=np.float32) * 2, "W")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     before = model.SerializeToString()
     x = np.arange(64, dtype=np.float32).reshape(1, 64)
     (out,) = run_model(model, [{"x": x}])
@@ -364,7 +365,7 @@ def test_external_data_restores_subgraph_weights(monkeypatch) -> None:
         [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     before = model.SerializeToString()
     outs = run_model(model, [{"cond": np.array(True)}, {"cond": np.array(False)}])
     np.testing.assert_array_equal(outs[1]["y"], weights * 2)

@@ -13,6 +13,8 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from tests.helpers import make_model
+
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 
 MODEL = """
@@ -120,7 +122,7 @@ def _hostile(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     p = tmp_path / "empty.onnx"
     p.write_bytes(b"")
     cases["empty"] = (p, "no ONNX graph")
-    cyc = helper.make_model(
+    cyc = make_model(
         helper.make_graph(
             [helper.make_node("Relu", ["b"], ["a"]), helper.make_node("Relu", ["a"], ["b"])],
             "g",
@@ -131,7 +133,7 @@ def _hostile(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     p = tmp_path / "cycle.onnx"
     onnx.save(cyc, p)
     cases["cycle"] = (p, "cycle")
-    dangling = helper.make_model(
+    dangling = make_model(
         helper.make_graph(
             [helper.make_node("Add", ["x", "missing_w"], ["y"])],
             "g",
@@ -142,7 +144,7 @@ def _hostile(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     p = tmp_path / "dangling.onnx"
     onnx.save(dangling, p)
     cases["missing initializer"] = (p, "'missing_w', which no node, graph input or initializer")
-    dup = helper.make_model(
+    dup = make_model(
         helper.make_graph(
             [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["y"])],
             "g",

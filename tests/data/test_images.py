@@ -27,6 +27,7 @@ from infercc.data.images import (
 )
 from infercc.data.samples import load_samples
 from infercc.errors import InferccError
+from tests.helpers import make_model
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow is in the test extra")
 
@@ -397,7 +398,7 @@ def conv_model(path: Path) -> Path:
         [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 5])],
         inits,
     )
-    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    proto = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     proto.ir_version = 8
     onnx.checker.check_model(proto, full_check=True)
     onnx.save(proto, path)

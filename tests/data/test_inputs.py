@@ -12,6 +12,7 @@ from infercc.data.feeds import index_bounds, make_inputs
 from infercc.data.samples import load_samples
 from infercc.data.signature import real_inputs, resolve_shape, resolve_shapes
 from infercc.errors import InferccError
+from tests.helpers import make_model
 
 
 def parse(text: str) -> onnx.ModelProto:
@@ -48,7 +49,7 @@ def embedding_model() -> onnx.ModelProto:
             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 
@@ -65,7 +66,7 @@ def ir3_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         [numpy_helper.from_array(np.full((2, 3), 0.5, np.float32), "W")],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
 
 
 def value_info(name: str, dims: list, elem_type: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
@@ -182,7 +183,7 @@ def test_gather_on_axis_one_uses_that_axis() -> None:
             numpy_helper.from_array(np.array([-1], np.int64), "shape"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     assert index_bounds(model) == {"idx": 30}
     idx = make_inputs(model, {"idx": (500,)})["idx"]
     assert idx.min() >= 0 and idx.max() < 30 and idx.max() > 3

@@ -37,6 +37,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers import make_model
+
 FLOAT = TensorProto.FLOAT
 
 
@@ -112,7 +114,7 @@ def snapshot(d: Path) -> dict[str, str]:
 
 def make(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model
 

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import op_counts, optimize_proto
+from tests.helpers import make_model, op_counts, optimize_proto
 
 
 def test_optimization_continues_around_custom_domain_ops():
@@ -31,7 +31,7 @@ def test_optimization_continues_around_custom_domain_ops():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
         inits,
     )
-    proto = helper.make_model(
+    proto = make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("vendor.ops", 1)]
     )
     out, report = optimize_proto(proto)

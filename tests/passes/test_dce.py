@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from infercc.ir import export_model, import_model
 from infercc.passes import PassContext
 from infercc.passes.dce import eliminate_dead_code
-from tests.helpers import assert_same_outputs, op_counts, optimize_proto, parse
+from tests.helpers import assert_same_outputs, make_model, op_counts, optimize_proto, parse
 
 DEAD = """
 <ir_version: 8, opset_import: ["" : 17, "com.example" : 1]>
@@ -104,7 +104,7 @@ def _if_model() -> onnx.ModelProto:
         ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -147,7 +147,7 @@ def _with_functions() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
     opsets = [helper.make_opsetid(d, v) for d, v in (("", 17), ("local", 1), ("other", 1))]
-    model = helper.make_model(graph, opset_imports=opsets, functions=[inner, used, orphan])
+    model = make_model(graph, opset_imports=opsets, functions=[inner, used, orphan])
     onnx.checker.check_model(model, full_check=True)
     return model
 

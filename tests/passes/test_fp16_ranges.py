@@ -12,6 +12,7 @@ from onnx import helper as oh
 
 from infercc.api import optimize, read_ranges
 from infercc.errors import InferccError
+from tests.helpers import make_model
 
 
 def _model(path):
@@ -30,7 +31,7 @@ def _model(path):
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
         [w1, w2],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     onnx.save(model, path)
     return path
 

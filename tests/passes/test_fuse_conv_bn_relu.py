@@ -10,7 +10,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from infercc.passes import DEFAULT_PIPELINE, REGISTRY, PassContext
-from tests.helpers import assert_same_outputs, op_counts, optimize_proto, parse, random_feeds
+from tests.helpers import (
+    assert_same_outputs,
+    make_model,
+    op_counts,
+    optimize_proto,
+    parse,
+    random_feeds,
+)
 
 PASSES = ["fuse-conv-bn-relu", "eliminate-dead-code"]
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -31,7 +38,7 @@ def _model(
     vis = [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()]
     tensors = [numpy_helper.from_array(a, n) for n, a in inits.items()]
     g = helper.make_graph(nodes, "g", vis, [], tensors)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m = make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     inferred = onnx.shape_inference.infer_shapes(m)
     known = {vi.name: vi for vi in inferred.graph.value_info}
     m.graph.output.extend(known[o] for o in outputs)
@@ -476,7 +483,7 @@ def _light_model(name: str) -> onnx.ModelProto:
             )
     data = [i for i in src.graph.input if i.name not in shapes]
     g = helper.make_graph(nodes, name, data, list(src.graph.output), list(inits.values()))
-    m = helper.make_model(g, opset_imports=list(src.opset_import))
+    m = make_model(g, opset_imports=list(src.opset_import))
     m.ir_version = 7
     onnx.checker.check_model(m)
     return m

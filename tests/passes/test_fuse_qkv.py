@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from infercc.ir import import_model
 from infercc.passes import DEFAULT_PIPELINE, REGISTRY, PassContext
 from infercc.passes.fuse_qkv import fuse_qkv
-from tests.helpers import assert_same_outputs, op_counts, optimize_proto, random_feeds
+from tests.helpers import assert_same_outputs, make_model, op_counts, optimize_proto, random_feeds
 
 PASSES = ["fuse-qkv", "eliminate-dead-code"]
 HIDDEN, HEADS = 64, 4
@@ -82,7 +82,7 @@ class _Builder:
         graph = helper.make_graph(
             self.nodes, "attn", [x, *inputs], [y, *self.extra_outputs], self.inits
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = 8
         onnx.checker.check_model(model, full_check=True)
         return model

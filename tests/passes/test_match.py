@@ -20,7 +20,7 @@ from infercc.passes.match import (
     sole_reader,
     through_identity,
 )
-from tests.helpers import parse
+from tests.helpers import make_model, parse
 
 CONSTANTS = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -111,7 +111,7 @@ def test_a_non_standard_identity_or_constant_is_not_seen_through() -> None:
         [numpy_helper.from_array(np.ones(2, np.float32), "w")],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
-    model = import_model(helper.make_model(graph, opset_imports=opsets))
+    model = import_model(make_model(graph, opset_imports=opsets))
     adds = [n for n in model.graph if n.op_type == "Add"]
     assert const_value(adds[0].input(1)) is None
     assert const_value(adds[1].input(1)) is None
@@ -147,7 +147,7 @@ def _opset_model(imports: dict[str, int]) -> Model:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
     )
     opsets = [helper.make_opsetid(d, v) for d, v in imports.items()]
-    return import_model(helper.make_model(graph, opset_imports=opsets))
+    return import_model(make_model(graph, opset_imports=opsets))
 
 
 def test_default_opset_reads_either_spelling_and_has_one_fallback() -> None:

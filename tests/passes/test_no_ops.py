@@ -10,7 +10,7 @@ from infercc.ir import import_model
 from infercc.ir.shapes import infer_shapes
 from infercc.passes import PassContext
 from infercc.passes.no_ops import eliminate_no_ops
-from tests.helpers import assert_same_outputs, op_counts, optimize_proto, parse
+from tests.helpers import assert_same_outputs, make_model, op_counts, optimize_proto, parse
 
 HEADER = '<ir_version: 9, opset_import: ["" : 18]>\n'
 PASSES = ["eliminate-no-ops", "eliminate-dead-code"]
@@ -528,8 +528,8 @@ g (bool C, float[2,3] X) => (float[2,3] Y) {
 def test_subgraphs_are_rewritten_but_outer_values_keep_their_identity():
     proto, out, report, ctx = _run(IF_MODEL)
     then_g, else_g = (a.g for a in out.graph.node[0].attribute)
-    assert op_counts(onnx.helper.make_model(then_g))["Identity"] == 0
-    assert op_counts(onnx.helper.make_model(else_g))["Identity"] == 1
+    assert op_counts(make_model(then_g))["Identity"] == 0
+    assert op_counts(make_model(else_g))["Identity"] == 1
     assert _counts(report) == {"identity": 1}
     assert report.reached_fixpoint
     for cond in (True, False):

@@ -26,6 +26,7 @@ from infercc.passes.quantize_qdq import (
     quantize_weight,
     weight_sqnr,
 )
+from tests.helpers import make_model
 
 RNG_SEED = 0
 
@@ -33,7 +34,7 @@ RNG_SEED = 0
 def _model(nodes, inputs, outputs, weights, opset: int = 17) -> onnx.ModelProto:
     inits = [numpy_helper.from_array(a, n) for n, a in weights.items()]
     graph = oh.make_graph(nodes, "g", inputs, outputs, inits)
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model

@@ -16,7 +16,7 @@ from infercc.ir import export_model, import_model
 from infercc.ir.graph import Model, Node
 from infercc.ir.shapes import infer_shapes
 from infercc.passes import REGISTRY, PassContext, PassResult, run_passes
-from tests.helpers import assert_same_outputs, parse
+from tests.helpers import assert_same_outputs, make_model, parse
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 
@@ -122,7 +122,7 @@ def conv_bn_model() -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 6, 6])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])
     graph = helper.make_graph(nodes, "g", [x], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def qkv_model() -> onnx.ModelProto:
@@ -143,7 +143,7 @@ def qkv_model() -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
     graph = helper.make_graph(nodes, "g", [x], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 Key = Callable[[Node | None], Hashable]

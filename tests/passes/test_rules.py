@@ -12,7 +12,7 @@ from infercc.ir.graph import Node
 from infercc.passes import PassContext
 from infercc.passes.match import producer
 from infercc.passes.rules import Refuse, Rule, apply_rules
-from tests.helpers import assert_same_outputs, op_counts, parse
+from tests.helpers import assert_same_outputs, make_model, op_counts, parse
 
 NEGS = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -99,7 +99,7 @@ def test_standard_only_and_wildcard_rules() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
-    proto = helper.make_model(graph, opset_imports=opsets)
+    proto = make_model(graph, opset_imports=opsets)
     model = import_model(proto)
     apply_rules(model.graph, _ctx(), [Rule("look", None, look, _drop)])
     assert seen == ["Relu", "Neg"]
@@ -203,7 +203,7 @@ def _loop_model() -> onnx.ModelProto:
         ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.mark.parametrize("subgraphs", [True, False])

@@ -16,6 +16,7 @@ from infercc.passes import PassContext, run_passes
 from infercc.passes.pipelines import INT8
 from infercc.passes.split_outliers import candidates
 from tests.calib.test_outliers import OUTLIER, _run, _samples, projection
+from tests.helpers import make_model
 
 
 def _model(tmp_path):
@@ -68,7 +69,7 @@ def test_a_matmul_that_is_no_candidate_is_refused() -> None:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
         [w],
     )
-    model = import_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    model = import_model(make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     ctx = PassContext(outlier_channels={"mm": [OUTLIER]})
     report = run_passes(model, ctx, ["split-outlier-channels"])
     assert candidates(model) == {} and not report.passes["split-outlier-channels"].changed

@@ -29,8 +29,12 @@
    or percentile).
 4. **Quantize.** The int8 pipeline's second stage (quantize-qdq, then eliminate-dead-code)
    rewrites a fresh copy of the fp32 graph (per-channel int8 weights, per-tensor activations),
-   keeping the user's `exclude` nodes float. `disable_passes` skips passes of both pipelines
-   (all but quantize-qdq itself).
+   keeping the user's `exclude` nodes float, and the nodes whose int8 kernel in the installed
+   onnxruntime computes something else than their Q/DQ graph (`infercc.calib.kernels`: each
+   node is cut out with its Q/DQ pairs and run fused and unfused on its values from the first
+   calibration sample; onnxruntime 1.21 to 1.24 on AMX-INT8 CPUs get some Conv, MatMul and Gemm
+   shapes wrong), each with the reason. `disable_passes` skips passes of both pipelines (all
+   but quantize-qdq itself).
 5. **Evaluate.** fp32 (onnxruntime CPU, graph optimizations off) and the int8 candidate
    (optimizations on, so onnxruntime fuses Q/DQ into int8 kernels) run on the evaluation
    samples. Per output: cosine similarity (the minimum over samples), max abs error (the
@@ -82,6 +86,7 @@ import numpy as np
 import onnx
 
 from infercc.calib import outliers
+from infercc.calib.kernels import broken_kernels
 from infercc.calib.observers import (
     DEFAULT_PERCENTILE,
     Calibrator,
@@ -111,6 +116,7 @@ from infercc.passes.quantize_qdq import (
 )
 from infercc.passes.split_outliers import candidates as outlier_candidates
 from infercc.runtime.artifact import publish, staging_dir
+from infercc.runtime.ort_support import check_ir_version
 from infercc.util import json_float
 
 logger = logging.getLogger(__name__)
@@ -121,6 +127,7 @@ RANGES_FILE = "ranges.json"
 CACHE_FILE = "calibration.cache"
 REPORT_FILE = "calibration_report.json"
 _TRIAL_FILE = ".trial.onnx"
+_KERNEL_FILE = ".kernel_check.onnx"
 _PROBE_FILE = ".outlier_probe.onnx"
 
 SENSITIVITY_CANDIDATES = 8
@@ -183,7 +190,7 @@ class KeptFloat:
 
     node: str
     reason: str
-    cause: str  # "user" | "quantizer" | "sensitivity"
+    cause: str  # "user" | "quantizer" | "outliers" | "runtime" | "sensitivity"
     round: int | None = None
     weight_sqnr_db: float | None = None
     cosine_before: float | None = None
@@ -392,6 +399,7 @@ def calibrate(
     step = on_step or (lambda _text: None)
     step("loading")
     ir = load_model(src)
+    check_ir_version(ir.ir_version, str(src))
     check_opset(ir)
     samples = read_samples(data, export_model(ir, with_weights=False), num_samples, preprocess)
     calib, evaluation_set, on_holdout = split_samples(samples, holdout)
@@ -574,6 +582,7 @@ class _Job:
         self.not_scores: frozenset[str] = frozenset()
         self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
         self.outlier_channels: dict[str, list[int]] = {}
+        self.broken_kernels: dict[str, str] = {}  # node -> why onnxruntime's int8 kernel is wrong
 
     def prepare_fp32(self, ir: Model, exclude: Sequence[str], samples: Samples = ()) -> None:
         """Run the portable fp32 pipeline, name the targets, split outlier channels (when
@@ -662,6 +671,9 @@ class _Job:
 
     def search(self, exclude: tuple[str, ...]) -> _Trial:
         """Quantize, evaluate, and move nodes to float until the target holds (module doc 6)."""
+        self.step("checking onnxruntime's int8 kernels")
+        self.broken_kernels = self.check_kernels(exclude)
+        exclude = (*exclude, *self.broken_kernels)
         self.step("quantizing")
         current = self.trial(exclude)
         self.trials = 0  # count sensitivity trials only
@@ -678,6 +690,16 @@ class _Job:
             self.step(f"sensitivity round {round_}: {self.targets.describe(current.evaluation)}")
             current = self._move_one_to_float(current, round_)
         return current
+
+    def check_kernels(self, exclude: tuple[str, ...]) -> dict[str, str]:
+        """The quantized nodes whose fused int8 kernel in this onnxruntime disagrees with
+        their Q/DQ graph (`infercc.calib.kernels`), on one calibration sample."""
+        report, files = self.quantize(exclude, self.stage / _KERNEL_FILE)
+        try:
+            return broken_kernels(files[0], self.calibration[0], report.quantized)
+        finally:
+            for f in files:
+                f.unlink(missing_ok=True)
 
     def _move_one_to_float(self, current: _Trial, round_: int) -> _Trial:
         candidates = sorted(current.quantized.quantized, key=lambda n: self.sqnr.get(n, -math.inf))
@@ -934,7 +956,9 @@ def _report(
     final: _Trial,
     user_exclude: Sequence[str],
 ) -> CalibrationReport:
-    kept = _kept_float(final.quantized, job.sensitivity, set(user_exclude), job.float_nodes)
+    kept = _kept_float(
+        final.quantized, job.sensitivity, set(user_exclude), job.float_nodes, job.broken_kernels
+    )
     passed, message = _verdict(job.targets, final, job.trials)
     return CalibrationReport(
         model=str(src),
@@ -958,14 +982,19 @@ def _kept_float(
     sensitivity: Mapping[str, KeptFloat],
     user: set[str],
     split_from: Mapping[str, str] | None = None,
+    runtime: Mapping[str, str] | None = None,
 ) -> list[KeptFloat]:
-    """User and quantizer reasons in graph order, then the sensitivity moves in round order."""
+    """User, quantizer and runtime reasons in graph order, then the sensitivity moves in round
+    order."""
     kept = []
     split_from = split_from or {}
+    runtime = runtime or {}
     for node, reason in quantized.kept_float.items():
         if node in split_from:
             reason = f"the outlier channels of {split_from[node]}, kept float by design"
             kept.append(KeptFloat(node, reason, "outliers"))
+        elif node in runtime:
+            kept.append(KeptFloat(node, runtime[node], "runtime"))
         elif node in user:
             kept.append(KeptFloat(node, "excluded by the user", "user"))
         elif node not in sensitivity:

@@ -63,6 +63,7 @@ from infercc.check import structured
 from infercc.errors import InferccError
 from infercc.ir import dtypes
 from infercc.precisions import FP32
+from infercc.runtime.ort_support import check_ir_version, refused_ir_version
 from infercc.util import first_line, json_float
 
 logger = logging.getLogger(__name__)
@@ -322,6 +323,9 @@ def _make_session(source: str | bytes, optimize: bool, role: str) -> ort.Inferen
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
+        refused = refused_ir_version(exc)
+        if refused is not None:
+            check_ir_version(refused)
         raise ModelRunError("load", first_line(exc), role) from exc
 
 
