@@ -13,6 +13,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
+from tests.helpers import make_model
+
 
 class _Builder:
     def __init__(self, seed: int):
@@ -176,7 +178,7 @@ def tiny_decoder(
                 oh.make_tensor_value_info(f"present.{i}.{kv}", f, ["batch", heads, "total", d])
             )
     graph = oh.make_graph(b.nodes, "tiny_decoder", inputs, outputs, b.inits)
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
     return model

@@ -23,12 +23,13 @@ from infercc.calib.int4 import (
 )
 from infercc.errors import InferccError
 from infercc.ir import export_model, import_model
+from tests.helpers import make_model
 
 
 def _model(nodes, inputs, outputs, weights, opset=21) -> onnx.ModelProto:
     inits = [numpy_helper.from_array(a, n) for n, a in weights.items()]
     graph = oh.make_graph(nodes, "g", inputs, outputs, inits)
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
     return model

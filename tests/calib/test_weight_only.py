@@ -17,6 +17,7 @@ from onnx import helper as oh
 from infercc.calib.weight_only import calibrate_int4, perplexity
 from infercc.errors import InferccError
 from tests.decoders import greedy_reference, tiny_decoder
+from tests.helpers import make_model
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def mlp(tmp_path, opset: int = 21):
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
         [numpy_helper.from_array(a, n) for n, a in weights.items()],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
     model.ir_version = 8
     path = tmp_path / "mlp.onnx"
     onnx.save(model, path)
@@ -201,7 +202,7 @@ def no_weights(tmp_path):
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
     )
     path = tmp_path / "noweights.onnx"
-    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)]), path)
+    onnx.save(make_model(graph, opset_imports=[oh.make_opsetid("", 21)]), path)
     return path
 
 

@@ -20,6 +20,7 @@ from infercc.ci.manifest import ModelSpec, RaySettings, load_config
 from infercc.cli.app import bare_options
 from infercc.config import BuildConfig
 from infercc.errors import InferccError
+from tests.helpers import make_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,7 +103,7 @@ def test_an_onnx_input_travels_with_its_external_data(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])],
         [weight],
     )
-    model = helper.make_model(graph)
+    model = make_model(graph)
     onnx.save(model, src / "m.onnx", save_as_external_data=True, location="weights/m.bin")
     (src / "unrelated.bin").write_bytes(b"x")
     assert cluster.input_files(src / "m.onnx") == [src / "m.onnx", src / "weights" / "m.bin"]

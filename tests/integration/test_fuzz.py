@@ -50,6 +50,7 @@ from onnx import TensorProto, helper, numpy_helper
 from infercc import api
 from infercc.ir import export_model, import_model
 from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes
+from tests.helpers import make_model
 
 OPSET = 17
 ATOL, RTOL = 1e-4, 1e-3
@@ -794,8 +795,11 @@ def models(draw) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
     # initializers also listed as graph inputs: defaults a caller may override (IR >= 4)
     floats = [t for t in b.inits if t.data_type == FLOAT and t.dims]
-    for t in draw(st.lists(st.sampled_from(floats), max_size=2, unique_by=lambda t: t.name)
-                  if floats else st.just([])):
+    for t in draw(
+        st.lists(st.sampled_from(floats), max_size=2, unique_by=lambda t: t.name)
+        if floats
+        else st.just([])
+    ):
         inputs.append(helper.make_tensor_value_info(t.name, FLOAT, list(t.dims)))
         if draw(st.booleans()):
             feeds[t.name] = rng.uniform(0.5, 1.5, tuple(t.dims)).astype(np.float32)
@@ -806,7 +810,7 @@ def models(draw) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         [helper.make_tensor_value_info(o, FLOAT, b.shapes[o]) for o in outputs],
         initializer=b.inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", b.opset)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", b.opset)])
     model.ir_version = max(4, helper.find_min_ir_version_for([helper.make_opsetid("", b.opset)]))
     if b.lenient:
         model.metadata_props.add(key=LENIENT, value="1")

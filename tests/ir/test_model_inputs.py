@@ -17,7 +17,7 @@ from infercc import api
 from infercc.errors import InferccError
 from infercc.ir import export_model, import_model, load_model
 from infercc.passes import DEFAULT_PIPELINE
-from tests.helpers import op_counts, optimize_proto, run_ort
+from tests.helpers import make_model, op_counts, optimize_proto, run_ort
 
 FLOAT = TensorProto.FLOAT
 
@@ -36,11 +36,13 @@ def _dynamic_axis_model() -> onnx.ModelProto:
         ],
         "paddle_like",
         [x],
-        [helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
-         helper.make_tensor_value_info("y", FLOAT, [-1, 2])],
+        [
+            helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("y", FLOAT, [-1, 2]),
+        ],
         [numpy_helper.from_array(np.ones((3, 2), np.float32), "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
@@ -87,18 +89,25 @@ def test_optimize_validates_and_accepts_a_shape_for_a_dynamic_axis(tmp_path):
 def _overridable_model(ir_version: int) -> onnx.ModelProto:
     """y = x * b + c: b is an initializer also listed as a graph input (a default)."""
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "b"], ["m"]), helper.make_node("Add", ["m", "bb"], ["y"]),
-         helper.make_node("Mul", ["b", "two"], ["bb"])],
+        [
+            helper.make_node("Mul", ["x", "b"], ["m"]),
+            helper.make_node("Add", ["m", "bb"], ["y"]),
+            helper.make_node("Mul", ["b", "two"], ["bb"]),
+        ],
         "g",
-        [helper.make_tensor_value_info("x", FLOAT, [3]),
-         helper.make_tensor_value_info("b", FLOAT, [3])],
+        [
+            helper.make_tensor_value_info("x", FLOAT, [3]),
+            helper.make_tensor_value_info("b", FLOAT, [3]),
+        ],
         [helper.make_tensor_value_info("y", FLOAT, [3])],
-        [numpy_helper.from_array(np.float32([1, 2, 3]), "b"),
-         numpy_helper.from_array(np.float32(2), "two")],
+        [
+            numpy_helper.from_array(np.float32([1, 2, 3]), "b"),
+            numpy_helper.from_array(np.float32(2), "two"),
+        ],
     )
     if ir_version < 4:
         graph.input.append(helper.make_tensor_value_info("two", FLOAT, []))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
     model.ir_version = ir_version
     return model
 
@@ -164,11 +173,13 @@ def _sparse_model(coordinates: bool) -> onnx.ModelProto:
         ],
         "g",
         [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", FLOAT, [2, 2]),
-         helper.make_tensor_value_info("t", FLOAT, [2, 3])],
+        [
+            helper.make_tensor_value_info("y", FLOAT, [2, 2]),
+            helper.make_tensor_value_info("t", FLOAT, [2, 3]),
+        ],
         sparse_initializer=[sparse],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 from infercc.ir import import_model
 from infercc.passes import PassContext, evaluate, run_passes
 from infercc.passes import fold_constants as fc
-from tests.helpers import assert_same_outputs, op_counts, optimize_proto, parse, run_ort
+from tests.helpers import assert_same_outputs, make_model, op_counts, optimize_proto, parse, run_ort
 
 FOLD = ["fold-constants", "eliminate-dead-code"]
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
@@ -531,7 +531,7 @@ def test_folded_value_is_what_onnxruntime_computes(op, attrs, inputs, opset):
         [onnx.ValueInfoProto(name=o) for o in outs],
         [numpy_helper.from_array(a, n) for a, n in zip(arrays, names, strict=True)],
     )
-    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    proto = make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
     proto.ir_version = 8
     expected = run_ort(proto, {})
     out, report = optimize_proto(proto, FOLD, check=False)

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from infercc.passes import DEFAULT_PIPELINE
-from tests.helpers import op_counts, optimize_proto, run_ort
+from tests.helpers import make_model, op_counts, optimize_proto, run_ort
 
 I64_MAX, I32_MAX = 2**63 - 1, 2**31 - 1
 FLOAT, INT64, STRING = TensorProto.FLOAT, TensorProto.INT64, TensorProto.STRING
@@ -30,14 +30,24 @@ def _c(name: str, value) -> onnx.TensorProto:
 BRANCHES = {
     "slice_int64_max_negative_step": (
         [helper.make_node("Slice", ["d", "st", "en", "ax", "sp"], ["r"])],
-        [_c("d", np.arange(3, dtype=np.float32)), _c("st", [-1]), _c("en", [I64_MAX]),
-         _c("ax", [0]), _c("sp", [-1])],
+        [
+            _c("d", np.arange(3, dtype=np.float32)),
+            _c("st", [-1]),
+            _c("en", [I64_MAX]),
+            _c("ax", [0]),
+            _c("sp", [-1]),
+        ],
         FLOAT,
     ),
     "slice_int32_max_negative_step": (
         [helper.make_node("Slice", ["d", "st", "en", "ax", "sp"], ["r"])],
-        [_c("d", np.arange(3, dtype=np.float32)), _c("st", [-1]), _c("en", [I32_MAX]),
-         _c("ax", [0]), _c("sp", [-1])],
+        [
+            _c("d", np.arange(3, dtype=np.float32)),
+            _c("st", [-1]),
+            _c("en", [I32_MAX]),
+            _c("ax", [0]),
+            _c("sp", [-1]),
+        ],
         FLOAT,
     ),
     "squeeze_empty_axes": (
@@ -102,7 +112,7 @@ def _if_model(name: str) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", dtype, None)],
         [_c("hundred", np.float32(100))],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
@@ -214,7 +224,7 @@ def test_opset9_negative_axes_are_never_removed_as_no_ops(op, axes, shape):
         [helper.make_tensor_value_info("x", FLOAT, shape)],
         [helper.make_tensor_value_info("z", FLOAT, None)],
     )
-    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    original = make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
     original.ir_version = 4
     optimized, _ = optimize_proto(original, DEFAULT_PIPELINE, check=False)
     assert op_counts(optimized)[op] == 1
@@ -300,6 +310,7 @@ def test_operator_cases_onnx_reference_gets_wrong_fold_to_onnxruntimes_result(ca
         import conformance
     finally:
         sys.path.remove(str(bench))
-    result = conformance.check_case(next(c for c in conformance.load_cases(name_filter=case)
-                                         if c.name == case))
+    result = conformance.check_case(
+        next(c for c in conformance.load_cases(name_filter=case) if c.name == case)
+    )
     assert result.b == conformance.B_MATCH, result.b_detail

@@ -17,6 +17,7 @@ from infercc.analysis.decoder import decoder_signature, prefill_feeds
 from infercc.errors import InferccError
 from infercc.runtime.generate import compare_generation, generate, read_prompt
 from tests.decoders import greedy_reference, tiny_decoder
+from tests.helpers import make_model
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_stacked_gpt2_cache_form():
     logits = oh.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", 10])
     present = oh.make_tensor_value_info("present_0", TensorProto.FLOAT, [2, "b", 4, "t", 8])
     graph = oh.make_graph([], "g", [x, past], [logits, present])
-    sig = decoder_signature(oh.make_model(graph))
+    sig = decoder_signature(make_model(graph))
     assert sig.caches[0].batch_axis == 1 and sig.caches[0].seq_axis == 3
     assert sig.caches[0].present == "present_0"
     assert sig.kv_bytes_per_token == 2 * 4 * 8 * 4
@@ -109,7 +110,7 @@ def test_not_a_decoder_is_refused(tmp_path):
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
     )
     path = tmp_path / "relu.onnx"
-    onnx.save(oh.make_model(graph), path)
+    onnx.save(make_model(graph), path)
     done = cli("bench", str(path), "--generate", "4")
     assert done.returncode == 2
     assert "no KV-cache inputs and outputs" in done.stderr
