@@ -395,6 +395,7 @@ class _Job:
             rewritten=self.rewritten,
             strict_coverage=cfg.strict_coverage,
             assumptions=cfg.assume,
+            fixed_shapes=cfg.static_map,
             **tol,
         )
 

@@ -138,3 +138,17 @@ def test_the_artifact_manifest_records_the_static_shapes(tmp_path):
     infercc.optimize(src, out, static_shapes={"x": (1, 3, 64)}, tune=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["static_shapes"] == {"x": [1, 3, 64]}
+
+
+def test_validation_of_a_static_shapes_build_runs_its_one_shape(tmp_path):
+    """The candidate accepts only the fixed shape: optimize validates at it (no second
+    profile), and `validate CANDIDATE ORIGINAL` reads the fixed shape off the candidate."""
+    from infercc.check.candidates import validate_candidate
+
+    src = _write(tmp_path)
+    out = tmp_path / "o.onnx"
+    report = infercc.optimize(src, out, static_shapes={"x": (2, 5, 64)})
+    assert [p["shapes"] for p in report.validation.to_dict()["profiles"]] == [{"x": [2, 5, 64]}]
+    checked = validate_candidate(out, src)
+    assert checked.validation.passed
+    assert [p["shapes"] for p in checked.validation.to_dict()["profiles"]] == [{"x": [2, 5, 64]}]

@@ -50,7 +50,7 @@ from infercc.check.tolerances import default_tolerance, detect_precision
 from infercc.check.validation import failed_run, judge, run_with_coverage
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
-from infercc.data.signature import input_dtype, real_inputs
+from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
 from infercc.runtime.artifact import candidate_model_path, open_source, read_skeleton
 from infercc.util import first_line
@@ -175,18 +175,20 @@ def validate_candidate(
         from infercc.check.bisection import config_for_candidate
 
         config_for_candidate(candidate, target)  # refuses a --target the artifact records
+    skeleton = _candidate_skeleton(candidate) if candidate is not None else None
+    fixed = _fixed_inputs(skeleton, reference) if golden is None else {}
     step("running the reference")
     if golden is not None:
         feeds_list, expected, _meta = load_golden(golden)
         plan = FeedPlan([Profile("golden", list(feeds_list), list(expected))])
     else:
-        plan = reference_feeds_plan(reference, shapes, data, seed, second_shapes)
+        pins = {**fixed, **dict(shapes or {})}
+        plan = reference_feeds_plan(reference, pins, data, seed, second_shapes, fixed)
     saved = None
     if save_golden_to is not None:
         saved = str(save_golden(save_golden_to, plan.feeds, plan.expected, reference))
     if candidate is None:
         return CandidateReport(None, _str(reference), _str(golden), "fp32", None, saved)
-    skeleton = _candidate_skeleton(candidate)
     if skeleton is not None:
         _check_same_inputs(skeleton, plan.feeds[0] if plan.feeds else {})
     precision = detect_precision(candidate, skeleton)
@@ -210,11 +212,21 @@ def reference_feeds_plan(
     data: str | os.PathLike[str] | None = None,
     seed: int = 0,
     second_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    fixed_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> FeedPlan:
-    """The profiles and the reference's outputs (`infercc.check.profiles.plan_feeds`)."""
+    """The profiles and the reference's outputs (`infercc.check.profiles.plan_feeds`);
+    `fixed_shapes` are inputs whose shape the candidate fixes (it accepts no other)."""
     model, constants = reference_graph(Path(reference))
     return plan_feeds(
-        reference, model, shapes, data, seed, second_shapes, constants, skip_hint=None
+        reference,
+        model,
+        shapes,
+        data,
+        seed,
+        second_shapes,
+        constants,
+        skip_hint=None,
+        fixed_shapes=fixed_shapes,
     )
 
 
@@ -253,6 +265,26 @@ def _candidate_skeleton(candidate: str | os.PathLike[str]) -> onnx.ModelProto | 
     names what is missing)."""
     model_path = candidate_model_path(candidate)
     return read_skeleton(model_path) if model_path.is_file() else None
+
+
+def _fixed_inputs(
+    skeleton: onnx.ModelProto | None, reference: str | os.PathLike[str] | None
+) -> dict[str, tuple[int, ...]]:
+    """Inputs the candidate declares with every dimension fixed where the reference's has a
+    symbolic one (`optimize --static-shapes`): validated at that shape only."""
+    if skeleton is None or reference is None:
+        return {}
+    symbolic = {
+        vi.name
+        for vi in real_inputs(read_skeleton(Path(reference)))
+        if any(not isinstance(d, int) for d in declared_dims(vi) or [])
+    }
+    fixed = {}
+    for vi in real_inputs(skeleton):
+        dims = declared_dims(vi)
+        if vi.name in symbolic and dims and all(isinstance(d, int) and d > 0 for d in dims):
+            fixed[vi.name] = tuple(int(d) for d in dims)
+    return fixed
 
 
 def _check_same_inputs(skeleton: onnx.ModelProto, feeds: Mapping[str, Any]) -> None:

@@ -112,13 +112,16 @@ def plan_feeds(
     constants: Mapping[str, np.ndarray] | None = None,
     skip_hint: str | None = "--no-validate",
     assumptions: Sequence[str] = (),
+    fixed_shapes: Shapes | None = None,
 ) -> FeedPlan:
     """The profiles to validate at (module docstring), with the original's outputs.
 
     `model` is the reference's graph (weights may be left out; `constants` are its small
     initializers then); `second_shapes` pins inputs of the second profile; `skip_hint` is the
     flag that skips validation, named when the original fails (None: there is none);
-    generated feeds satisfy `assumptions` (`infercc.assumptions`)."""
+    generated feeds satisfy `assumptions` (`infercc.assumptions`); inputs in `fixed_shapes`
+    (--static-shapes: the candidate accepts no other shape) keep their shape in the second
+    profile."""
     notes: list[str] = []
     with Runner(reference, role=ORIGINAL) as runner:
         if data is not None:
@@ -127,7 +130,9 @@ def plan_feeds(
             first = _from_data(runner, model, data)
         else:
             first = _first(runner, model, shapes, seed, constants, notes, skip_hint, assumptions)
-        second = _second(runner, model, first, second_shapes, seed, notes, assumptions)
+        second = _second(
+            runner, model, first, second_shapes, seed, notes, assumptions, fixed_shapes
+        )
     return FeedPlan([first] if second is None else [first, second], notes)
 
 
@@ -278,6 +283,7 @@ def _second(
     seed: int,
     notes: list[str],
     assumptions: Sequence[str] = (),
+    fixed_shapes: Shapes | None = None,
 ) -> Profile | None:
     base = symbol_values(model, first.feeds[0])
     if not base:
@@ -285,15 +291,18 @@ def _second(
     seen = [symbol_values(model, feeds) for feeds in first.feeds]
     if not second_shapes and all(len({s.get(k) for s in seen}) > 1 for k in base):
         return None  # the samples already hold two values of every symbolic dimension
-    pins = dict(second_shapes or {})
+    fixed = dict(fixed_shapes or {})
+    pins = {**fixed, **dict(second_shapes or {})}
     varying = [key for key in free_symbols(model, pins) if key in base]
+    if fixed and not varying and pins.keys() == fixed.keys():
+        return None  # every symbolic dimension is fixed: the candidate has one shape
     pinned = None
-    if pins:
+    if pins.keys() != fixed.keys():
         pinned = _try(runner, model, first, pins, dict(base), seed, None, assumptions)
         if pinned is None:
             raise InferccError(
                 "the original model fails at the second shape profile --shape pins "
-                f"({', '.join(f'{n}={list(s)}' for n, s in pins.items())})",
+                f"({', '.join(f'{n}={list(s)}' for n, s in pins.items() if n not in fixed)})",
                 "give a range NAME=MIN:OPT:MAX the original model accepts at MIN, OPT and MAX",
             )
         pinned.source = "pinned range"

@@ -58,6 +58,7 @@ def validate(
     skip_hint: str | None = "--no-validate",
     role: str = "the optimized model",
     assumptions: Sequence[str] = (),
+    fixed_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> ValidationReport:
     """Compare `candidate` with `reference` (module docstring).
 
@@ -71,7 +72,16 @@ def validate(
     """
     model, constants = reference_graph(reference)
     plan = plan_feeds(
-        reference, model, shapes, data, seed, second_shapes, constants, skip_hint, assumptions
+        reference,
+        model,
+        shapes,
+        data,
+        seed,
+        second_shapes,
+        constants,
+        skip_hint,
+        assumptions,
+        fixed_shapes,
     )
     if rewritten is None:
         rewritten = cov.rewritten_against(model, _skeleton(candidate))
