@@ -9,7 +9,7 @@ import json
 import onnx
 
 from infercc.assumptions import NONEMPTY_SEQUENCES
-from infercc.check.compare import _build_feeds
+from infercc.check.profiles import plan_feeds
 from tests.cli.test_cli import listing, run
 from tests.passes.test_attention import MASK, SDPA_SCORES, _block
 
@@ -69,7 +69,7 @@ def test_random_inputs_honour_the_assumption():
     }
     """
     model = onnx.parser.parse_model(text)
-    plain = _build_feeds(model, None, None, 0)[0]["keep"]
+    plain = plan_feeds(model, model).feeds[0]["keep"]
     assert not plain.any(axis=-1).all()  # coin flips leave some row all False
-    honoured = _build_feeds(model, None, None, 0, (NONEMPTY_SEQUENCES,))[0]["keep"]
+    honoured = plan_feeds(model, model, assumptions=(NONEMPTY_SEQUENCES,)).feeds[0]["keep"]
     assert honoured.any(axis=-1).all()
