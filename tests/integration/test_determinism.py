@@ -38,10 +38,16 @@ def test_examples_are_optimized_as_documented(tmp_path):
     assert cnn.ops_before["BatchNormalization"] == 3 and "BatchNormalization" not in cnn.ops_after
     assert cnn.ops_after.get("com.microsoft.FusedConv") == 2  # the third Conv feeds the Add
     assert "Identity" not in cnn.ops_after and "Dropout" not in cnn.ops_after
-    enc = api.optimize(MODELS["tiny_encoder"], tmp_path / "enc.onnx")
+    # portable: standard ONNX, Q/K/V projections packed into one MatMul and a Split
+    enc = api.optimize(MODELS["tiny_encoder"], tmp_path / "enc.onnx", portable=True)
     assert enc.passes["fuse-qkv"]["groups"] == 1
     assert enc.ops_after["MatMul"] == enc.ops_before["MatMul"] - 2
     assert enc.ops_after["Split"] == 1
+    # cpu target: the packed projection and the attention block become one Attention op
+    enc = api.optimize(MODELS["tiny_encoder"], tmp_path / "enc_cpu.onnx")
+    assert enc.passes["emit-attention"]["attention"] == 1
+    assert enc.ops_after["com.microsoft.Attention"] == 1
+    assert enc.ops_after["MatMul"] == 1 and "Split" not in enc.ops_after  # the output projection
 
 
 def test_unknown_target_lists_known_ones(tmp_path):
