@@ -33,11 +33,23 @@ g (float[batch, 4] x) => (float[batch, 4] y) {
 """
 
 # A reflect Pad of 32 on each side: the padded axis must be longer than 32 (silero VAD's STFT).
+# A reflect pad of 32 needs more than 32 samples: onnxruntime >= 1.24 refuses a shorter input,
+# 1.23 (the newest for Python 3.10) pads it with zeros, so the Reshape of x[:, 32:33] to
+# [batch, 1] (empty below 33 samples) makes every version fail there.
 REFLECT = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[batch, samples] x) => (float[batch, padded] y) {
   pads = Constant<value = int64[4] {0, 32, 0, 32}>()
-  y = Pad<mode = "reflect">(x, pads)
+  p = Pad<mode = "reflect">(x, pads)
+  st = Constant<value = int64[1] {32}>()
+  en = Constant<value = int64[1] {33}>()
+  ax = Constant<value = int64[1] {1}>()
+  t = Slice(x, st, en, ax)
+  one = Constant<value = int64[2] {0, 1}>()
+  r = Reshape(t, one)
+  z = Constant<value = float {0}>()
+  rz = Mul(r, z)
+  y = Add(p, rz)
 }
 """
 
@@ -58,7 +70,16 @@ g (float[batch, samples] x, int64 sr) => (float[batch, padded] y) {
   scale = Gather(table, row)
   pads = Constant<value = int64[4] {0, 32, 0, 32}>()
   p = Pad<mode = "reflect">(x, pads)
-  y = Mul(p, scale)
+  st = Constant<value = int64[1] {32}>()
+  en = Constant<value = int64[1] {33}>()
+  ax = Constant<value = int64[1] {1}>()
+  t = Slice(x, st, en, ax)
+  one = Constant<value = int64[2] {0, 1}>()
+  r = Reshape(t, one)
+  z = Constant<value = float {0}>()
+  rz = Mul(r, z)
+  ps = Mul(p, scale)
+  y = Add(ps, rz)
 }
 """
 
@@ -207,7 +228,8 @@ def test_a_reflect_pad_longer_than_the_default_is_validated_at_a_larger_size(tmp
     assert report.passed and (tmp_path / "out.onnx").exists()
     assert v.profiles[0]["source"] == "ladder" and v.profiles[0]["shapes"]["x"] == [1, 64]
     (note,) = v.notes
-    assert "fails on the default inputs (x float32[1, 8]" in note and "Pad" in note
+    assert "fails on the default inputs (x float32[1, 8]" in note
+    assert "Pad" in note or "Reshape" in note
     assert "validated at x float32[1, 64]" in note
 
 
