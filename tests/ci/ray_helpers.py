@@ -65,6 +65,8 @@ def wait_for_node_then_build(spec: ModelSpec) -> ModelResult:
     waits, for the test to remove that node; a later attempt builds normally."""
     marker = scratch() / f"{spec.name}.raylet"
     if spec.name.startswith("lost") and not marker.exists():
-        marker.write_text(os.environ["RAY_RAYLET_PID"])
+        partial = marker.with_suffix(".partial")
+        partial.write_text(os.environ["RAY_RAYLET_PID"])
+        partial.replace(marker)  # the test never reads a marker that is not yet written
         time.sleep(120)
     return build_and_validate(spec)
