@@ -298,7 +298,9 @@ def test_cosine_is_printed_below_its_bound() -> None:
     ref = np.ones(1000, dtype=np.float64)
     cand = ref.copy()
     cand[0] = 1.0 + 1e-3  # cosine 0.99999999950...
-    report = compare_outputs([{"y": ref}], [{"y": cand}], 1.0, 1.0, 0.9999999999)
+    # atol 0: an output within atol everywhere passes whatever its cosine; rtol 1 lets the
+    # elementwise check pass, so the cosine decides
+    report = compare_outputs([{"y": ref}], [{"y": cand}], 0.0, 1.0, 0.9999999999)
     reason = report.outputs["y"].reason
     assert not report.passed and "1.000000" not in reason
     shown = float(reason.split()[1])
