@@ -554,3 +554,21 @@ def test_config_errors_are_one_line(tmp_path, capsys, monkeypatch) -> None:
     ok.write_text('target = "cpu"\n')
     r = cli(capsys, monkeypatch, "optimize", "--config", str(ok))
     assert r.code == 2 and "no MODEL given" in r.err
+
+
+def test_every_build_option_of_optimize_can_override_a_replayed_record() -> None:
+    """A new optimize option that sets the build must be in FLAG_KEYS, or a flag given beside
+    --config would be silently ignored."""
+    import typer
+
+    from infercc.cli.optimize import FLAG_KEYS
+    from infercc.config import BuildConfig
+
+    cmd = typer.main.get_command(app).commands["optimize"]
+    not_build = {"output", "cache_dir", "as_json", "explain", "config", "save_config"}
+    options = {p.name for p in cmd.params if p.param_type_name == "option"} - not_build
+    assert options == set(FLAG_KEYS)
+    build = BuildConfig().to_dict()
+    for key in FLAG_KEYS.values():
+        table, _, sub = key.rpartition(".")
+        assert (sub in build[table]) if table else (key in build), key
