@@ -470,6 +470,25 @@ def test_bench_duration_and_profile(capsys, monkeypatch) -> None:
     assert r.code == 0 and "profile, batch 1" in r.out and "slowest nodes" in r.out
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--duration", "1s"], "--duration has no effect with --generate"),
+        (["--profile"], "--profile has no effect with --generate"),
+        (["--profile", "--compare", str(CNN)], "--profile has no effect with --compare"),
+        (["--duration", "soon"], "--duration 'soon' is not a duration"),
+        (["--duration", "0s"], "--duration '0s' must be positive"),
+    ],
+)
+def test_bench_duration_and_profile_are_refused_where_they_do_nothing(
+    capsys, monkeypatch, args, message
+) -> None:
+    generate = ["--generate", "4"] if "generate" in message else []
+    r = cli(capsys, monkeypatch, "bench", str(CNN), *generate, *args)
+    assert r.code == 2 and message in r.err, r.err
+    assert "Traceback" not in r.err
+
+
 def test_bench_profile_needs_onnxruntime(tmp_path, monkeypatch) -> None:
     from infercc.errors import InferccError
     from infercc.runtime import bench

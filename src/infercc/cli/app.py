@@ -260,7 +260,11 @@ def main_options(
     verbose: Annotated[
         int,
         typer.Option(
-            "-v", "--verbose", count=True, help="More log lines on stderr (-v info, -vv debug)."
+            "-v",
+            "--verbose",
+            count=True,
+            show_default=False,
+            help="More log lines on stderr (-v info, -vv debug).",
         ),
     ] = 0,
     log_file: Annotated[

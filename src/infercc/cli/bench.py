@@ -88,11 +88,14 @@ def bench(
     ] = None,
     prompt_len: Annotated[
         int | None,
-        typer.Option(help="With --generate: prompt tokens (random ids) [default: 64].", min=1),
+        typer.Option(
+            metavar="N", help="With --generate: prompt tokens (random ids) [default: 64].", min=1
+        ),
     ] = None,
     prompt: Annotated[
         Path | None,
         typer.Option(
+            metavar="FILE",
             help="With --generate: the prompt as token ids (integers separated by spaces, "
             "commas or newlines, or an integer .npy; one row per prompt). No tokenizer runs."
         ),

@@ -12,7 +12,7 @@ from infercc.cli.common import JsonOpt, Progress, finish
 from infercc.errors import InferccError
 
 
-@app.command(short_help="Quantize a model to int8 (QDQ) from real samples.")
+@app.command(short_help="Quantize a model: int8 (QDQ) from real samples, or int4 weights.")
 def calibrate(
     model: Annotated[
         Path, typer.Argument(metavar="MODEL", help="The fp32 ONNX model to quantize.")
