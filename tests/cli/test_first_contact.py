@@ -359,6 +359,21 @@ def test_calibrate_output_is_taken_by_bench_and_validate(tmp_path, capsys, monke
     assert r.code == 0 and json.loads(r.out)["quantized_nodes"] >= 2
 
 
+def test_int4_output_is_taken_by_bench_and_validate(tmp_path, capsys, monkeypatch) -> None:
+    out = tmp_path / "int4"
+    r = cli(capsys, monkeypatch, "calibrate", str(ENCODER), "--int4", "--accuracy-level", "0",
+            "-o", str(out), "--no-speed-check")  # fmt: skip
+    assert r.code == 0, r.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"] == "model_int4.onnx" and manifest["precision"] == "int4"
+    r = cli(capsys, monkeypatch, "bench", str(out), "--iters", "2", "--warmup", "0", "--json")
+    assert r.code == 0, r.err
+    r = cli(capsys, monkeypatch, "validate", str(out), "--reference", str(ENCODER), "--json")
+    rep = json.loads(r.out)
+    assert rep["precision"] == "int4" and rep["validation"]["min_cosine"] == 0.99
+    assert r.code == 0, r.err
+
+
 def test_output_suffix_is_case_insensitive_and_a_directory_is_said(tmp_path, capsys, monkeypatch):
     src = write_model(tmp_path / "m.onnx")
     r = cli(capsys, monkeypatch, "optimize", str(src), "-o", str(tmp_path / "x.ONNX"))

@@ -430,7 +430,7 @@ def calibrate(
                 logger.info("%s", report.speed.message)  # the report says it to the user
             report.seconds = time.perf_counter() - t0
             _write_json(stage / REPORT_FILE, report.to_dict())
-            write_manifest(stage, calibration_manifest(src, target, report))
+            write_manifest(stage, calibration_manifest(src, target, report.files))
             publish(stage, dest)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -438,14 +438,21 @@ def calibrate(
     return report
 
 
-def calibration_manifest(src: Path, target: str, report: CalibrationReport) -> dict[str, Any]:
-    """The manifest.json of a calibration output: an artifact of the `none` backend whose
-    model is the int8 one, so `infercc bench` and `infercc validate` take the directory."""
+def calibration_manifest(
+    src: Path,
+    target: str,
+    written: Sequence[str],
+    model_file: str = INT8_FILE,
+    precision: str = "int8",
+) -> dict[str, Any]:
+    """The manifest.json of a calibration output (`written`: the paths of its files): an
+    artifact of the `none` backend whose model is the quantized one (`model_file`), so
+    `infercc bench` and `infercc validate` take the directory."""
     from infercc.analysis.targets import get_target
     from infercc.runtime.tuning import file_sha256, host_fingerprint
     from infercc.version import __version__
 
-    files = [Path(f).name for f in report.files if Path(f).name != MANIFEST]
+    files = [Path(f).name for f in written if Path(f).name != MANIFEST]
     data = artifact_manifest(
         source=src,
         source_sha256=file_sha256(src),
@@ -454,11 +461,11 @@ def calibration_manifest(src: Path, target: str, report: CalibrationReport) -> d
         host=host_fingerprint(),
         backend={"name": "none", "version": __version__, "files": files, "points": []},
         profiles=(),
-        precision="int8",
+        precision=precision,
         memory=None,
         validation=None,
     )
-    return {**data, "model": INT8_FILE, "calibration": REPORT_FILE}
+    return {**data, "model": model_file, "calibration": REPORT_FILE}
 
 
 def check_calibrate_passes(disable_passes: Sequence[str]) -> tuple[str, ...]:
