@@ -69,11 +69,18 @@ def test_example_manifest_passes(tmp_path: Path) -> None:
         str(tmp_path / "out"),
         "--junit",
         str(tmp_path / "junit.xml"),
+        "--json-report",
+        str(tmp_path / "report.json"),
         "--json",
     )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(r.stdout)
     assert data["passed"] and data["failed"] == 0
+    # the report file says what ran, as the printed one does
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["run"] == data["run"] and saved["run"]["command"] == "ci"
+    assert saved["run"]["options"]["out_dir"] == str(tmp_path / "out")
+    assert all(m["build"]["target"] == "cpu" for m in saved["models"])
     names = [m["name"] for m in data["models"]]
     assert names == ["small_cnn", "tiny_encoder", "tiny_encoder_fp16"]
     assert all(m["validation"]["passed"] for m in data["models"])

@@ -65,6 +65,7 @@ class CiReport:
     seconds: float
     ray: dict[str, Any] | None = None  # the cluster a --ray run used: address, nodes
     interrupted: bool = False  # Ctrl-C: what had not finished is failed as cancelled
+    run: dict[str, Any] | None = None  # what ran (the CLI's record: command, options)
 
     @property
     def passed(self) -> bool:
@@ -91,4 +92,5 @@ class CiReport:
             "seconds": round(self.seconds, 4),
             "ray": self.ray,
             "interrupted": self.interrupted,
+            **({"run": self.run} if self.run is not None else {}),
         }

@@ -148,8 +148,11 @@ def run_ci(
     markdown: str | os.PathLike[str] | None = None,
     step_summary: bool = True,
     on_event: Event | None = None,
+    run: dict[str, Any] | None = None,
 ) -> CiReport:
     """Compile, validate and bench every model of the manifest; write the reports asked for.
+
+    `run` (what ran: the CLI's command and options) goes into the JSON report as is.
 
     `only` keeps the named models; `on_event(name, what)` is called as each model starts
     ("compiling"), is timed ("benching") and ends ("passed" or "failed"). `step_summary`
@@ -198,6 +201,7 @@ def run_ci(
         0.0,
         ray=cluster,
         interrupted=interrupted,
+        run=run,
     )
     report.seconds = time.perf_counter() - t0
     write_reports(report, junit, json_report, markdown, step_summary)

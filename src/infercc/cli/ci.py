@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from infercc.cli.app import app
-from infercc.cli.common import JsonOpt, Progress, finish
+from infercc.cli.common import JsonOpt, Progress, finish, run_record
 from infercc.errors import InferccError
 
 EXIT_INTERRUPTED = 130
@@ -94,6 +94,7 @@ def ci(
             json_report=json_report,
             markdown=markdown,
             on_event=progress.event,
+            run=run_record(),
         )
     if report.interrupted:
         with contextlib.suppress(typer.Exit):
