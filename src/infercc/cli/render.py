@@ -7,7 +7,6 @@ more lines when a terminal is narrow, and on a pipe or CI log the console is wid
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -18,36 +17,16 @@ from infercc.analysis.model_info import InspectReport
 from infercc.api import OptimizeReport
 from infercc.check.compare import ValidationReport
 from infercc.cli.app import is_tty
-from infercc.cli.units import human_bytes, human_count
+from infercc.cli.units import (
+    human_bytes,
+    human_count,
+    number_column,
+    shape_text,
+    shapes_text,
+    table,
+    text_column,
+)
 from infercc.precisions import TARGET_PRECISIONS
-
-
-def shape_text(dims: Sequence[Any] | None) -> str:
-    """`[batch, 128, 64]` (escaped for rich markup, which would read `[batch, ...]` as a
-    style); an unknown rank is `?`, an unknown dimension `?`."""
-    if dims is None:
-        return "?"
-    return escape("[" + ", ".join("?" if d is None else str(d) for d in dims) + "]")
-
-
-def shapes_text(shapes: Mapping[str, Sequence[Any]]) -> str:
-    """`image [1, 3, 32, 32], mask [1, 8]` (escaped for rich markup)."""
-    return ", ".join(f"{escape(name)} {shape_text(dims)}" for name, dims in shapes.items())
-
-
-def table(title: str | None = None, **kwargs: Any) -> Table:
-    return Table(title=title, title_justify="left", **kwargs)
-
-
-def text_column(t: Table, header: str, **kwargs: Any) -> None:
-    """A column of names or prose: folds onto more lines rather than being cut."""
-    t.add_column(header, overflow="fold", **kwargs)
-
-
-def number_column(t: Table, header: str, **kwargs: Any) -> None:
-    """A column of figures: right-aligned, kept on one line; never cut (a terminal too
-    narrow folds it rather than end it in an ellipsis)."""
-    t.add_column(header, justify="right", no_wrap=True, overflow="fold", **kwargs)
 
 
 def render_optimize(report: OptimizeReport, console: Console, explain: bool = False) -> None:
