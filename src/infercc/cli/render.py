@@ -174,13 +174,11 @@ def render_validation(v: ValidationReport, console: Console) -> None:
         f"(atol {v.atol:g}, rtol {v.rtol:g}, cosine >= {v.min_cosine})"
     )
     for i, p in enumerate(v.profiles, 1):
-        shapes = shapes_text(p["shapes"])
-        values = "".join(
-            f", {escape(k)}={escape(str(val))}" for k, val in p.get("values", {}).items()
-        )
+        shapes = ", ".join(f"{k}=[{', '.join(map(str, s))}]" for k, s in p["shapes"].items())
+        values = "".join(f", {k}={val}" for k, val in p.get("values", {}).items())
         ok = {True: "passed", False: "[red]failed[/]", None: "-"}[p.get("passed")]
         console.print(
-            f"  profile {i} ({p['source']}): {(shapes + values) or 'no inputs'}: {ok}",
+            f"  profile {i} ({p['source']}): {escape(shapes + values) or 'no inputs'}: {ok}",
             highlight=False,
         )
     for note in v.notes:
