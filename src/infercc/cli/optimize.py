@@ -510,6 +510,8 @@ FLAG_KEYS = {
     "freeze_initializers": "freeze_initializers",
     "disable_pass": "disable_passes",
     "shape": "shapes",
+    "static_shapes": "static_shapes",
+    "assume": "assume",
     "verify": "verify",
     "external_data": "external_data",
     "align": "alignment",
