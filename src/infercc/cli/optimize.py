@@ -91,6 +91,7 @@ AssumeOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--assume",
+        metavar="NAME",
         help="State an assumption about the inputs (repeatable) under which more rewrites are "
         "exact; the model is then exact only on inputs that satisfy it. nonempty-sequences: no "
         "sequence is all padding (its attention_mask is not all zeros), which removes the NaN "
