@@ -13,6 +13,7 @@ __all__ = [
     "__version__",
     "calibrate",
     "calibrate_int4",
+    "extract",
     "generate",
     "inspect_model",
     "optimize",
@@ -26,6 +27,10 @@ def __getattr__(name: str):
         from infercc.api import optimize
 
         return optimize
+    if name == "extract":
+        from infercc.subgraph import extract
+
+        return extract
     if name == "inspect_model":
         from infercc.analysis.model_info import inspect_model
 

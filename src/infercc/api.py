@@ -74,15 +74,20 @@ class OptimizeReport:
     bisect_hint: str | None = None
     static_shapes: dict[str, list[int]] | None = None  # --static-shapes: valid only for them
     assumptions: list[dict[str, Any]] = field(default_factory=list)
+    written: bool = False  # the output was published (False after a failed validation)
 
     @property
     def passed(self) -> bool:
         return self.validation is None or self.validation.passed
 
     def to_dict(self) -> dict[str, Any]:
+        """`output` is the path written, or None when nothing was (`destination` is where the
+        result was to go either way)."""
         return {
             "input": self.input,
-            "output": self.output,
+            "output": self.output if self.written else None,
+            "destination": self.output,
+            "written": self.written,
             "files": self.files,
             "target": self.target,
             "nodes_before": self.nodes_before,
@@ -113,6 +118,12 @@ class OptimizeReport:
 
 def default_output(path: Path) -> Path:
     return path.with_name(f"{path.stem}.opt.onnx")
+
+
+def is_model_file(path: str | os.PathLike[str]) -> bool:
+    """True when `path` names an .onnx file (any case: x.ONNX too), which optimize writes
+    alone; any other path is an artifact directory."""
+    return Path(path).suffix.lower() == ".onnx"
 
 
 def check_target(target: str) -> str:
@@ -253,7 +264,7 @@ def optimize(
         )
     src = Path(model)
     out = Path(output) if output is not None else default_output(src)
-    cfg = (config or build_config(**options)).resolve(artifact=out.suffix != ".onnx")
+    cfg = (config or build_config(**options)).resolve(artifact=not is_model_file(out))
     build = _Build(src, out, cfg)
     cfg.check()
     job = _Job(src, cfg, on_step or (lambda _s: None))
@@ -365,6 +376,7 @@ class _Job:
                 self._diagnose(report, staged[0], time.perf_counter() - t0)
             if report.passed:
                 self._publish(build, stage, staged, cache_dir, report)
+                report.written = True
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         return report
@@ -517,7 +529,7 @@ class _Build:
 
     def __init__(self, src: Path, out: Path, cfg: BuildConfig):
         self.src, self.out, self.cfg = src, out, cfg
-        self.artifact_mode = out.suffix != ".onnx"
+        self.artifact_mode = not is_model_file(out)
         if not self.artifact_mode:
             _check_output(src, out)
             self.model_name = out.name

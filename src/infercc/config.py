@@ -403,8 +403,16 @@ def _output_tolerances(value: Any) -> tuple[OutputTolerance, ...]:
 def _check_tolerance(name: str, value: float | None) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise InferccError(f"--{name.replace('_', '-')} {value!r} is not a non-negative number")
+    flag = f"--{name.replace('_', '-')}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise InferccError(f"{flag} {value!r} is not a number", f"e.g. {flag} 0.001")
+    if name == "min_cosine" and value > 1.0:
+        raise InferccError(
+            f"--min-cosine {value!r} can never hold: a cosine is at most 1",
+            "e.g. --min-cosine 0.999",
+        )
+    if value < 0:
+        raise InferccError(f"{flag} {value!r} is negative", f"give 0 or more, e.g. {flag} 0.001")
 
 
 def canonical_target(target: str) -> str:

@@ -20,9 +20,10 @@ Two lists, because they answer different questions:
 - tf32: atol 1e-3, rtol 1e-2, cosine >= 0.9999: an fp32 TensorRT engine on a GPU with tf32
   runs its convolutions and matrix products on TF32 tensor cores by default
   (`BuilderFlag.TF32`, 10-bit mantissa: relative errors near 1e-3 on Ampere and later).
-- fp16 and bf16: cosine >= 0.999 only; int8: cosine >= 0.99 only. Elementwise bounds would flag
-  the expected rounding of large outputs (logits) and of values near zero after a large
-  cancellation, so reduced precisions are judged by direction, per output.
+- fp16 and bf16: cosine >= 0.999 only; int8 and int4 (weight-only): cosine >= 0.99 only.
+  Elementwise bounds would flag the expected rounding of large outputs (logits) and of values
+  near zero after a large cancellation, so reduced precisions are judged by direction, per
+  output.
 
 A user's atol, rtol or min_cosine replaces the table's figure (`tolerance()`).
 """
@@ -60,6 +61,8 @@ TOLERANCES: dict[str, Tolerance] = {
     "fp16": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.999),
     "bf16": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.999),
     "int8": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.99),
+    # weight-only int4 (calibrate --int4): an error of int8's order, judged alike
+    "int4": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.99),
 }
 FP32 = TOLERANCES["fp32"]
 

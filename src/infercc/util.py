@@ -83,7 +83,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+_SIZE = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 
 
 def parse_size(text: str | int, flag: str = "--workspace") -> int:
@@ -103,3 +103,35 @@ def parse_size(text: str | int, flag: str = "--workspace") -> int:
     if value <= 0:
         raise InferccError(f"{flag} {text!r} must be positive", f"e.g. {flag} 4GiB")
     return value
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|min|h)?\s*")
+_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str | float, flag: str = "--duration") -> float:
+    """'10s' -> 10.0, '500ms' -> 0.5, '2m' -> 120.0, '3' -> 3.0 (seconds); positive only."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = _DURATION.fullmatch(str(text).lower())
+        if match is None:
+            raise InferccError(
+                f"{flag} {text!r} is not a duration", f"e.g. {flag} 10s, 500ms or 2m"
+            )
+        value = float(match[1]) * _SECONDS[match[2]]
+    if not value > 0:
+        raise InferccError(f"{flag} {text!r} must be positive", f"e.g. {flag} 10s")
+    return value
+
+
+def format_below(value: float, limit: float, digits: int = 6) -> str:
+    """`value` with enough decimals to show it below `limit` (0.99999998 against 0.99999999,
+    not a rounded 1.000000); NaN prints as nan."""
+    if value != value:
+        return "nan"
+    for places in range(digits, 18):
+        text = f"{value:.{places}f}"
+        if float(text) < limit:
+            return text
+    return repr(float(value))

@@ -220,7 +220,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_files_ranges_and_cache_agree(conv_bn):
     _, _, out, report = conv_bn
-    expected = {INT8_FILE, FP32_FILE, RANGES_FILE, CACHE_FILE, REPORT_FILE}
+    expected = {INT8_FILE, FP32_FILE, RANGES_FILE, CACHE_FILE, REPORT_FILE, "manifest.json"}
     assert {p.name for p in out.iterdir()} == expected
     assert sorted(Path(f).name for f in report.files) == sorted(expected)
     ranges = json.loads((out / RANGES_FILE).read_text())
@@ -238,6 +238,9 @@ def test_files_ranges_and_cache_agree(conv_bn):
     assert saved["passed"] is True and saved["quantized_nodes"] == 3
     assert saved["files"] == report.files
     json.dumps(report.to_dict(), allow_nan=False)
+    manifest = json.loads((out / "manifest.json").read_text())  # an artifact bench/validate run
+    assert manifest["model"] == INT8_FILE and manifest["backend"]["name"] == "none"
+    assert manifest["precision"] == "int8" and manifest["calibration"] == REPORT_FILE
 
 
 def test_foreign_out_dir_is_refused_untouched(conv_bn, tmp_path):

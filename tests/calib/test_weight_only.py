@@ -80,7 +80,14 @@ def test_rtn_decoder_without_data(decoder, tmp_path):
     }
     assert d["size"]["ratio"] < 0.25
     assert 0.0 < d["top1_agreement"] <= 1.0 and d["perplexity"] > 0
-    assert sorted(p.name for p in out.iterdir()) == ["calibration_report.json", "model_int4.onnx"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "calibration_report.json",
+        "manifest.json",
+        "model_int4.onnx",
+    ]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"] == "model_int4.onnx" and manifest["precision"] == "int4"
+    assert manifest["backend"]["name"] == "none"
     saved = json.loads((out / "calibration_report.json").read_text())
     assert saved["quantized"] == d["quantized"]
     model = onnx.load(out / "model_int4.onnx")

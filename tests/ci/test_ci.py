@@ -48,13 +48,13 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def junit_failures(path: Path) -> dict[str, str]:
-    """testcase name -> failure message, for the failing testcases."""
+def junit_failures(path: Path, kind: str = "failure") -> dict[str, str]:
+    """testcase name -> message, for the testcases with a <failure> (or `kind`: <error>)."""
     root = ET.parse(path).getroot()
     return {
-        case.get("name"): case.find("failure").get("message")
+        case.get("name"): case.find(kind).get("message")
         for case in root.iter("testcase")
-        if case.find("failure") is not None
+        if case.find(kind) is not None
     }
 
 
@@ -69,11 +69,18 @@ def test_example_manifest_passes(tmp_path: Path) -> None:
         str(tmp_path / "out"),
         "--junit",
         str(tmp_path / "junit.xml"),
+        "--json-report",
+        str(tmp_path / "report.json"),
         "--json",
     )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(r.stdout)
     assert data["passed"] and data["failed"] == 0
+    # the report file says what ran, as the printed one does
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["run"] == data["run"] and saved["run"]["command"] == "ci"
+    assert saved["run"]["options"]["out_dir"] == str(tmp_path / "out")
+    assert all(m["build"]["target"] == "cpu" for m in saved["models"])
     names = [m["name"] for m in data["models"]]
     assert names == ["small_cnn", "tiny_encoder", "tiny_encoder_fp16"]
     assert all(m["validation"]["passed"] for m in data["models"])
@@ -102,11 +109,13 @@ path = "broken.onnx"
     r = run_cli("ci", str(manifest), "--jobs", "2", "--junit", str(junit))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "broken" in r.stdout and "not a valid ONNX model" in r.stdout
-    failures = junit_failures(junit)
-    assert list(failures) == ["broken"]
-    assert "not a valid ONNX model" in failures["broken"]
+    # a model that cannot be read is an error (no verdict on its numbers), not a failure
+    assert junit_failures(junit) == {}
+    errors = junit_failures(junit, "error")
+    assert list(errors) == ["broken"]
+    assert "not a valid ONNX model" in errors["broken"]
     suite = ET.parse(junit).getroot().find("testsuite")
-    assert (suite.get("tests"), suite.get("failures")) == ("2", "1")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "0", "1")
 
 
 def test_latency_over_budget_fails_that_model(tmp_path: Path, monkeypatch) -> None:
@@ -306,3 +315,24 @@ def test_an_option_without_effect_is_a_bad_manifest(tmp_path: Path) -> None:
         load_config(manifest)
     r = run_cli("ci", str(manifest))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_junit_counts_errors_apart_from_failures(tmp_path: Path) -> None:
+    from infercc.ci.manifest import ModelSpec
+    from infercc.ci.results import CiReport, ModelResult
+    from infercc.ci.runner import build_and_validate
+
+    missing = build_and_validate(
+        ModelSpec("missing", tmp_path / "nope.onnx", tmp_path / "missing.opt.onnx")
+    )
+    assert not missing.passed and missing.error and "not found" in missing.reason
+    failed = ModelResult("wrong", "w.onnx", False, "validation failed: y: cosine 0.5 below 0.9999")
+    ok = ModelResult("fine", "f.onnx", True, stage="done")
+    report = CiReport("infercc.toml", "out", 1, [missing, failed, ok], 1.0)
+    root = ET.fromstring(junit_xml(report).split("?>", 1)[1])
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "1")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["missing"].find("error") is not None and cases["missing"].find("failure") is None
+    assert cases["wrong"].find("failure").get("message").startswith("validation failed")
+    assert report.to_dict()["errors"] == 1 and report.to_dict()["failed"] == 2

@@ -121,10 +121,12 @@ def normalized(report: dict, out_dir: Path) -> dict:
 
 
 def junit_cases(path: Path, out_dir: Path | None = None) -> dict[str, tuple]:
-    """testcase -> (failure message, failure type, system-out before any placement)."""
+    """testcase -> (failure or error message, its type, system-out before any placement)."""
     cases = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         failure = case.find("failure")
+        if failure is None:  # a model that could not be checked (a crash) is an <error>
+            failure = case.find("error")
         out = case.find("system-out").text.split(", built on ")[0]
         out = re.sub(r"[\d.]+ ms", "N ms", out.replace(str(out_dir), "OUT"))
         message = None if failure is None else failure.get("message")

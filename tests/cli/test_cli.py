@@ -468,6 +468,7 @@ def test_calibrate_command(tmp_path):
     assert names == [
         "calibration.cache",
         "calibration_report.json",
+        "manifest.json",
         "model_fp32.onnx",
         "model_int8.onnx",
         "ranges.json",

@@ -20,7 +20,8 @@ ENCODER = Path(__file__).resolve().parents[2] / "examples" / "tiny_encoder.onnx"
 def test_app_and_main_are_importable_and_commands_in_order() -> None:
     assert callable(main)
     names = [c.name or c.callback.__name__ for c in app.registered_commands]
-    assert names == ["optimize", "inspect", "passes", "targets", "bench", "calibrate"] + [
+    assert names == ["optimize", "extract", "inspect", "passes", "targets", "bench"] + [
+        "calibrate",
         "validate",
         "ci",
     ]

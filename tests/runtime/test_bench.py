@@ -49,8 +49,9 @@ def fixed_batch_model(tmp_path: Path) -> Path:
 def test_report_fields_types_and_json() -> None:
     report = bench(CNN, **FAST)
     data = json.loads(json.dumps(report.to_dict()))
-    assert set(data) == {"path", "backend", "results", "host"}
+    assert set(data) == {"path", "backend", "duration_s", "results", "host"}
     assert data["path"] == str(CNN) and data["backend"] == "onnxruntime"
+    assert data["duration_s"] is None and data["results"][0]["profile"] is None  # not asked
     assert data["host"]["onnxruntime"] == ort.__version__ and data["host"]["cores"] >= 1
     [stats] = report.results
     assert isinstance(stats, LatencyStats)

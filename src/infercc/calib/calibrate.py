@@ -85,6 +85,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infercc.backends.base import MANIFEST
 from infercc.calib import outliers
 from infercc.calib.kernels import broken_kernels
 from infercc.calib.observers import (
@@ -115,7 +116,8 @@ from infercc.passes.quantize_qdq import (
     weight_sqnr,
 )
 from infercc.passes.split_outliers import candidates as outlier_candidates
-from infercc.runtime.artifact import publish, staging_dir
+from infercc.runtime.artifact import manifest as artifact_manifest
+from infercc.runtime.artifact import publish, staging_dir, write_manifest
 from infercc.runtime.ort_support import check_ir_version
 from infercc.util import json_float
 
@@ -425,15 +427,45 @@ def calibrate(
             if speed_check:
                 step("racing int8 against fp32")
                 report.speed = job.speed_check(src)
-                log = logger.warning if report.speed.slower else logger.info
-                log("%s", report.speed.message)
+                logger.info("%s", report.speed.message)  # the report says it to the user
             report.seconds = time.perf_counter() - t0
             _write_json(stage / REPORT_FILE, report.to_dict())
+            write_manifest(stage, calibration_manifest(src, target, report.files))
             publish(stage, dest)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def calibration_manifest(
+    src: Path,
+    target: str,
+    written: Sequence[str],
+    model_file: str = INT8_FILE,
+    precision: str = "int8",
+) -> dict[str, Any]:
+    """The manifest.json of a calibration output (`written`: the paths of its files): an
+    artifact of the `none` backend whose model is the quantized one (`model_file`), so
+    `infercc bench` and `infercc validate` take the directory."""
+    from infercc.analysis.targets import get_target
+    from infercc.runtime.tuning import file_sha256, host_fingerprint
+    from infercc.version import __version__
+
+    files = [Path(f).name for f in written if Path(f).name != MANIFEST]
+    data = artifact_manifest(
+        source=src,
+        source_sha256=file_sha256(src),
+        passes={},
+        target=get_target(target).to_dict(),
+        host=host_fingerprint(),
+        backend={"name": "none", "version": __version__, "files": files, "points": []},
+        profiles=(),
+        precision=precision,
+        memory=None,
+        validation=None,
+    )
+    return {**data, "model": model_file, "calibration": REPORT_FILE}
 
 
 def check_calibrate_passes(disable_passes: Sequence[str]) -> tuple[str, ...]:
@@ -786,7 +818,7 @@ class _Job:
         scales = {name: r.scale for name, r in self.ranges.items()}
         write_calibration_cache(self.stage / CACHE_FILE, scales, CACHE_METHOD[method], trt_version)
         names = [p.name for p in (*int8_files, *self.fp32_files)]
-        names += [RANGES_FILE, CACHE_FILE, REPORT_FILE]
+        names += [RANGES_FILE, CACHE_FILE, REPORT_FILE, MANIFEST]
         return [str(dest / name) for name in names]
 
 

@@ -58,11 +58,13 @@ from infercc.analysis.decoder import (
     prefill_feeds,
     step_inputs,
 )
+from infercc.backends.base import MANIFEST
 from infercc.calib.activations import collect_inputs
 from infercc.calib.calibrate import (
     REPORT_FILE,
     OutputQuality,
     _name_targets,
+    calibration_manifest,
     check_calibration_destination,
     evaluate,
     read_samples,
@@ -87,7 +89,7 @@ from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.passes.manager import PassContext, run_passes
 from infercc.passes.pipelines import CALIBRATE_FP32
-from infercc.runtime.artifact import publish, staging_dir
+from infercc.runtime.artifact import publish, staging_dir, write_manifest
 from infercc.util import json_float
 
 logger = logging.getLogger(__name__)
@@ -356,9 +358,11 @@ def calibrate_int4(
             "evaluated_on": evaluated_on,
         }
         report.size = _sizes(src, stage / INT4_FILE)
-        report.files = [str(dest / INT4_FILE), str(dest / REPORT_FILE)]
+        report.files = [str(dest / name) for name in (INT4_FILE, REPORT_FILE, MANIFEST)]
         report.seconds = time.perf_counter() - t0
         (stage / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        manifest = calibration_manifest(src, target, report.files, INT4_FILE, "int4")
+        write_manifest(stage, manifest)
         for tmp in stage.glob(".*"):
             tmp.unlink()
         publish(stage, dest)
@@ -593,7 +597,7 @@ class _Run:
         theirs = rtn.perplexity if rtn.perplexity is not None else rtn.cosine
         verdict = "beat" if beats else "did NOT beat"
         message = f"{self.job.method} {verdict} rtn on {measure}: {ours:.6g} vs {theirs:.6g}"
-        (logger.info if beats else logger.warning)("%s", message)
+        logger.info("%s", message)  # the report says it to the user
         return {"rtn": rtn.to_dict(), "beats_rtn": beats, "measure": measure, "message": message}
 
     # -- accuracy level and speed ---------------------------------------------------

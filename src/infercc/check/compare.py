@@ -64,7 +64,7 @@ from infercc.errors import InferccError
 from infercc.ir import dtypes
 from infercc.precisions import FP32
 from infercc.runtime.ort_support import check_ir_version, refused_ir_version
-from infercc.util import first_line, json_float
+from infercc.util import first_line, format_below, json_float
 
 logger = logging.getLogger(__name__)
 
@@ -610,7 +610,7 @@ def _verdict(
     if math.isfinite(tol.atol) and m.max_abs <= tol.atol:
         return None, "atol"  # within atol everywhere: the cosine of tiny values is noise
     if not (m.cosine >= tol.min_cosine):  # NaN cosine fails too
-        return f"cosine {m.cosine:.6f} below {tol.min_cosine}", "cosine"
+        return f"cosine {format_below(m.cosine, tol.min_cosine)} below {tol.min_cosine}", "cosine"
     bounded = math.isfinite(tol.atol) or math.isfinite(tol.rtol)
     return None, "elementwise+cosine" if bounded else "cosine"
 

@@ -12,7 +12,7 @@ import onnx
 
 from infercc.errors import InferccError
 from infercc.ir.ops import QUANTIZATION_OPS
-from infercc.precisions import BUILD_PRECISIONS, tolerance
+from infercc.precisions import TOLERANCES, tolerance
 from infercc.runtime.artifact import open_source, read_skeleton
 
 # --------------------------------------------------------------------------- precision
@@ -21,18 +21,22 @@ from infercc.runtime.artifact import open_source, read_skeleton
 def detect_precision(
     candidate: str | os.PathLike[str], skeleton: onnx.ModelProto | None = None
 ) -> str:
-    """The artifact manifest's precision (one of `BUILD_PRECISIONS`), or fp32, fp16 or int8
-    read from the model (its `skeleton` when the caller has read it already)."""
+    """The artifact manifest's precision (one `TOLERANCES` knows: int4 for calibrate --int4's
+    output), or fp32, fp16, int8 or int4 read from the model (its `skeleton` when the caller
+    has read it already)."""
     path = Path(candidate)
     if path.is_dir():
         precision = str(open_source(path).manifest.get("precision") or "fp32")
-        return precision if precision in BUILD_PRECISIONS else "fp32"
+        return precision if precision in TOLERANCES else "fp32"
     return model_precision(skeleton if skeleton is not None else read_skeleton(path))
 
 
 def model_precision(model: onnx.ModelProto) -> str:
-    """int8 with quantize ops, fp16 with float16 weights or Casts to float16, else fp32."""
+    """int4 with onnxruntime's int4 weight ops (MatMulNBits, GatherBlockQuantized), int8 with
+    quantize ops, fp16 with float16 weights or Casts to float16, else fp32."""
     nodes = list(model.graph.node)
+    if any(n.op_type in ("MatMulNBits", "GatherBlockQuantized") for n in nodes):
+        return "int4"
     if any(n.op_type in QUANTIZATION_OPS for n in nodes):
         return "int8"
     fp16 = onnx.TensorProto.FLOAT16

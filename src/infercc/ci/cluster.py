@@ -472,12 +472,14 @@ def bench_on_node(task: TaskSpec, *archives: bytes) -> Outcome:
             spec, shown = _localize(task, archives, Path(tmp))
         latency, crashed = _isolated(task.work, spec, str(spec.output))
         if crashed is not None:
-            latency = {"reason": f"the benchmark process died ({crashed})"}
+            latency = {"reason": f"the benchmark process died ({crashed})", "error": True}
     return Outcome(_show(latency, shown), **here, ended=time.time(), crashed=crashed, files=files)
 
 
 def _failed_result(spec: ModelSpec, reason: str) -> ModelResult:
-    result = ModelResult(spec.name, str(spec.path), False, reason, precision=spec.precision)
+    result = ModelResult(
+        spec.name, str(spec.path), False, reason, precision=spec.precision, error=True
+    )
     result.target, result.backend = spec.target, spec.backend
     return result
 
@@ -679,7 +681,7 @@ class Fleet:
             if blob is not None:
                 install(blob, spec.output.parent)
         except (OSError, self.ray.exceptions.RayError) as exc:
-            result.passed, result.stage = False, "compile"
+            result.passed, result.stage, result.error = False, "compile", True
             result.reason = f"cannot write the artifact to {spec.output}: {first_line(exc)}"
 
     def _placement(self, attempt: _Attempt, outcome: Outcome) -> dict[str, Any]:
@@ -772,7 +774,10 @@ class Fleet:
                 self.ray.cancel(ref, force=True)
             return {"reason": "cancelled: the run was interrupted (Ctrl-C)"}
         except self.ray.exceptions.RayError as exc:
-            return {"reason": "benchmark failed: " + _ray_reason(exc, self.settings.max_retries)}
+            return {
+                "reason": "benchmark failed: " + _ray_reason(exc, self.settings.max_retries),
+                "error": True,
+            }
 
 
 def _absolute(spec: ModelSpec) -> tuple[ModelSpec, dict[str, str]]:

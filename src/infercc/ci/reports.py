@@ -40,10 +40,13 @@ def write_reports(
 
 
 def junit_xml(report: CiReport) -> str:
-    """JUnit XML: one testsuite, one testcase per model, a failure element with the reason."""
-    failures = len(report.failures())
+    """JUnit XML: one testsuite, one testcase per model; a model that failed a check (its
+    validation, its latency budget) has a <failure>, one that could not be checked (a crash,
+    a missing file, an exception) an <error>, each with the reason."""
+    errors = len(report.errors())
+    failures = len(report.failures()) - errors
     suites = ET.Element(
-        "testsuites", tests=str(len(report.models)), failures=str(failures), errors="0"
+        "testsuites", tests=str(len(report.models)), failures=str(failures), errors=str(errors)
     )
     suite = ET.SubElement(
         suites,
@@ -51,7 +54,7 @@ def junit_xml(report: CiReport) -> str:
         name="infercc ci",
         tests=str(len(report.models)),
         failures=str(failures),
-        errors="0",
+        errors=str(errors),
         skipped="0",
         time=f"{report.seconds:.3f}",
     )
@@ -60,8 +63,9 @@ def junit_xml(report: CiReport) -> str:
             suite, "testcase", classname="infercc.ci", name=m.name, time=f"{m.seconds:.3f}"
         )
         if not m.passed:
-            failure = ET.SubElement(case, "failure", message=m.reason or "failed", type=m.stage)
-            failure.text = json.dumps(m.to_dict(), indent=1)
+            kind = "error" if m.error else "failure"
+            element = ET.SubElement(case, kind, message=m.reason or "failed", type=m.stage)
+            element.text = json.dumps(m.to_dict(), indent=1)
         ET.SubElement(case, "system-out").text = _summary_line(m)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
@@ -132,7 +136,7 @@ def ci_markdown(report) -> str:
         lat = m.latency or {}
         cells = [
             m.name,
-            "passed" if m.passed else "**FAILED**",
+            "passed" if m.passed else ("**ERROR**" if m.error else "**FAILED**"),
             m.precision or "-",
             "-" if m.nodes_before is None else f"{m.nodes_before} → {m.nodes_after}",
             metric_cell(w["max_abs"], ".3g"),

@@ -15,6 +15,9 @@ class ModelResult:
     passed: bool
     reason: str | None = None
     stage: str = "compile"  # where it failed (compile, validate, bench), or done
+    # The failure is an error (a crash, a missing file, an exception: no verdict on the model)
+    # rather than a verdict (validation failed, over the latency budget): JUnit's <error>.
+    error: bool = False
     precision: str | None = None
     target: str | None = None
     backend: str | None = None
@@ -27,6 +30,7 @@ class ModelResult:
     # under `--ray`: the node that built it (host, node id, accelerator), the seconds queued
     # and running, how many attempts it took
     placement: dict[str, Any] | None = None
+    build: dict[str, Any] | None = None  # the resolved BuildConfig it was built with
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,6 +39,7 @@ class ModelResult:
             "passed": self.passed,
             "reason": self.reason,
             "stage": self.stage,
+            "error": self.error,
             "precision": self.precision,
             "target": self.target,
             "backend": self.backend,
@@ -45,6 +50,7 @@ class ModelResult:
             "latency": self.latency,
             "seconds": round(self.seconds, 4),
             "placement": self.placement,
+            "build": self.build,
         }
 
 
@@ -59,13 +65,19 @@ class CiReport:
     seconds: float
     ray: dict[str, Any] | None = None  # the cluster a --ray run used: address, nodes
     interrupted: bool = False  # Ctrl-C: what had not finished is failed as cancelled
+    run: dict[str, Any] | None = None  # what ran (the CLI's record: command, options)
 
     @property
     def passed(self) -> bool:
         return all(m.passed for m in self.models)
 
     def failures(self) -> list[ModelResult]:
+        """Every model that did not pass (verdicts and errors alike)."""
         return [m for m in self.models if not m.passed]
+
+    def errors(self) -> list[ModelResult]:
+        """The models that failed by an error (a crash, a missing file), not by a verdict."""
+        return [m for m in self.models if not m.passed and m.error]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,8 +87,10 @@ class CiReport:
             "passed": self.passed,
             "total": len(self.models),
             "failed": len(self.failures()),
+            "errors": len(self.errors()),
             "models": [m.to_dict() for m in self.models],
             "seconds": round(self.seconds, 4),
             "ray": self.ray,
             "interrupted": self.interrupted,
+            **({"run": self.run} if self.run is not None else {}),
         }

@@ -38,7 +38,7 @@ def build_and_validate(spec: ModelSpec) -> ModelResult:
             result.stage = "validate"
             _validate(spec, result)
     except Exception as exc:  # one model's failure, whatever it is, must not stop the others
-        result.reason = _reason(exc)
+        result.reason, result.error = _reason(exc), True
         log.debug("model %s failed", spec.name, exc_info=True)
     result.passed = result.reason is None
     if result.passed:
@@ -57,7 +57,7 @@ def _compile(spec: ModelSpec, result: ModelResult) -> None:
     from infercc.api import optimize
 
     report = optimize(spec.path, spec.output, spec.build, cache_dir=spec.cache_dir)
-    result.output = str(spec.output)
+    result.output, result.build = str(spec.output), report.build
     result.nodes_before, result.nodes_after = report.nodes_before, report.nodes_after
     result.backend = (report.artifact or {}).get("backend", {}).get("name", "none")
     if not report.passed:
@@ -111,6 +111,7 @@ def bench_model(spec: ModelSpec, output: str) -> dict[str, Any]:
             _against_baseline(spec, output, shapes, latency)
     except Exception as exc:  # a crash while timing fails this model only
         latency["reason"] = "benchmark failed: " + _reason(exc)
+        latency["error"] = True
     return latency
 
 
@@ -147,8 +148,11 @@ def run_ci(
     markdown: str | os.PathLike[str] | None = None,
     step_summary: bool = True,
     on_event: Event | None = None,
+    run: dict[str, Any] | None = None,
 ) -> CiReport:
     """Compile, validate and bench every model of the manifest; write the reports asked for.
+
+    `run` (what ran: the CLI's command and options) goes into the JSON report as is.
 
     `only` keeps the named models; `on_event(name, what)` is called as each model starts
     ("compiling"), is timed ("benching") and ends ("passed" or "failed"). `step_summary`
@@ -197,6 +201,7 @@ def run_ci(
         0.0,
         ray=cluster,
         interrupted=interrupted,
+        run=run,
     )
     report.seconds = time.perf_counter() - t0
     write_reports(report, junit, json_report, markdown, step_summary)
@@ -244,7 +249,9 @@ def _collect(spec: ModelSpec, future: Future) -> ModelResult:
         reason = "the worker process died (a crash in native code?)"
     except Exception as exc:  # e.g. a result that cannot be unpickled
         reason = _reason(exc)
-    return ModelResult(spec.name, str(spec.path), False, reason, precision=spec.precision)
+    return ModelResult(
+        spec.name, str(spec.path), False, reason, precision=spec.precision, error=True
+    )
 
 
 def _bench_all(
@@ -268,11 +275,13 @@ def _bench_isolated(pool: ProcessPoolExecutor, spec: ModelSpec, output: str) -> 
     try:
         return pool.submit(bench_model, spec, output).result()
     except BrokenProcessPool:
-        return {"reason": "the benchmark process died (a crash in native code?)"}
+        return {"reason": "the benchmark process died (a crash in native code?)", "error": True}
 
 
 def _apply_latency(result: ModelResult, latency: dict[str, Any]) -> None:
     reason = latency.pop("reason", None)
+    error = bool(latency.pop("error", False))
     result.latency = latency
     if reason is not None:
         result.passed, result.reason, result.stage = False, reason, "bench"
+        result.error = error

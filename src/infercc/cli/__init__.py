@@ -1,6 +1,6 @@
 """The command line: a Typer app (`infercc.cli.app`) over the Python API, one module per
-command (`optimize`, `info`: inspect, passes and targets, `bench`, `calibrate`, `validate`,
-`ci`, `cache`), the options and helpers they share (`common`), rendered with rich
+command (`optimize`, `extract`, `info`: inspect, passes and targets, `bench`, `calibrate`,
+`validate`, `ci`, `cache`), the options and helpers they share (`common`), rendered with rich
 (`infercc.cli.render`). Importing this package registers every command, in `--help` order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import importlib
 
 from infercc.cli.app import app, main
 
-COMMAND_MODULES = ("optimize", "info", "bench", "calibrate", "validate", "ci", "cache")
+COMMAND_MODULES = ("optimize", "extract", "info", "bench", "calibrate", "validate", "ci", "cache")
 for _module in COMMAND_MODULES:
     importlib.import_module(f"infercc.cli.{_module}")
 

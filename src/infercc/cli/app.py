@@ -1,33 +1,242 @@
-"""The Typer app, its consoles and the entry point: one-line errors, exit codes."""
+"""The Typer app, its consoles and the entry point: one-line errors, exit codes.
+
+Help is click's plain layout (no Rich markup: `[default: ...]` and `infercc[plot]` print as
+written), with readable metavars (`MODEL`, `--shape NAME=SHAPE`) and `-h` beside `--help`.
+
+The global options (`--debug`, `-q`/`--quiet`, `-v`/`--verbose`, `--log-file FILE`) are
+accepted anywhere on the line: `_Group.parse_args` moves those that follow the subcommand to
+the front before click parses, skipping the values of the subcommand's own options.
+"""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
+import re
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+import typer.core
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from infercc import __version__
 from infercc.errors import EXIT_BAD_INPUT, InferccError
 
-app = typer.Typer(
+# --------------------------------------------------------------------------- consoles
+
+# Width of a console whose file is not a terminal (a pipe, a CI log): wide enough that tables
+# keep every value whole; lines are not padded, so nothing gets longer than its content.
+PIPE_WIDTH = 4096
+
+
+class _Console(Console):
+    """A rich Console that, when its file is not a terminal, is `PIPE_WIDTH` wide whatever
+    $COLUMNS says (colours still follow rich's rules: NO_COLOR, FORCE_COLOR, TTY_COMPATIBLE)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if not is_tty(self.file):
+            return ConsoleDimensions(PIPE_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`| head -1`): print nothing more and let the command end
+        with its own exit code (rich exits 1 here, which means "validation failed")."""
+        self.quiet = True
+        silence_stdout()
+        raise BrokenPipeError(32, "stdout was closed")
+
+
+def is_tty(file: Any) -> bool:
+    """True when `file` is an interactive terminal (not a pipe, file or CI log)."""
+    isatty = getattr(file, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except (ValueError, OSError):  # a closed file
+        return False
+
+
+out = _Console()
+err = Console(stderr=True)
+
+
+# --------------------------------------------------------------------------- global options
+
+
+@dataclass
+class Settings:
+    """What the global options set for this run."""
+
+    debug: bool = False
+    quiet: bool = False
+    verbose: int = 0
+    log_file: Path | None = None
+
+
+settings = Settings()
+
+GLOBAL_FLAGS = ("--debug", "-q", "--quiet", "-v", "--verbose")
+GLOBAL_WITH_VALUE = ("--log-file",)
+_VERBOSE_CLUSTER = re.compile(r"-v+")
+
+
+def hoist_globals(command: Any, ctx: Any, args: Sequence[str]) -> list[str]:
+    """`args` with the global options that follow a subcommand moved to the front.
+
+    The values of the options of each command on the way are stepped over (so `--shape -v`
+    keeps its value) and nothing after `--` moves."""
+    front: list[str] = []
+    rest: list[str] = []
+    takes_value = _value_options(command)
+    inside = False  # past the first subcommand
+    i = 0
+    while i < len(args):
+        token = args[i]
+        name = token.split("=", 1)[0]
+        if token == "--":
+            rest += args[i:]
+            break
+        if inside and (token in GLOBAL_FLAGS or _VERBOSE_CLUSTER.fullmatch(token)):
+            front.append(token)
+        elif inside and name in GLOBAL_WITH_VALUE:
+            front += args[i : i + (1 if "=" in token else 2)]
+            i += 0 if "=" in token else 1
+        elif name in takes_value and "=" not in token:
+            rest += args[i : i + 2]
+            i += 1
+        else:
+            rest.append(token)
+            sub = _subcommand(command, ctx, token)
+            if sub is not None:
+                command, inside = sub, True
+                takes_value |= _value_options(sub)
+        i += 1
+    return front + rest
+
+
+def _subcommand(command: Any, ctx: Any, token: str) -> Any:
+    if token.startswith("-") or not hasattr(command, "get_command"):
+        return None
+    return command.get_command(ctx, token)
+
+
+def _value_options(command: Any) -> set[str]:
+    names: set[str] = set()
+    for p in getattr(command, "params", ()):
+        if p.param_type_name == "option" and not p.is_flag and not getattr(p, "count", False):
+            names.update(p.opts)
+            names.update(p.secondary_opts)
+    return names
+
+
+# --------------------------------------------------------------------------- help layout
+
+
+class Command(typer.core.TyperCommand):
+    """Plain help with readable names: `Usage: infercc optimize [OPTIONS] MODEL [OUTPUT]`,
+    arguments listed by their metavar, every option that takes a value showing one."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name == "argument":
+                pieces.append(_argument_usage(p))
+        return pieces
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        args, opts = [], []
+        for p in self.get_params(ctx):
+            if p.param_type_name == "argument" and not p.hidden:
+                args.append((_argument_name(p), _argument_help(p, ctx)))
+            elif p.param_type_name == "option":
+                _readable_metavar(p)
+                record = p.get_help_record(ctx)
+                if record is not None:
+                    opts.append(record)
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl(args)
+        if opts:
+            with formatter.section("Options"):
+                formatter.write_dl(opts)
+
+
+def _argument_name(p: Any) -> str:
+    name = p.metavar or p.name.upper()
+    return name + ("..." if p.nargs != 1 else "")
+
+
+def _argument_usage(p: Any) -> str:
+    name = _argument_name(p)
+    return name if p.required else f"[{name}]"
+
+
+def _argument_help(p: Any, ctx: Any) -> str:
+    text = getattr(p, "help", None) or ""
+    default = p.get_default(ctx, call=False) if not p.required else None
+    extra = "required" if p.required else (f"default: {default}" if default else "")
+    return f"{text}  [{extra}]" if extra else text
+
+
+def _readable_metavar(p: Any) -> None:
+    """An option without an explicit metavar shows its name in capitals (`--warmup WARMUP`),
+    never a type such as `<int>` or `<list[str]>`."""
+    if p.metavar is None and not p.is_flag and not getattr(p, "count", False):
+        p.metavar = p.name.upper()
+
+
+class Group(typer.core.TyperGroup):
+    """The app's groups: global options accepted anywhere (`hoist_globals`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if ctx.parent is None:
+            args = hoist_globals(self, ctx, args)
+        return super().parse_args(ctx, args)
+
+
+class Typer(typer.Typer):
+    """A Typer whose commands and groups use the layout above."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def make_typer(**kwargs: Any) -> Typer:
+    return Typer(
+        cls=Group,
+        rich_markup_mode=None,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        no_args_is_help=True,
+        context_settings=CONTEXT,
+        **kwargs,
+    )
+
+
+app = make_typer(
     name="infercc",
     help=(
         "Ahead-of-time compiler and optimizer for ONNX models.\n\n"
         "Start with: infercc optimize model.onnx   (writes model.opt.onnx, validated against "
-        "the original under onnxruntime)."
+        "the original under onnxruntime).\n\n"
+        "The options below are accepted before or after the command."
     ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
 
 
 def _version(value: bool) -> None:
@@ -39,33 +248,129 @@ def _version(value: bool) -> None:
 @app.callback()
 def main_options(
     debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks and debug logs on errors.")
+        bool,
+        typer.Option("--debug", help="Show tracebacks on errors, and debug logs."),
     ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "-q", "--quiet", help="No progress display and no warnings: the report and errors."
+        ),
+    ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "-v",
+            "--verbose",
+            count=True,
+            show_default=False,
+            help="More log lines on stderr (-v info, -vv debug).",
+        ),
+    ] = 0,
+    log_file: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="Also write every log line (debug level) to FILE (appended)."
+        ),
+    ] = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print version.")
     ] = False,
 ) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING,
-        stream=sys.stderr,
-        format="%(levelname)s %(name)s: %(message)s",
+    settings.debug, settings.quiet, settings.verbose, settings.log_file = (
+        debug,
+        quiet,
+        verbose,
+        log_file,
     )
+    configure_logging(settings)
+
+
+# --------------------------------------------------------------------------- logging
+
+_HANDLERS: list[logging.Handler] = []
+
+
+class _Formatter(logging.Formatter):
+    """`warning: message` on the console (`warning infercc.x: message` with --debug)."""
+
+    def __init__(self, with_name: bool):
+        super().__init__()
+        self.with_name = with_name
+
+    def format(self, record: logging.LogRecord) -> str:
+        where = f" {record.name}" if self.with_name else ""
+        text = f"{record.levelname.lower()}{where}: {record.getMessage()}"
+        if record.exc_info and self.with_name:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def console_level(s: Settings) -> int:
+    if s.debug or s.verbose >= 2:
+        return logging.DEBUG
+    if s.verbose == 1:
+        return logging.INFO
+    return logging.ERROR if s.quiet else logging.WARNING
+
+
+def configure_logging(s: Settings) -> None:
+    """infercc's log lines to stderr at the level the options ask for, and all of them to
+    --log-file. Handlers of an earlier run in this process are replaced."""
+    logger = logging.getLogger("infercc")
+    for handler in _HANDLERS:
+        logger.removeHandler(handler)
+        handler.close()
+    _HANDLERS.clear()
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(console_level(s))
+    console.setFormatter(_Formatter(with_name=s.debug))
+    _HANDLERS.append(console)
+    if s.log_file is not None:
+        _HANDLERS.append(_file_handler(s.log_file))
+    for handler in _HANDLERS:
+        logger.addHandler(handler)
+    logger.setLevel(min(h.level for h in _HANDLERS))
+
+
+def _file_handler(path: Path) -> logging.Handler:
+    try:
+        handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    except OSError as exc:
+        raise InferccError(
+            f"--log-file {str(path)!r} cannot be opened: {exc.strerror or exc}",
+            "give a writable path",
+        ) from None
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    return handler
+
+
+# --------------------------------------------------------------------------- entry point
 
 
 def main() -> None:
     """Entry point: one-line errors with exit code 2; tracebacks only with --debug."""
-    debug = "--debug" in sys.argv[1:]
     try:
-        code = app(args=bare_options(sys.argv[1:], ("--ray",)), standalone_mode=False)
+        code = app(
+            args=bare_options(sys.argv[1:], ("--ray",)), standalone_mode=False, prog_name="infercc"
+        )
+        _flush_stdout()
         if isinstance(code, int) and code:  # typer.Exit(n) comes back as n in this mode
             sys.exit(code)
     except InferccError as e:
-        if debug:
+        if _debug():
             raise
         _error(escape(e.message) + (f" — {escape(e.hint)}" if e.hint else ""))
         sys.exit(e.exit_code)
     except typer.Exit as e:
+        _flush_stdout()
         sys.exit(e.exit_code)
+    except BrokenPipeError:  # stdout closed early (`| head -1`): not a failure
+        silence_stdout()
+        sys.exit(0)
     except _click_exceptions() as e:
         e.show()
         sys.exit(EXIT_BAD_INPUT)
@@ -73,7 +378,7 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     except Exception as e:  # a bug: say so on one line, the traceback with --debug
-        if debug:
+        if _debug():
             raise
         msg = str(e).splitlines()[0] if str(e) else ""
         _error(
@@ -82,6 +387,29 @@ def main() -> None:
             "internal error",
         )
         sys.exit(EXIT_BAD_INPUT)
+
+
+def _debug() -> bool:
+    """--debug, wherever it was given (also when parsing failed before it was read)."""
+    return settings.debug or "--debug" in sys.argv[1:]
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+
+
+def silence_stdout() -> None:
+    """After the reader of stdout went away: point stdout at /dev/null, so that nothing more
+    (nor the interpreter's final flush) fails on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests)
+        pass
 
 
 def _error(text: str, label: str = "error") -> None:

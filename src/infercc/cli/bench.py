@@ -10,23 +10,31 @@ import typer
 from infercc.cli.app import app
 from infercc.cli.common import JsonOpt, Progress, SeedOpt, ShapeOpt, finish
 from infercc.errors import InferccError
+from infercc.util import parse_duration
+
+DEFAULT_ITERS = 100
 
 
-@app.command()
+@app.command(short_help="Latency and throughput per batch size; two models raced interleaved.")
 def bench(
-    model: Annotated[Path, typer.Argument(help="An .onnx model or an artifact directory.")],
+    model: Annotated[
+        Path,
+        typer.Argument(metavar="MODEL", help="An .onnx model or an artifact directory."),
+    ],
     shape: ShapeOpt = None,
     batch: Annotated[
         str | None,
         typer.Option(
+            metavar="SIZES",
             help="Batch sizes to run, comma-separated, e.g. 1,8,32 [default: the "
             "model's own batch]. Sets the first axis of every input whose first axis "
-            "is symbolic."
+            "is symbolic.",
         ),
     ] = None,
     warmup: Annotated[
         int | None,
         typer.Option(
+            metavar="N",
             help="Untimed runs first, per batch size [default: 10; with --generate: 1 "
             "warm-up generation].",
             min=0,
@@ -35,15 +43,34 @@ def bench(
     iters: Annotated[
         int | None,
         typer.Option(
-            help="Timed runs per batch size [default: 100; with --generate: 3 timed generations].",
+            metavar="N",
+            help=f"Timed runs per batch size [default: {DEFAULT_ITERS}; with --duration, "
+            "the least number of runs, default 1; with --generate: 3 timed generations].",
             min=1,
         ),
     ] = None,
+    duration: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TIME",
+            help="Time each batch size for this long, e.g. 10s, 500ms, 2m (and at least "
+            "--iters runs), as trtexec's --duration.",
+        ),
+    ] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Also profile each batch size with onnxruntime's profiler (a separate "
+            "session, after the timing) and list the op types and nodes that take the time.",
+        ),
+    ] = False,
     compare: Annotated[
         Path | None,
         typer.Option(
+            metavar="OTHER",
             help="A second model or artifact, run interleaved with MODEL (A B A B "
-            "...) on the same inputs: prints the per-pair time ratio B/A."
+            "...) on the same inputs: prints the per-pair time ratio B/A.",
         ),
     ] = None,
     seed: SeedOpt = 0,
@@ -61,11 +88,14 @@ def bench(
     ] = None,
     prompt_len: Annotated[
         int | None,
-        typer.Option(help="With --generate: prompt tokens (random ids) [default: 64].", min=1),
+        typer.Option(
+            metavar="N", help="With --generate: prompt tokens (random ids) [default: 64].", min=1
+        ),
     ] = None,
     prompt: Annotated[
         Path | None,
         typer.Option(
+            metavar="FILE",
             help="With --generate: the prompt as token ids (integers separated by spaces, "
             "commas or newlines, or an integer .npy; one row per prompt). No tokenizer runs."
         ),
@@ -84,7 +114,10 @@ def bench(
     models/artifacts run interleaved so the comparison holds on a noisy machine.
 
     With --generate N: the generation benchmark of a decoder (time to first token, time per
-    output token, decode tokens/s, peak memory)."""
+    output token, decode tokens/s, peak memory).
+
+    --duration times for a while instead of a number of runs; --profile adds onnxruntime's
+    per-op profile (top ops by time)."""
     from infercc.cli.render import render_bench, render_compare
     from infercc.data.profiles import parse_shapes
     from infercc.runtime import bench as engine
@@ -95,6 +128,11 @@ def bench(
             raise InferccError(
                 "--shape has no effect with --generate", "the prompt sets the shapes: drop it"
             )
+        for flag, on in (("--duration", duration is not None), ("--profile", profile)):
+            if on:
+                raise InferccError(
+                    f"{flag} has no effect with --generate", "time the generation without it"
+                )
         _bench_generate(
             model,
             compare,
@@ -112,15 +150,39 @@ def bench(
     if no_memory:
         raise InferccError("--no-memory needs --generate", "drop it")
     warmup = 10 if warmup is None else warmup
-    iters = 100 if iters is None else iters
     shapes = parse_shapes(shape)
+    seconds = parse_duration(duration) if duration is not None else None
+    runs = iters if iters is not None else (1 if seconds is not None else DEFAULT_ITERS)
+    if profile and compare is not None:
+        raise InferccError(
+            "--profile has no effect with --compare: races are not profiled",
+            "profile each model with its own `infercc bench MODEL --profile`",
+        )
     with Progress(as_json, "compare" if compare else "bench") as progress:
         if compare is not None:
             report = engine.compare(
-                model, compare, shapes, batches, warmup, iters, seed, progress.tick
+                model,
+                compare,
+                shapes,
+                batches,
+                warmup,
+                runs,
+                seed,
+                progress.tick,
+                duration=seconds,
             )
         else:
-            report = engine.bench(model, shapes, batches, warmup, iters, seed, progress.tick)
+            report = engine.bench(
+                model,
+                shapes,
+                batches,
+                warmup,
+                runs,
+                seed,
+                progress.tick,
+                duration=seconds,
+                profile=profile,
+            )
     finish(report, as_json, render_compare if compare is not None else render_bench)
 
 

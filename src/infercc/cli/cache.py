@@ -8,38 +8,41 @@ from typing import Annotated
 
 import typer
 
-from infercc.cli.app import app, out
-from infercc.cli.common import CacheDirOpt, JsonOpt
+from infercc.cli.app import app, make_typer, out
+from infercc.cli.common import CacheDirOpt, JsonOpt, finish
 from infercc.errors import InferccError
 
-cache_app = typer.Typer(
-    help="The tuning cache: what was tuned, for which model, shapes and host.",
-    no_args_is_help=True,
+cache_app = make_typer(help="The tuning cache: what was tuned, for which model, shapes and host.")
+app.add_typer(
+    cache_app, name="cache", short_help="The tuning cache: list, show, clear, export, import."
 )
-app.add_typer(cache_app, name="cache")
 
 
 def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
-@cache_app.command("ls")
+@cache_app.command("ls", short_help="List the cache's entries.")
 def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
     """List the cache's entries (digest, backend, provider, shapes, hits)."""
     from infercc.cli.render import render_cache_entries
     from infercc.runtime.tuning import TuningCache
 
     with TuningCache(cache_dir) as cache:
-        entries = cache.entries()
-        if as_json:
-            out.print_json(json.dumps({"path": str(cache.path), "entries": entries}))
-        else:
-            render_cache_entries(cache.path, entries, out)
+        listed = {"path": str(cache.path), "entries": cache.entries()}
+    finish(
+        listed,
+        as_json,
+        lambda d, console: render_cache_entries(d["path"], d["entries"], console),
+        data=listed,
+    )
 
 
-@cache_app.command("show")
+@cache_app.command("show", short_help="Print the tuning choices of entries (JSON).")
 def cache_show(
-    digest: Annotated[str, typer.Argument(help="An entry's digest, or its first characters.")],
+    digest: Annotated[
+        str, typer.Argument(metavar="DIGEST", help="An entry's digest, or its first characters.")
+    ],
     cache_dir: CacheDirOpt = None,
 ) -> None:
     """Print the entries whose digest starts with DIGEST, with their tuning choices (JSON)."""
@@ -62,9 +65,9 @@ def cache_clear(cache_dir: CacheDirOpt = None) -> None:
     out.print(f"removed {_entries(n)}")
 
 
-@cache_app.command("export")
+@cache_app.command("export", short_help="Write every entry to a JSON file.")
 def cache_export(
-    path: Annotated[Path, typer.Argument(help="JSON file to write.")],
+    path: Annotated[Path, typer.Argument(metavar="FILE", help="JSON file to write.")],
     cache_dir: CacheDirOpt = None,
 ) -> None:
     """Write every entry to a JSON file (to share tuning results across machines of one kind)."""
@@ -75,9 +78,11 @@ def cache_export(
     out.print(f"exported {_entries(n)} to {path}")
 
 
-@cache_app.command("import")
+@cache_app.command("import", short_help="Merge entries from an exported file.")
 def cache_import(
-    path: Annotated[Path, typer.Argument(help="JSON file written by `infercc cache export`.")],
+    path: Annotated[
+        Path, typer.Argument(metavar="FILE", help="JSON file written by `infercc cache export`.")
+    ],
     cache_dir: CacheDirOpt = None,
 ) -> None:
     """Merge entries from an exported file (the newer entry wins on conflicts)."""

@@ -12,22 +12,27 @@ from infercc.cli.common import JsonOpt, Progress, finish
 from infercc.errors import InferccError
 
 
-@app.command()
+@app.command(short_help="Quantize a model: int8 (QDQ) from real samples, or int4 weights.")
 def calibrate(
-    model: Annotated[Path, typer.Argument(help="The fp32 ONNX model to quantize.")],
+    model: Annotated[
+        Path, typer.Argument(metavar="MODEL", help="The fp32 ONNX model to quantize.")
+    ],
     output: Annotated[
         Path,
         typer.Option(
             "-o",
             "--output",
-            help="Directory for model_int8.onnx, ranges.json, "
-            "calibration.cache and calibration_report.json (--int4: model_int4.onnx and "
-            "calibration_report.json).",
+            metavar="DIR",
+            help="Directory for model_int8.onnx, ranges.json, calibration.cache, "
+            "calibration_report.json and manifest.json (--int4: model_int4.onnx and "
+            "calibration_report.json), so `infercc bench DIR` and `infercc validate DIR` "
+            "take it.",
         ),
     ],
     data: Annotated[
         Path | None,
         typer.Option(
+            metavar="PATH",
             help="Samples: a directory of .npz files (one sample each, keyed by input "
             "name) or <input>.npy files, or one .npz of stacked samples (every array with "
             "one more axis than the input: N samples on axis 0), or a directory of images "
@@ -49,6 +54,7 @@ def calibrate(
     method: Annotated[
         str | None,
         typer.Option(
+            metavar="NAME",
             help="int8 range method: minmax (default), entropy (KL, as TensorRT's entropy "
             "calibrator) or percentile. --int4: rtn (default; round to nearest, no data), awq "
             "(activation-aware scales) or gptq (error-compensating rounding)."
@@ -56,7 +62,9 @@ def calibrate(
     ] = None,
     block_size: Annotated[
         int | None,
-        typer.Option(help="--int4: weights per scale along K, 32, 64 or 128 [default: 32]."),
+        typer.Option(
+            metavar="N", help="--int4: weights per scale along K, 32, 64 or 128 [default: 32]."
+        ),
     ] = None,
     symmetric: Annotated[
         bool | None,
@@ -78,6 +86,7 @@ def calibrate(
     accuracy_level: Annotated[
         str | None,
         typer.Option(
+            metavar="LEVEL",
             help="--int4 MatMulNBits: auto (measure 0 against 4 on this host, keep the "
             "faster if as accurate), 0, 1, 2, 3 or 4 (int8 compute) [default: auto].",
         ),
@@ -100,27 +109,49 @@ def calibrate(
         ),
     ] = None,
     percentile: Annotated[
-        float | None, typer.Option(help="With --method percentile [default: 99.99].")
+        float | None,
+        typer.Option(
+            metavar="P",
+            min=0.0,
+            max=100.0,
+            help="With --method percentile: the percentile of |x| kept in range "
+            "[default: 99.99].",
+        ),
     ] = None,
     num_samples: Annotated[
-        int | None, typer.Option(help="Use at most this many samples.", min=1)
+        int | None, typer.Option(metavar="N", help="Use at most this many samples.", min=1)
     ] = None,
     holdout: Annotated[
-        float, typer.Option(help="Fraction of the samples held out to measure accuracy.")
+        float,
+        typer.Option(
+            metavar="FRACTION",
+            min=0.0,
+            max=1.0,
+            help="Fraction of the samples held out to measure accuracy.",
+        ),
     ] = 0.2,
     min_cosine: Annotated[
         float | None,
         typer.Option(
+            metavar="X",
+            min=0.0,
+            max=1.0,
             help="Accuracy target: minimum output cosine vs fp32; the "
             "most sensitive layers move back to float until it holds."
         ),
     ] = None,
     max_top1_drop: Annotated[
         float | None,
-        typer.Option(help="Accuracy target: largest top-1 disagreement with fp32, in points."),
+        typer.Option(
+            metavar="POINTS",
+            min=0.0,
+            max=100.0,
+            help="Accuracy target: largest top-1 disagreement with fp32, in points.",
+        ),
     ] = None,
     exclude: Annotated[
-        list[str] | None, typer.Option("--exclude", help="A node to keep in float (repeatable).")
+        list[str] | None,
+        typer.Option("--exclude", metavar="NODE", help="A node to keep in float (repeatable)."),
     ] = None,
     preprocess: Annotated[
         str | None,
@@ -132,15 +163,19 @@ def calibrate(
             "none (S: shorter side), crop=S|HxW|none (center; default: the model's H x W), "
             "scale=F|A/B, mean=R/G/B, std=R/G/B, order=rgb|bgr|gray, layout=nchw|nhwc, "
             "dtype=float32|float16|uint8|..., interp=bilinear|bicubic|nearest|lanczos. "
-            'E.g. "imagenet,order=bgr". Needs Pillow: pip install "infercc\\[images]".',
+            'E.g. "imagenet,order=bgr". Needs Pillow: pip install "infercc[images]".',
         ),
     ] = None,
     target: Annotated[
-        str, typer.Option(help="Where the int8 model will run; decides --activations auto.")
+        str,
+        typer.Option(
+            metavar="NAME", help="Where the int8 model will run; decides --activations auto."
+        ),
     ] = "cpu",
     activations: Annotated[
         str,
         typer.Option(
+            metavar="TYPE",
             help="Activation quantization: int8 (symmetric; the form TensorRT takes), uint8 "
             "(asymmetric; onnxruntime's fast CPU form, twice the resolution on one-sided "
             "tensors), or auto (uint8 for cpu, int8 for GPU targets)."
@@ -157,6 +192,7 @@ def calibrate(
     max_trials: Annotated[
         int,
         typer.Option(
+            metavar="N",
             help="Cap on sensitivity trials (each quantizes and evaluates once) when an "
             "accuracy target is set.",
             min=0,
@@ -165,26 +201,33 @@ def calibrate(
     speed_check: Annotated[
         bool,
         typer.Option(
-            help="Race int8 against fp32 on this host (interleaved) and say when int8 is slower."
+            "--speed-check/--no-speed-check",
+            show_default=False,
+            help="Race int8 against fp32 on this host (interleaved) and say when int8 is "
+            "slower (on by default).",
         ),
     ] = True,
     outlier_channels: Annotated[
         bool,
         typer.Option(
+            "--outlier-channels/--no-outlier-channels",
+            show_default=False,
             help="Split a transformer projection whose input has a few huge channels: those "
-            "channels stay float, the rest int8 (exact; a Mul, Gather, small MatMul and Add)."
+            "channels stay float, the rest int8 (exact; a Mul, Gather, small MatMul and Add). "
+            "On by default.",
         ),
     ] = True,
     disable_pass: Annotated[
         list[str] | None,
         typer.Option(
             "--disable-pass",
+            metavar="PASS",
             help="Skip a pass of the calibrate-fp32 or int8 pipeline by name (repeatable); "
             "`infercc passes` lists them.",
         ),
     ] = None,
     verify: Annotated[
-        bool, typer.Option(help="Check the IR's invariants after every pass (slower).")
+        bool, typer.Option("--verify", help="Check the IR's invariants after every pass (slower).")
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -193,7 +236,10 @@ def calibrate(
 
     With --int4: weight-only int4 (RTN, AWQ or GPTQ) of MatMul/Gemm weights and embeddings,
     with accuracy (next-token top-1 agreement and perplexity for decoders), layers left float
-    and why, size before and after, and int4 raced against fp32 on this host."""
+    and why, size before and after, and int4 raced against fp32 on this host.
+
+    The int8 output directory holds a manifest.json: `infercc bench DIR` times the int8
+    model and `infercc validate DIR --reference MODEL` checks it."""
     from infercc.calib.calibrate import calibrate as run
     from infercc.cli.int4_cli import check_int8_only_flags, int4_only_flags, run_int4
     from infercc.cli.render import render_calibration

@@ -9,21 +9,26 @@ from typing import Annotated
 import typer
 
 from infercc.cli.app import app
-from infercc.cli.common import JsonOpt, Progress, finish
+from infercc.cli.common import JsonOpt, Progress, finish, run_record
 from infercc.errors import InferccError
 
 EXIT_INTERRUPTED = 130
 
 
-@app.command()
+@app.command(short_help="Build, validate and time every model of a manifest; CI reports.")
 def ci(
     config: Annotated[
-        Path, typer.Argument(help="The manifest: infercc.toml, or a pyproject.toml.")
+        Path,
+        typer.Argument(metavar="MANIFEST", help="The manifest: infercc.toml, or a pyproject.toml."),
     ],
     jobs: Annotated[
         int | None,
         typer.Option(
-            "--jobs", "-j", help="Models built in parallel (processes) [default: 1].", min=1
+            "--jobs",
+            "-j",
+            metavar="N",
+            help="Models built in parallel (processes) [default: 1].",
+            min=1,
         ),
     ] = None,
     ray: Annotated[
@@ -38,20 +43,29 @@ def ci(
         ),
     ] = None,
     junit: Annotated[
-        Path | None, typer.Option(help="Write JUnit XML here (one testcase per model).")
+        Path | None,
+        typer.Option(metavar="FILE", help="Write JUnit XML here (one testcase per model)."),
     ] = None,
     json_report: Annotated[
-        Path | None, typer.Option("--json-report", help="Write the JSON report here.")
+        Path | None,
+        typer.Option("--json-report", metavar="FILE", help="Write the JSON report here."),
     ] = None,
     markdown: Annotated[
         Path | None,
-        typer.Option(help="Write a Markdown summary here ($GITHUB_STEP_SUMMARY gets it too)."),
+        typer.Option(
+            metavar="FILE",
+            help="Write a Markdown summary here ($GITHUB_STEP_SUMMARY gets it too).",
+        ),
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option(help="Where artifacts go (default: the manifest's out_dir).")
+        Path | None,
+        typer.Option(
+            metavar="DIR", help="Where artifacts go [default: the manifest's out_dir]."
+        ),
     ] = None,
     only: Annotated[
-        list[str] | None, typer.Option("--only", help="Run this model only (repeatable).")
+        list[str] | None,
+        typer.Option("--only", metavar="NAME", help="Run this model only (repeatable)."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -80,6 +94,7 @@ def ci(
             json_report=json_report,
             markdown=markdown,
             on_event=progress.event,
+            run=run_record(),
         )
     if report.interrupted:
         with contextlib.suppress(typer.Exit):

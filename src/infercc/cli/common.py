@@ -1,10 +1,16 @@
 """What the commands share: option types, one progress display, and the tail every report
-command ends with (JSON or tables, then exit 0 or 1)."""
+command ends with (JSON or tables, then exit 0 or 1).
+
+Every JSON report that is an object carries `run`: the command, infercc's version and the
+resolved value of every option (defaults filled in, paths absolute), so a report says exactly
+what ran (`infercc optimize --config REPORT.json` replays an optimize)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,8 +18,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from infercc.cli.app import err, out
+from infercc.cli.app import err, out, settings, silence_stdout
 from infercc.errors import EXIT_VALIDATION_FAILED
+from infercc.version import __version__
 
 # --------------------------------------------------------------------------- option types
 
@@ -21,6 +28,7 @@ ShapeOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--shape",
+        metavar="NAME=SHAPE",
         help="Pin an input's shape, e.g. --shape input_ids=1x128 (repeatable), or give a range "
         "MIN:OPT:MAX, e.g. input_ids=1x128:8x128:32x512 (artifacts are tuned at each). "
         "Symbolic dims not pinned default to 1 (first axis) and 8 (others).",
@@ -32,25 +40,37 @@ JsonOpt = Annotated[
 CacheDirOpt = Annotated[
     Path | None,
     typer.Option(
+        metavar="DIR",
         help="Tuning cache directory [default: $INFERCC_CACHE_DIR or ~/.cache/infercc].",
         envvar="INFERCC_CACHE_DIR",
     ),
 ]
-SeedOpt = Annotated[int, typer.Option(help="Seed of the random inputs.")]
+SeedOpt = Annotated[int, typer.Option(metavar="N", help="Seed of the random inputs.")]
 
 # Tolerances: optimize's validation and `infercc validate` (defaults: infercc.precisions).
 AtolOpt = Annotated[
     float | None,
-    typer.Option(help="Absolute tolerance [default: 1e-4 for fp32; none for fp16, bf16, int8]."),
+    typer.Option(
+        metavar="X",
+        min=0.0,
+        help="Absolute tolerance [default: 1e-4 for fp32; none for fp16, bf16, int8].",
+    ),
 ]
 RtolOpt = Annotated[
     float | None,
-    typer.Option(help="Relative tolerance [default: 1e-3 for fp32; none for fp16, bf16, int8]."),
+    typer.Option(
+        metavar="X",
+        min=0.0,
+        help="Relative tolerance [default: 1e-3 for fp32; none for fp16, bf16, int8].",
+    ),
 ]
 MinCosineOpt = Annotated[
     float | None,
     typer.Option(
-        help="Minimum cosine per output [default: 0.9999 fp32, 0.999 fp16/bf16, 0.99 int8]."
+        metavar="X",
+        min=0.0,
+        max=1.0,
+        help="Minimum cosine per output [default: 0.9999 fp32, 0.999 fp16/bf16, 0.99 int8].",
     ),
 ]
 StrictCoverageOpt = Annotated[
@@ -66,6 +86,7 @@ TolOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--tol",
+        metavar="OUTPUT=ATOL:RTOL",
         help="Tolerance of one output, OUTPUT=ATOL:RTOL, e.g. logits=1e-3:1e-2 (repeatable).",
     ),
 ]
@@ -83,7 +104,7 @@ class Progress:
     """
 
     def __init__(self, quiet: bool, label: str = "starting", keep: bool = False):
-        self.quiet = quiet or not err.is_terminal
+        self.quiet = quiet or settings.quiet or not err.is_terminal
         self.label, self.keep = label, keep
         self.progress: Any = None
         self.main: Any = None
@@ -148,11 +169,62 @@ def finish(
     render: Callable[[Any, Console], None],
     data: Any = None,
 ) -> None:
-    """Print `report` as JSON (`data`, else its `to_dict()`) or through `render`; exit 1 when
-    it has a `passed` that is false."""
-    if as_json:
-        out.print_json(json.dumps(report.to_dict() if data is None else data))
-    else:
-        render(report, out)
+    """Print `report` as JSON (`data`, else its `to_dict()`, with the `run` record) or through
+    `render`; exit 1 when it has a `passed` that is false. A reader that closed stdout early
+    (`| head -1`) is not a failure: the exit code is the report's."""
+    try:
+        if as_json:
+            payload = report.to_dict() if data is None else data
+            record = run_record()
+            if isinstance(payload, dict) and record is not None:
+                payload = {**payload, "run": record}
+            out.print_json(json.dumps(payload))
+        else:
+            render(report, out)
+        out.file.flush()
+    except BrokenPipeError:
+        silence_stdout()
     if not getattr(report, "passed", True):
         raise typer.Exit(EXIT_VALIDATION_FAILED)
+
+
+def run_record(ctx: Any = None) -> dict[str, Any] | None:
+    """What ran: the command (`cache ls`), infercc's version and every option's resolved
+    value, from click's context (defaults filled in; paths absolute); None outside a
+    command."""
+    ctx = ctx or _current_context()
+    if ctx is None:
+        return None
+    names, options = [], {}
+    node = ctx
+    while node is not None:
+        if node.parent is not None:
+            names.append(node.info_name)
+        options = {**{k: _plain(v) for k, v in node.params.items()}, **options}
+        node = node.parent
+    return {"command": " ".join(reversed(names)), "infercc": __version__, "options": options}
+
+
+def _current_context() -> Any:
+    for module in ("typer._click.globals", "click"):
+        try:
+            get = __import__(module, fromlist=["get_current_context"]).get_current_context
+        except (ImportError, AttributeError):
+            continue
+        ctx = get(silent=True)
+        if ctx is not None:
+            return ctx
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """A JSON form of an option's value."""
+    if isinstance(value, os.PathLike):
+        return os.path.abspath(os.fspath(value))
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

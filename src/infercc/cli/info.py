@@ -12,13 +12,14 @@ from infercc.cli.app import app
 from infercc.cli.common import JsonOpt, ShapeOpt, finish
 
 
-@app.command()
+@app.command(short_help="Describe a model: inputs, ops, FLOPs; with --target, its roofline.")
 def inspect(
-    model: Annotated[Path, typer.Argument(help="The ONNX model to describe.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="The ONNX model to describe.")],
     shape: ShapeOpt = None,
     target: Annotated[
         str | None,
         typer.Option(
+            metavar="NAME",
             help="Add the roofline analysis and memory budget on this target "
             "(`infercc targets` lists them)."
         ),
@@ -26,6 +27,7 @@ def inspect(
     plot: Annotated[
         Path | None,
         typer.Option(
+            metavar="FILE",
             help="With --target: draw every node on the target's roofline into this "
             "PNG (needs matplotlib: pip install 'infercc[plot]')."
         ),
@@ -48,7 +50,7 @@ def inspect(
     finish(report, as_json, render_inspect)
 
 
-@app.command()
+@app.command(short_help="List the pipelines and the passes (the names --disable-pass takes).")
 def passes(as_json: JsonOpt = False) -> None:
     """List every pipeline (its stages, in order) and every pass with what it does.
 
@@ -61,7 +63,7 @@ def passes(as_json: JsonOpt = False) -> None:
     finish(listed, as_json, render_passes, data=listed)
 
 
-@app.command()
+@app.command(short_help="List the targets: peak FLOP/s, memory, bandwidth.")
 def targets(as_json: JsonOpt = False) -> None:
     """List the targets --target accepts, with their peak FLOP/s, memory and bandwidth.
 

@@ -1,6 +1,13 @@
-"""Rendering reports for people (rich tables). The JSON form is each report's `to_dict()`."""
+"""Rendering reports for people (rich tables). The JSON form is each report's `to_dict()`.
+
+Tables never cut a value: numbers never wrap (nor get an ellipsis), names and text fold onto
+more lines when a terminal is narrow, and on a pipe or CI log the console is wide enough
+(`infercc.cli.app.PIPE_WIDTH`) that every row prints whole, names included. Shapes print as
+`[batch, 128, 64]`, as errors write them."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -9,12 +16,25 @@ from rich.table import Table
 from infercc.analysis.model_info import InspectReport
 from infercc.api import OptimizeReport
 from infercc.check.compare import ValidationReport
-from infercc.cli.units import human_bytes, human_count
+from infercc.cli.app import is_tty
+from infercc.cli.units import (
+    human_bytes,
+    human_count,
+    number_column,
+    shape_text,
+    shapes_text,
+    table,
+    text_column,
+)
 from infercc.precisions import TARGET_PRECISIONS
 
 
 def render_optimize(report: OptimizeReport, console: Console, explain: bool = False) -> None:
-    console.print(f"[bold]{report.input}[/] -> [bold]{report.output}[/]  (target {report.target})")
+    console.print(
+        f"[bold]{escape(report.input)}[/] -> [bold]{escape(report.output)}[/]  "
+        f"(target {report.target})",
+        highlight=False,
+    )
     console.print(
         f"nodes {report.nodes_before} -> {report.nodes_after}   "
         f"size {human_bytes(report.size_before)} -> {human_bytes(report.size_after)}   "
@@ -89,7 +109,7 @@ def _render_artifact(artifact: dict, console: Console) -> None:
     )
     for p in backend.get("points", []):
         so = p.get("session_options", {})
-        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in p.get("shapes", {}).items())
+        shapes = shapes_text(p.get("shapes", {}))
         console.print(
             f"  {p['name']}: {shapes or 'default shapes'} -> {p.get('provider', '')}, "
             f"{so.get('graph_optimization_level', '')}, {so.get('intra_op_num_threads', '')} "
@@ -100,10 +120,10 @@ def _render_artifact(artifact: dict, console: Console) -> None:
 
 
 def _passes_table(report: OptimizeReport) -> Table:
-    t = Table(title="passes", title_justify="left")
-    t.add_column("pass")
-    t.add_column("rewrites")
-    t.add_column("time", justify="right")
+    t = table("passes")
+    text_column(t, "pass")
+    text_column(t, "rewrites")
+    number_column(t, "time")
     for name, st in report.passes.items():
         counts = {k: v for k, v in st.items() if k not in ("runs", "changed", "time_s") and v}
         text = ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
@@ -112,11 +132,10 @@ def _passes_table(report: OptimizeReport) -> Table:
 
 
 def _ops_table(report: OptimizeReport) -> Table:
-    t = Table(title="ops", title_justify="left")
-    t.add_column("op")
-    t.add_column("before", justify="right")
-    t.add_column("after", justify="right")
-    t.add_column("delta", justify="right")
+    t = table("ops")
+    text_column(t, "op")
+    for col in ("before", "after", "delta"):
+        number_column(t, col)
     for op in sorted(set(report.ops_before) | set(report.ops_after)):
         a, b = report.ops_before.get(op, 0), report.ops_after.get(op, 0)
         delta = f"{b - a:+d}" if b != a else ""
@@ -140,9 +159,9 @@ def _render_refusals(report: OptimizeReport, console: Console) -> None:
     if not report.refusals:
         console.print("no rewrite was refused")
         return
-    t = Table(title="refused rewrites", title_justify="left")
+    t = table("refused rewrites")
     for col in ("pass", "node", "op", "reason"):
-        t.add_column(col)
+        text_column(t, col)
     for r in report.refusals:
         t.add_row(r["pass"], r["node"], r["op"], r["reason"])
     console.print(t)
@@ -167,9 +186,12 @@ def render_validation(v: ValidationReport, console: Console) -> None:
     if v.error is not None:
         console.print(f"[red]{escape(v.error)}[/]", highlight=False)
     if v.outputs:
-        t = Table()
-        for col in ("output", "max abs", "max rel", "cosine", "out of tol", "decided by", "ok"):
-            t.add_column(col)
+        t = table()
+        text_column(t, "output")
+        for col in ("max abs", "max rel", "cosine", "out of tol"):
+            number_column(t, col)
+        text_column(t, "decided by")
+        text_column(t, "ok")
         for m in v.outputs.values():
             t.add_row(
                 escape(m.name),
@@ -209,9 +231,12 @@ def render_coverage(c, console: Console) -> None:
         console.print(f"[{style}]{escape(message)}{suffix}[/]", highlight=False)
 
 
-def _tail(text: str, width: int) -> str:
-    """The end of a long name (hierarchical names say most at their end)."""
-    return text if len(text) <= width else "…" + text[-(width - 1) :]
+def _tail(text: str, width: int, console: Console) -> str:
+    """The end of a long name on a terminal (hierarchical names say most at their end); the
+    whole name on a pipe or log."""
+    if not is_tty(console.file) or len(text) <= width:
+        return text
+    return "…" + text[-(width - 1) :]
 
 
 def _num(x: float | None, fmt: str = ".3g") -> str:
@@ -221,19 +246,16 @@ def _num(x: float | None, fmt: str = ".3g") -> str:
 def render_inspect(r: InspectReport, console: Console) -> None:
     console.print(f"[bold]{r.path}[/]  {human_bytes(r.size)}  IR {r.ir_version}  {r.producer}")
     console.print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in r.opsets.items()))
-    io = Table(title="inputs and outputs", title_justify="left")
+    io = table("inputs and outputs")
     for col in ("", "name", "dtype", "shape"):
-        io.add_column(col)
+        text_column(io, col)
     for kind, items in (("in", r.inputs), ("out", r.outputs)):
         for t in items:
-            shape = (
-                "?" if t.shape is None else "x".join("?" if d is None else str(d) for d in t.shape)
-            )
-            io.add_row(kind, t.name, t.dtype, shape)
+            io.add_row(kind, escape(t.name), t.dtype, shape_text(t.shape))
     console.print(io)
-    ops = Table(title=f"{r.nodes} nodes", title_justify="left")
-    ops.add_column("op")
-    ops.add_column("count", justify="right")
+    ops = table(f"{r.nodes} nodes")
+    text_column(ops, "op")
+    number_column(ops, "count")
     for op, n in sorted(r.ops.items(), key=lambda kv: (-kv[1], kv[0])):
         ops.add_row(op, str(n))
     console.print(ops)
@@ -243,14 +265,12 @@ def render_inspect(r: InspectReport, console: Console) -> None:
         + "".join(f"   {op} {human_count(f)}" for op, f in r.flops_by_op.items())
     )
     if r.shape_profile:
-        console.print(
-            "shape profile: "
-            + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in r.shape_profile.items())
-        )
+        console.print("shape profile: " + shapes_text(r.shape_profile), highlight=False)
     if r.flops_unknown_nodes:
         console.print(
             f"{len(r.flops_unknown_nodes)} compute node(s) have unknown shapes; "
-            "pin symbolic inputs with --shape NAME=1x3x224x224"
+            "pin symbolic inputs with --shape NAME=1x3x224x224",
+            highlight=False,
         )
     if r.roofline is not None and r.target is not None:
         _render_roofline(r, console)
@@ -259,14 +279,15 @@ def render_inspect(r: InspectReport, console: Console) -> None:
 def _render_roofline(r: InspectReport, console: Console) -> None:
     roof, tgt, mem = r.roofline, r.target, r.memory
     assert roof is not None and tgt is not None and mem is not None
-    t = Table(title=f"ten slowest nodes on {tgt['name']} (roofline)", title_justify="left")
+    t = table(f"ten slowest nodes on {tgt['name']} (roofline)")
     for col in ("node", "op", "FLOPs", "bytes", "FLOP/B", "ridge", "bound", "time"):
-        t.add_column(
-            col, justify="left" if col in ("node", "op", "bound") else "right", no_wrap=True
-        )
+        if col in ("node", "op", "bound"):
+            text_column(t, col)
+        else:
+            number_column(t, col)
     for n in roof["top"]:
         t.add_row(
-            _tail(n["name"], 28),
+            escape(_tail(n["name"], 28, console)),
             n["op_type"],
             human_count(n["flops"]),
             human_bytes(n["bytes_read"] + n["bytes_written"]),
@@ -297,9 +318,10 @@ def _render_roofline(r: InspectReport, console: Console) -> None:
 
 
 def render_targets(targets, console: Console) -> None:
-    t = Table(title="targets: dense peak TFLOP/s (TOP/s for int8)", title_justify="left")
-    for col in ("name", "GB", "GB/s", *TARGET_PRECISIONS, "cc"):
-        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
+    t = table("targets: dense peak TFLOP/s (TOP/s for int8)")
+    text_column(t, "name")
+    for col in ("GB", "GB/s", *TARGET_PRECISIONS, "cc"):
+        number_column(t, col)
     for tg in targets:
         peaks = [
             f"{tg.peak_flops[p] / 1e12:.1f}" if p in tg.peak_flops else "-"
@@ -321,9 +343,11 @@ def render_cache_entries(path, entries: list[dict], console: Console) -> None:
     console.print(f"tuning cache {path}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     if not entries:
         return
-    t = Table()
-    for col in ("digest", "backend", "provider", "shapes", "hits", "tuning s"):
-        t.add_column(col, no_wrap=col != "shapes")
+    t = table()
+    for col in ("digest", "backend", "provider", "shapes"):
+        text_column(t, col)
+    for col in ("hits", "tuning s"):
+        number_column(t, col)
     for e in entries:
         t.add_row(
             e["digest"][:12],
@@ -337,15 +361,17 @@ def render_cache_entries(path, entries: list[dict], console: Console) -> None:
 
 
 def render_bench(report, console: Console) -> None:
-    console.print(f"[bold]{report.path}[/] ({report.backend})", highlight=False)
-    t = Table()
-    for col in ("batch", "input shapes", "p50 ms", "p90 ms", "p99 ms", "mean ms", "samples/s"):
-        t.add_column(col, justify="left" if col == "input shapes" else "right")
+    console.print(f"[bold]{escape(report.path)}[/] ({report.backend})", highlight=False)
+    t = table()
+    number_column(t, "batch")
+    text_column(t, "input shapes")
+    for col in ("runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "samples/s"):
+        number_column(t, col)
     for r in report.results:
-        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in r.shapes.items())
         t.add_row(
             str(r.batch),
-            shapes,
+            shapes_text(r.shapes),
+            str(r.iters),
             f"{r.p50_ms:.3f}",
             f"{r.p90_ms:.3f}",
             f"{r.p99_ms:.3f}",
@@ -355,7 +381,34 @@ def render_bench(report, console: Console) -> None:
     console.print(t)
     for r in report.results:
         for note in r.notes:
-            console.print(f"note: {note}", highlight=False)
+            console.print(f"note: {note}", highlight=False, markup=False)
+    for r in report.results:
+        if r.profile is not None:
+            _render_profile(r.batch, r.profile, console)
+
+
+def _render_profile(batch: int, p: Any, console: Console, top: int = 10) -> None:
+    """The op types that take the time, then the slowest nodes (onnxruntime's names)."""
+    t = table(
+        f"profile, batch {batch}: kernel time {p.kernel_ms:.3f} ms per run ({p.runs} runs, "
+        "onnxruntime's profiler)"
+    )
+    text_column(t, "op")
+    for col in ("calls/run", "ms/run", "share"):
+        number_column(t, col)
+    for o in p.ops[:top]:
+        t.add_row(escape(o.name), f"{o.calls:g}", f"{o.ms:.4f}", f"{o.share:.1%}")
+    console.print(t)
+    if len(p.ops) > top:
+        console.print(f"{len(p.ops) - top} more op type(s) in --json", highlight=False)
+    n = table(f"slowest nodes, batch {batch}")
+    text_column(n, "node")
+    text_column(n, "op")
+    for col in ("ms/run", "share"):
+        number_column(n, col)
+    for o in p.nodes:
+        n.add_row(escape(o.name), o.op_type, f"{o.ms:.4f}", f"{o.share:.1%}")
+    console.print(n)
 
 
 def render_compare(report, console: Console) -> None:
@@ -363,12 +416,14 @@ def render_compare(report, console: Console) -> None:
         f"A = {report.path_a} ({report.backend_a})\nB = {report.path_b} ({report.backend_b})",
         highlight=False,
     )
-    t = Table(title="interleaved runs: ratio = time B / time A per pair", title_justify="left")
-    for col in ("batch", "A p50 ms", "B p50 ms", "ratio p50", "ratio p10..p90", "faster"):
-        t.add_column(col, justify="right")
+    t = table("interleaved runs: ratio = time B / time A per pair")
+    for col in ("batch", "pairs", "A p50 ms", "B p50 ms", "ratio p50", "ratio p10..p90"):
+        number_column(t, col)
+    text_column(t, "faster")
     for r in report.results:
         t.add_row(
             str(r.batch),
+            str(r.a.iters),
             f"{r.a.p50_ms:.3f}",
             f"{r.b.p50_ms:.3f}",
             f"{r.ratio_median:.3f}",
@@ -390,13 +445,14 @@ def render_calibration(report, console: Console) -> None:
         f"quantized  {status}",
         highlight=False,
     )
-    t = Table(title="int8 against fp32", title_justify="left")
-    for col in ("output", "cosine", "max abs", "top-1 agreement"):
-        t.add_column(col, justify="left" if col == "output" else "right")
+    t = table("int8 against fp32")
+    text_column(t, "output")
+    for col in ("cosine", "max abs", "top-1 agreement"):
+        number_column(t, col)
     for name, q in d["outputs"].items():
         agree = q["top1_agreement"]
         t.add_row(
-            name,
+            escape(name),
             _num(q["cosine"], ".6f"),
             _num(q["max_abs"]),
             "-" if agree is None else f"{agree:.2%}",
@@ -485,21 +541,22 @@ def render_ci(report, console: Console) -> None:
     from infercc.ci.reports import metric_cell as _metric
     from infercc.ci.reports import worst_metrics
 
-    t = Table(title=f"infercc ci {report.config}", title_justify="left")
-    t.add_column("model", no_wrap=True)
+    t = table(f"infercc ci {escape(report.config)}")
+    text_column(t, "model")
     t.add_column("status", no_wrap=True)
-    for col in ("precision", "nodes", "max abs", "cosine", "p50 ms"):
-        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("precision", no_wrap=True)
+    for col in ("nodes", "max abs", "cosine", "p50 ms"):
+        number_column(t, col)
     placed = report.ray is not None
     if placed:
         t.add_column("built on", no_wrap=True)
-        t.add_column("queued s", justify="right", no_wrap=True)
-        t.add_column("ran s", justify="right", no_wrap=True)
+        number_column(t, "queued s")
+        number_column(t, "ran s")
     for m in report.models:
         w = worst_metrics(m.validation)
         row = [
-            m.name,
-            "[green]passed[/]" if m.passed else "[red]FAILED[/]",
+            escape(m.name),
+            "[green]passed[/]" if m.passed else ("[red]ERROR[/]" if m.error else "[red]FAILED[/]"),
             m.precision or "-",
             "-" if m.nodes_before is None else f"{m.nodes_before} -> {m.nodes_after}",
             _metric(w["max_abs"], ".3g"),
@@ -550,3 +607,31 @@ def render_passes(listed: dict, console: Console) -> None:
         where = ", ".join(p["pipelines"]) or "no pipeline"
         passes.add_row(p["name"], f"{escape(p['doc'])} [dim]({where})[/]")
     console.print(passes)
+
+
+def render_extract(report, console: Console) -> None:
+    """`infercc extract`: what was cut, the check, the validation."""
+    d = report.to_dict()
+    console.print(
+        f"[bold]{escape(d['input'])}[/] -> [bold]{escape(d['destination'])}[/]  "
+        f"nodes {d['nodes_before']} -> {d['nodes_after']}",
+        highlight=False,
+    )
+    t = table("subgraph inputs and outputs")
+    for col in ("", "name", "dtype", "shape"):
+        text_column(t, col)
+    for kind, items in (("in", d["inputs"]), ("out", d["outputs"])):
+        for v in items:
+            t.add_row(kind, escape(v["name"]), v["dtype"] or "?", shape_text(v["shape"]))
+    console.print(t)
+    if not d["checked"]:
+        console.print(
+            f"[red]onnx.checker refused the subgraph[/]: {escape(d['check_error'] or '')}",
+            highlight=False,
+        )
+    if report.validation is not None:
+        render_validation(report.validation, console)
+    elif d["checked"]:
+        console.print("validation skipped (--no-validate)")
+    if not report.passed:
+        console.print("[red]nothing was written[/]")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from infercc.cli.units import human_bytes
+from infercc.cli.units import human_bytes, number_column, table, text_column
 
 
 def _f(x: float | None, fmt: str = ".3f") -> str:
@@ -19,9 +19,9 @@ def render_generate(report, console: Console) -> None:
         f"{report.new_tokens} new token(s), {s.runs} timed generation(s)",
         highlight=False,
     )
-    t = Table()
+    t = table()
     for col in ("TTFT ms", "TPOT p50 ms", "TPOT p90 ms", "TPOT p99 ms", "decode tokens/s"):
-        t.add_column(col, justify="right")
+        number_column(t, col)
     t.add_row(
         _f(s.ttft_ms),
         _f(s.tpot_p50_ms),
@@ -53,9 +53,10 @@ def render_generate_compare(report, console: Console) -> None:
         f"{report.prompt_len}, {report.new_tokens} new token(s), interleaved per step",
         highlight=False,
     )
-    t = Table(title="ratio = B / A (time), per step pair", title_justify="left")
-    for col in ("", "A", "B", "ratio p50", "ratio p10..p90"):
-        t.add_column(col, justify="left" if not col else "right")
+    t = table("ratio = B / A (time), per step pair")
+    text_column(t, "")
+    for col in ("A", "B", "ratio p50", "ratio p10..p90"):
+        number_column(t, col)
     a, b = report.a, report.b
     t.add_row(
         "TTFT ms",
@@ -95,13 +96,14 @@ def render_int4(report, console: Console) -> None:
         f"{len(d['embeddings'])} embedding(s) in int4 ({samples})  {status}",
         highlight=False,
     )
-    t = Table(title="int4 against fp32", title_justify="left")
-    for col in ("output", "cosine", "max abs", "top-1 agreement"):
-        t.add_column(col, justify="left" if col == "output" else "right")
+    t = table("int4 against fp32")
+    text_column(t, "output")
+    for col in ("cosine", "max abs", "top-1 agreement"):
+        number_column(t, col)
     for name, q in d["outputs"].items():
         agree = q["top1_agreement"]
         t.add_row(
-            name,
+            escape(name),
             _f(q["cosine"], ".6f"),
             _f(q["max_abs"], ".3g"),
             "-" if agree is None else f"{100 * agree:.2f}%",
@@ -149,14 +151,13 @@ def _render_int4_choices(d: dict, console: Console) -> None:
 
 
 def render_decoder_memory(d: dict, target: str, console: Console) -> None:
-    t = Table(
-        title=f"decoder memory on {target}: weights {human_bytes(d['weights_bytes'])}, KV cache "
-        f"{human_bytes(d['kv_bytes_per_token'])} per token and batch row",
-        title_justify="left",
+    t = table(
+        f"decoder memory on {target}: weights {human_bytes(d['weights_bytes'])}, KV cache "
+        f"{human_bytes(d['kv_bytes_per_token'])} per token and batch row"
     )
     cols = ("context", "KV cache (batch 1)", "decode arena", "total (batch 1)", "largest batch")
     for col in cols:
-        t.add_column(col, justify="right")
+        number_column(t, col)
     for r in d["contexts"]:
         batch = r["largest_batch"]
         t.add_row(

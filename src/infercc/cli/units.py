@@ -1,6 +1,16 @@
-"""Human-readable sizes and counts for the rendered reports."""
+"""Human-readable sizes, counts and shapes, and the table columns of the rendered reports.
+
+Tables never cut a value: figures stay on one line and never end in an ellipsis, names and
+text fold onto more lines when a terminal is narrow (on a pipe the console is wide enough that
+every row prints whole: `infercc.cli.app.PIPE_WIDTH`)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
 
 
 def human_bytes(n: float) -> str:
@@ -16,3 +26,31 @@ def human_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(int(n))
+
+
+def shape_text(dims: Sequence[Any] | None) -> str:
+    """`[batch, 128, 64]` (escaped for rich markup, which would read `[batch, ...]` as a
+    style); an unknown rank is `?`, an unknown dimension `?`."""
+    if dims is None:
+        return "?"
+    return escape("[" + ", ".join("?" if d is None else str(d) for d in dims) + "]")
+
+
+def shapes_text(shapes: Mapping[str, Sequence[Any]]) -> str:
+    """`image [1, 3, 32, 32], mask [1, 8]` (escaped for rich markup)."""
+    return ", ".join(f"{escape(name)} {shape_text(dims)}" for name, dims in shapes.items())
+
+
+def table(title: str | None = None, **kwargs: Any) -> Table:
+    return Table(title=title, title_justify="left", **kwargs)
+
+
+def text_column(t: Table, header: str, **kwargs: Any) -> None:
+    """A column of names or prose: folds onto more lines rather than being cut."""
+    t.add_column(header, overflow="fold", **kwargs)
+
+
+def number_column(t: Table, header: str, **kwargs: Any) -> None:
+    """A column of figures: right-aligned, kept on one line; never cut (a terminal too
+    narrow folds it rather than end it in an ellipsis)."""
+    t.add_column(header, justify="right", no_wrap=True, overflow="fold", **kwargs)

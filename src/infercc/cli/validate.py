@@ -23,21 +23,26 @@ from infercc.cli.common import (
 from infercc.config import BuildConfig
 
 
-@app.command()
+@app.command(short_help="Check an optimized model or artifact against its original.")
 def validate(
     candidate: Annotated[
         Path | None,
         typer.Argument(
+            metavar="CANDIDATE",
+            show_default=False,
             help="The optimized .onnx model, or an artifact directory (run through its "
             "backend). Omit it with --save-golden to only write goldens."
         ),
     ] = None,
     reference: Annotated[
-        Path | None, typer.Option(help="The original model to compare with.")
+        Path | None, typer.Option(metavar="MODEL", help="The original model to compare with.")
     ] = None,
     data: Annotated[
         Path | None,
-        typer.Option(help="Samples: a directory of .npz (keyed by input name) or .npy files."),
+        typer.Option(
+            metavar="PATH",
+            help="Samples: a directory of .npz (keyed by input name) or .npy files.",
+        ),
     ] = None,
     shape: ShapeOpt = None,
     seed: SeedOpt = 0,
@@ -49,12 +54,16 @@ def validate(
     save_golden: Annotated[
         Path | None,
         typer.Option(
-            help="Write the inputs and the reference's outputs here (npz), for --golden later."
+            metavar="DIR",
+            help="Write the inputs and the reference's outputs here (npz), for --golden later.",
         ),
     ] = None,
     golden: Annotated[
         Path | None,
-        typer.Option(help="Compare with goldens written by --save-golden (no reference needed)."),
+        typer.Option(
+            metavar="DIR",
+            help="Compare with goldens written by --save-golden (no reference needed).",
+        ),
     ] = None,
     bisect: Annotated[
         bool,
@@ -67,6 +76,7 @@ def validate(
     target: Annotated[
         str | None,
         typer.Option(
+            metavar="NAME",
             help="With --bisect and a plain .onnx candidate: the target it was built for (an "
             "artifact records its whole build in manifest.json; a plain model is rebuilt with "
             "the default options)."

@@ -14,8 +14,13 @@ The method:
   batch is an error (with `batches=None` it runs at its own batch).
 - Each batch size gets its own warm-up (onnxruntime plans memory per shape), then `iters`
   timed runs, each measured around `runner.run` alone (`infercc.runtime.timing`: the garbage
-  collector is paused while timing). Statistics are numpy's (linear-interpolated percentiles,
-  sample standard deviation); throughput is samples per second, `batch / mean`.
+  collector is paused while timing); with `duration`, runs go on until that many seconds have
+  passed (and at least `iters` were timed). Statistics are numpy's (linear-interpolated
+  percentiles, sample standard deviation); throughput is samples per second, `batch / mean`.
+- `profile=True` profiles each batch size after its timing, with a separate session (so the
+  profiler's overhead is not in the latencies): `warmup` runs then the number of timed runs
+  (at most `PROFILE_RUNS`), summarised by `infercc.runtime.kernel_profile` as the op types and nodes
+  that take the time. It needs a runner on onnxruntime (a plain file or an ort artifact).
 - `compare` runs the two runners interleaved on the same feeds (A B A B ..., warm-up included,
   so both see the same machine state: thermal drift or a noisy neighbour hits both alike) and
   summarizes the per-pair ratio `time_b / time_a`. Its onnxruntime sessions do not spin: with
@@ -55,12 +60,14 @@ from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
 from infercc.runtime import timing
 from infercc.runtime.artifact import open_source
+from infercc.runtime.kernel_profile import Profile, read_events, summarize
 from infercc.util import json_float
 from infercc.version import __version__
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int | None], None]
+PROFILE_RUNS = 100  # most profiled runs per batch size (each writes an event per node)
 Shapes = Mapping[str, Sequence[int]]
 
 
@@ -84,8 +91,15 @@ class LatencyStats:
     stdev_ms: float
     throughput: float
     notes: list[str] = field(default_factory=list)
+    profile: Profile | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        return {
+            **self._timings(),
+            "profile": self.profile.to_dict() if self.profile is not None else None,
+        }
+
+    def _timings(self) -> dict[str, Any]:
         return {
             "batch": int(self.batch),
             "shapes": {name: [int(d) for d in dims] for name, dims in self.shapes.items()},
@@ -108,11 +122,13 @@ class BenchReport:
     backend: str
     results: list[LatencyStats]
     host: dict[str, Any]
+    duration_s: float | None = None  # the time asked for per batch size, if any
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "backend": self.backend,
+            "duration_s": self.duration_s,
             "results": [r.to_dict() for r in self.results],
             "host": dict(self.host),
         }
@@ -298,7 +314,7 @@ def _override_pin(
                 f"--shape for {name!r} sets axis {axis} to {out[axis]}; "
                 f"batch {batch} wins for this run"
             )
-            log.warning("%s", notes[-1])
+            log.info("%s", notes[-1])  # the report's notes say it to the user
             out[axis] = batch
     return tuple(out)
 
@@ -331,9 +347,10 @@ def _shapes_of(feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
 
 
 class _Ticker:
-    """Counts runs over the whole benchmark and reports them to `on_progress`."""
+    """Counts runs over the whole benchmark and reports them to `on_progress` (the total is
+    None when a duration decides it)."""
 
-    def __init__(self, total: int, on_progress: Progress | None):
+    def __init__(self, total: int | None, on_progress: Progress | None):
         self.done, self.total, self.on_progress = 0, total, on_progress
 
     def __call__(self) -> None:
@@ -363,7 +380,11 @@ def _stats(
     )
 
 
-def _check_counts(batches: Sequence[int] | None, warmup: int, iters: int) -> list[int | None]:
+def _check_counts(
+    batches: Sequence[int] | None, warmup: int, iters: int, duration: float | None = None
+) -> list[int | None]:
+    if duration is not None and not duration > 0:
+        raise InferccError(f"--duration {duration!r} is not positive", "e.g. --duration 10s")
     if iters < 1:
         raise InferccError(f"--iters {iters} is not positive", "time at least one run")
     if warmup < 0:
@@ -413,29 +434,70 @@ def bench(
     iters: int = 100,
     seed: int = 0,
     on_progress: Progress | None = None,
+    *,
+    duration: float | None = None,
+    profile: bool = False,
 ) -> BenchReport:
     """Time the model or artifact at `path` at each batch size (None: the model's own batch).
 
+    `duration` (seconds) times each batch size for that long (and at least `iters` runs);
+    `profile` adds onnxruntime's per-op profile of each batch size (module doc).
     `on_progress(done, total)` is called after every run, warm-up included, counted over all
-    batch sizes.
+    batch sizes (total None with a duration).
     """
-    sizes = _check_counts(batches, warmup, iters)
+    sizes = _check_counts(batches, warmup, iters, duration)
     runner, skeleton = open_runner(Path(path))
+    profiler = _profiler(Path(path)) if profile else None
     plans = [_plan_batch(skeleton, shapes, batch) for batch in sizes]
-    tick = _Ticker(len(plans) * (warmup + iters), on_progress)
-    results = [_bench_one(runner, plan, warmup, iters, seed, tick) for plan in plans]
-    return BenchReport(str(path), backend_name(Path(path)), results, host_info())
+    total = None if duration is not None else len(plans) * (warmup + iters)
+    tick = _Ticker(total, on_progress)
+    counts = (warmup, iters, duration)
+    results = [_bench_one(runner, plan, counts, seed, tick, profiler) for plan in plans]
+    return BenchReport(str(path), backend_name(Path(path)), results, host_info(), duration)
 
 
 def _bench_one(
-    runner: Runner, plan: _BatchPlan, warmup: int, iters: int, seed: int, tick: _Ticker
+    runner: Runner,
+    plan: _BatchPlan,
+    counts: tuple[int, int, float | None],
+    seed: int,
+    tick: _Ticker,
+    profiler: Runner | None = None,
 ) -> LatencyStats:
+    warmup, iters, duration = counts
     feeds = _feeds(plan, seed)
-    times = timing.time_runs(lambda: runner.run(feeds), warmup, iters, tick).ms
+    times = timing.time_runs(lambda: runner.run(feeds), warmup, iters, tick, duration).ms
     stats = _stats(times, plan.batch, _shapes_of(feeds), warmup)
     stats.notes = list(plan.notes)
+    if profiler is not None:
+        stats.profile = _profile(profiler, feeds, warmup, min(times.size, PROFILE_RUNS))
     log.info("batch %d: p50 %.3f ms, %.1f samples/s", stats.batch, stats.p50_ms, stats.throughput)
     return stats
+
+
+def _profiler(path: Path) -> Runner:
+    """A second runner of `path` whose sessions record onnxruntime's profile."""
+    runner, _ = open_runner(path)
+    if not hasattr(runner, "profile_prefix"):
+        raise InferccError(
+            f"--profile reads onnxruntime's profiler, and {path} runs on "
+            f"{backend_name(path)}",
+            "profile the .onnx model (or an ort artifact) instead",
+        )
+    return runner
+
+
+def _profile(runner: Any, feeds: Feeds, warmup: int, runs: int) -> Profile:
+    """`warmup` + `runs` runs on a fresh profiling session, summarised."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="infercc-profile-") as tmp:
+        runner.profile_prefix = str(Path(tmp) / "ort")
+        runner._sessions.clear()  # a new session per batch size: one profile each
+        for _ in range(warmup + runs):
+            runner.run(feeds)
+        events = read_events(runner.end_profiling())
+    return summarize(events, warmup)
 
 
 # --------------------------------------------------------------------------- compare
@@ -457,22 +519,27 @@ def compare(
     iters: int = 100,
     seed: int = 0,
     on_progress: Progress | None = None,
+    *,
+    duration: float | None = None,
 ) -> CompareReport:
     """Race B against A, interleaved on the same feeds; ratios are time_b / time_a.
 
+    `duration` (seconds) races each batch size for that long (and at least `iters` pairs).
     `on_progress(done, total)` is called after every run of either side.
     """
-    sizes = _check_counts(batches, warmup, iters)
+    sizes = _check_counts(batches, warmup, iters, duration)
     side_a, side_b = _open_side(a), _open_side(b)
     _check_same_inputs(side_a, side_b)
     plans = [
         (_plan_batch(side_a.skeleton, shapes, n), _plan_batch(side_b.skeleton, shapes, n))
         for n in sizes
     ]
-    tick = _Ticker(2 * len(plans) * (warmup + iters), on_progress)
+    total = None if duration is not None else 2 * len(plans) * (warmup + iters)
+    tick = _Ticker(total, on_progress)
     results, first = [], None
     for plan_a, plan_b in plans:
-        pair, outputs = _compare_one(side_a, side_b, plan_a, plan_b, (warmup, iters, seed), tick)
+        counts = (warmup, iters, seed, duration)
+        pair, outputs = _compare_one(side_a, side_b, plan_a, plan_b, counts, tick)
         results.append(pair)
         first = first or outputs
     diffs = _diff_outputs(side_a.runner, side_b.runner, *first)
@@ -543,14 +610,14 @@ def _compare_one(
     b: _Side,
     plan_a: _BatchPlan,
     plan_b: _BatchPlan,
-    counts: tuple[int, int, int],
+    counts: tuple[int, int, int, float | None],
     tick: _Ticker,
 ) -> tuple[PairStats, tuple[list[np.ndarray], list[np.ndarray]]]:
-    warmup, iters, seed = counts
+    warmup, iters, seed, duration = counts
     feeds_a = _feeds(plan_a, seed)
     feeds_b = _feeds_for_b(feeds_a, b.skeleton)
     times_a, times_b, first = _time_pairs(
-        a.runner, b.runner, (feeds_a, feeds_b), warmup, iters, tick
+        a.runner, b.runner, (feeds_a, feeds_b), warmup, iters, tick, duration
     )
     shapes = _shapes_of(feeds_a)
     stats_a = _stats(times_a, plan_a.batch, shapes, warmup)
@@ -566,10 +633,11 @@ def _time_pairs(
     warmup: int,
     iters: int,
     tick: _Ticker,
+    duration: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, tuple[list[np.ndarray], list[np.ndarray]]]:
     """A B A B ...: warm-up pairs, then timed pairs; times in ms and the first pair's outputs."""
     timed = timing.interleave(
-        [lambda: a.run(feeds[0]), lambda: b.run(feeds[1])], warmup, iters, 1, tick
+        [lambda: a.run(feeds[0]), lambda: b.run(feeds[1])], warmup, iters, 1, tick, duration
     )
     return timed.ms[0], timed.ms[1], (timed.first[0], timed.first[1])
 

@@ -9,6 +9,9 @@ calibrate's int8-against-fp32 race all go through these two functions.
   per-turn ratio of two sides is what a comparison reports. `block > 1` is for runners whose
   idle threads keep spinning after a call and would slow the next side down.
 
+Both take `duration` (seconds): timing then goes on, in whole turns, until that much time
+has passed and at least `iters` calls of each side were timed (trtexec's `--duration`).
+
 The cyclic garbage collector is paused while timing (a collection would land on a random run).
 Times come back in milliseconds, never below one clock tick, so a ratio is always finite.
 """
@@ -47,9 +50,16 @@ def _ms(ns: np.ndarray) -> np.ndarray:
     return np.maximum(ns, 1) / 1e6
 
 
-def time_runs(run: Callable[[], Any], warmup: int, iters: int, tick: Tick | None = None) -> Timed:
-    """`warmup` untimed calls of `run`, then `iters` (at least one) timed ones."""
-    timed = interleave([run], warmup, iters, 1, tick)
+def time_runs(
+    run: Callable[[], Any],
+    warmup: int,
+    iters: int,
+    tick: Tick | None = None,
+    duration: float | None = None,
+) -> Timed:
+    """`warmup` untimed calls of `run`, then `iters` (at least one) timed ones, or with
+    `duration` as many as fit in that many seconds (and at least `iters`)."""
+    timed = interleave([run], warmup, iters, 1, tick, duration)
     return Timed(timed.ms[0], timed.first, timed.last)
 
 
@@ -59,9 +69,11 @@ def interleave(
     iters: int,
     block: int = 1,
     tick: Tick | None = None,
+    duration: float | None = None,
 ) -> Timed:
-    """Each of `runs` `warmup` times untimed, then `iters` times timed, in turns of `block`
-    calls (see the module doc); `tick()` after every call."""
+    """Each of `runs` `warmup` times untimed, then `iters` times timed (with `duration`:
+    until `duration` seconds have passed too), in turns of `block` calls (see the module doc);
+    `tick()` after every call."""
     step = tick or (lambda: None)
     block = max(1, block)
     first: list[Any] = [None] * len(runs)
@@ -80,10 +92,12 @@ def interleave(
             for _ in range(min(block, warmup - done)):
                 call(side)
     iters = max(1, iters)
-    ns = np.empty((len(runs), iters), dtype=np.int64)
+    rows: list[list[int]] = [[] for _ in runs]
     with gc_paused():
-        for done in range(0, iters, block):
+        start, done = time.perf_counter(), 0
+        while done < iters or (duration is not None and time.perf_counter() - start < duration):
+            turn = block if done >= iters else min(block, iters - done)
             for side in range(len(runs)):
-                for i in range(done, min(done + block, iters)):
-                    ns[side, i] = call(side)
-    return Timed(_ms(ns), first, last)
+                rows[side] += [call(side) for _ in range(turn)]
+            done += turn
+    return Timed(_ms(np.array(rows, dtype=np.int64)), first, last)

@@ -105,6 +105,12 @@ class OrtRunner:
         # Idle intra-op threads spin after a run by default (good for back-to-back latency);
         # a comparison that interleaves two runners turns it off so neither starves the other.
         self.spinning = True
+        # Set (a path prefix): new sessions record onnxruntime's profile (`bench --profile`).
+        self.profile_prefix: str | None = None
+
+    def end_profiling(self) -> list[Path]:
+        """Stop profiling every session; the JSON profile files onnxruntime wrote."""
+        return [Path(s.end_profiling()) for s in self._sessions.values() if self.profile_prefix]
 
     def select(self, feeds: Feeds) -> int:
         """Index of the point whose shapes equal the feeds' shapes, else the default's."""
@@ -140,6 +146,8 @@ class OrtRunner:
                 "session.intra_op.allow_spinning": "0",
                 "session.inter_op.allow_spinning": "0",
             }
+        if self.profile_prefix:
+            config["profile_prefix"] = self.profile_prefix
         key = config_key({"model": str(model), **config})
         if key not in self._sessions:
             try:
