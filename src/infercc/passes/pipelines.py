@@ -15,7 +15,8 @@ stage made before the next stage can use them.
   optimize passes with `portable` set (no onnxruntime contrib op, so the int8 model stays
   standard ONNX that TensorRT reads too).
 - `decoder-fusions`: decoder fusions (attention with its KV cache into onnxruntime's
-  MultiHeadAttention), run after `optimize` by `bench/decoder_fusions.py`; `optimize` does not
+  MultiHeadAttention; RMSNorm, with its residual Add, into (Skip)SimplifiedLayerNormalization,
+  or the standard RMSNormalization at opset 23 under `--portable`), run after `optimize` by `bench/decoder_fusions.py`; `optimize` does not
   run them until that benchmark shows them faster.
 - `int8`: `infercc calibrate`'s rewrites, in two stages: the outlier split runs on the fp32
   reference (its ranges are measured on the split graph), then each quantization trial runs
@@ -80,7 +81,7 @@ INT8 = Pipeline(
 
 DECODER_FUSIONS = Pipeline(
     "decoder-fusions",
-    (("fuse-decoder-attention", "eliminate-dead-code"),),
+    (("fuse-decoder-attention", "fuse-rms-norm", "eliminate-dead-code"),),
     "after optimize, for decoders on the cpu target: not run by optimize until the generation "
     "benchmark (bench/decoder_fusions.py) shows it faster",
 )

@@ -1,0 +1,224 @@
+"""fuse-rms-norm: RMSNorm (+ its residual Add) into one normalization op, exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+
+from infercc.ir import export_model, import_model
+from infercc.passes import PassContext, run_passes
+from tests.helpers import make_model, op_counts, run_ort
+
+D = 64
+EPS = 1e-6
+# (batch, sequence): a prefill shape and a decode shape.
+SHAPES = [(1, 7), (2, 1)]
+
+
+def _c(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def rms_model(
+    form: str = "torchscript",
+    residual: bool = False,
+    cast: bool = False,
+    opset: int = 17,
+    dtype: int = TensorProto.FLOAT,
+    eps: float = EPS,
+    weight_shape=(D,),
+    mean_is_output: bool = False,
+) -> onnx.ModelProto:
+    """One RMSNorm over [batch, seq, D]: `form` "torchscript" writes Pow, ReduceMean (axes as
+    the attribute below opset 18), Add(m, eps), Sqrt, Reciprocal, Mul(x, r), Mul(n, w);
+    "dynamo" writes Mul(x, x), ReduceMean, Add(eps, m), Sqrt, Div, Mul(w, n). `residual`: x is
+    Add(a, b), and the sum is also read by the output `h` (the residual stream). `cast`:
+    transformers' Cast to float32 and back around the normalization."""
+    np_dtype = np.float32 if dtype == TensorProto.FLOAT else np.float16
+    rng = np.random.default_rng(0)
+    inits = [
+        _c("w", (1.0 + 0.1 * rng.standard_normal(weight_shape)).astype(np_dtype)),
+        _c("eps", np.array(eps, np.float32)),
+        _c("two", np.array(2.0, np.float32)),
+        _c("axes", np.array([-1], np.int64)),
+    ]
+    nodes = []
+    x = "a"
+    if residual:
+        nodes.append(oh.make_node("Add", ["a", "b"], ["x0"]))
+        x = "x0"
+    if cast:
+        nodes.append(oh.make_node("Cast", [x], ["xf"], to=TensorProto.FLOAT))
+        x = "xf"
+    if form == "torchscript":
+        nodes.append(oh.make_node("Pow", [x, "two"], ["sq"]))
+    else:
+        nodes.append(oh.make_node("Mul", [x, x], ["sq"]))
+    if opset < 18:
+        nodes.append(oh.make_node("ReduceMean", ["sq"], ["m"], axes=[-1], keepdims=1))
+    else:
+        nodes.append(oh.make_node("ReduceMean", ["sq", "axes"], ["m"], keepdims=1))
+    add_in = ["m", "eps"] if form == "torchscript" else ["eps", "m"]
+    nodes += [oh.make_node("Add", add_in, ["me"]), oh.make_node("Sqrt", ["me"], ["s"])]
+    if form == "torchscript":
+        nodes += [
+            oh.make_node("Reciprocal", ["s"], ["r"]),
+            oh.make_node("Mul", [x, "r"], ["n"]),
+        ]
+    else:
+        nodes.append(oh.make_node("Div", [x, "s"], ["n"]))
+    if cast:
+        nodes.append(oh.make_node("Cast", ["n"], ["nc"], to=dtype))
+    n = "nc" if cast else "n"
+    mul_in = [n, "w"] if form == "torchscript" else ["w", n]
+    nodes.append(oh.make_node("Mul", mul_in, ["y"]))
+    shape = ["batch", "seq", D]
+    inputs = [oh.make_tensor_value_info("a", dtype, shape)]
+    outputs = [oh.make_tensor_value_info("y", dtype, shape)]
+    if residual:
+        inputs.append(oh.make_tensor_value_info("b", dtype, shape))
+        nodes.append(oh.make_node("Neg", ["x0"], ["h"]))
+        outputs.append(oh.make_tensor_value_info("h", dtype, shape))
+    if mean_is_output:
+        outputs.append(oh.make_tensor_value_info("m", TensorProto.FLOAT, ["batch", "seq", 1]))
+    graph = oh.make_graph(nodes, "rms", inputs, outputs, inits)
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def fused(proto, **ctx):
+    model = import_model(proto)
+    context = PassContext(verify=True, **ctx)
+    report = run_passes(model, context, ("fold-constants", "fuse-rms-norm", "eliminate-dead-code"))
+    model.graph.lint()
+    return export_model(model), report.passes["fuse-rms-norm"].counts, context
+
+
+def feeds(proto, batch, seq, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for vi in proto.graph.input:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        out[vi.name] = (2.0 * rng.standard_normal((batch, seq, D))).astype(dtype)
+    return out
+
+
+def assert_equal_at_two_shapes(a, b, atol=1e-5, rtol=1e-5):
+    for batch, seq in SHAPES:
+        f = feeds(a, batch, seq)
+        want, got = run_ort(a, f), run_ort(b, f)
+        assert len(want) == len(got)
+        for x, y in zip(want, got, strict=True):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_allclose(
+                y.astype(np.float32), x.astype(np.float32), atol=atol, rtol=rtol
+            )
+
+
+def refusals(ctx):
+    return [r.reason for r in ctx.refusals if r.pass_name == "fuse-rms-norm"]
+
+
+@pytest.mark.parametrize("form,opset", [("torchscript", 17), ("dynamo", 18), ("dynamo", 17)])
+def test_both_exporter_forms_into_simplified_layer_norm(form, opset):
+    proto = rms_model(form, opset=opset)
+    out, counts, _ = fused(proto)
+    assert counts == {"simplified": 1}
+    ops = op_counts(out)
+    assert ops == {"SimplifiedLayerNormalization": 1}
+    node = out.graph.node[0]
+    attrs = {a.name: oh.get_attribute_value(a) for a in node.attribute}
+    assert attrs["epsilon"] == pytest.approx(EPS) and attrs["axis"] == -1
+    assert_equal_at_two_shapes(proto, out)
+
+
+def test_residual_add_into_skip_simplified_layer_norm():
+    proto = rms_model("torchscript", residual=True)
+    out, counts, _ = fused(proto)
+    assert counts == {"skip": 1}
+    ops = op_counts(out)
+    assert ops == {"SkipSimplifiedLayerNormalization": 1, "Neg": 1}
+    skip = next(n for n in out.graph.node if n.op_type == "SkipSimplifiedLayerNormalization")
+    assert skip.domain == "com.microsoft" and list(skip.input) == ["a", "b", "w"]
+    assert skip.output[3]  # the sum, for the residual stream (Neg reads it)
+    assert [o.name for o in out.graph.output] == ["y", "h"]
+    onnx.checker.check_model(out)
+    assert_equal_at_two_shapes(proto, out)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_cast_to_float32_and_back_float16(residual):
+    proto = rms_model("torchscript", cast=True, dtype=TensorProto.FLOAT16, residual=residual)
+    out, counts, _ = fused(proto)
+    if residual:
+        assert counts == {"skip": 1}
+        assert op_counts(out) == {"SkipSimplifiedLayerNormalization": 1, "Neg": 1}
+    else:
+        assert counts == {"simplified": 1}
+        assert op_counts(out) == {"SimplifiedLayerNormalization": 1}
+    assert_equal_at_two_shapes(proto, out, atol=1e-2, rtol=1e-2)
+
+
+def test_cast_form_float32():
+    proto = rms_model("dynamo", cast=True, opset=18)
+    out, counts, _ = fused(proto)
+    assert counts == {"simplified": 1}
+    assert_equal_at_two_shapes(proto, out)
+
+
+def test_portable_at_opset_23_is_standard_rms_normalization():
+    proto = rms_model("dynamo", residual=True, opset=23)
+    out, counts, _ = fused(proto, portable=True)
+    assert counts == {"rms": 1}
+    ops = op_counts(out)
+    assert ops == {"Add": 1, "RMSNormalization": 1, "Neg": 1}
+    assert {n.domain for n in out.graph.node} == {""}
+    onnx.checker.check_model(out, full_check=True)
+    assert_equal_at_two_shapes(proto, out)
+
+
+@pytest.mark.parametrize("ctx", [{"portable": True}, {"target": "a100"}])
+def test_below_opset_23_standard_targets_keep_the_pattern(ctx):
+    proto = rms_model("torchscript", opset=17)
+    out, counts, context = fused(proto, **ctx)
+    assert counts == {}
+    assert op_counts(out)["ReduceMean"] == 1
+    assert any("RMSNormalization needs opset 23 (the model has 17)" in r for r in refusals(context))
+
+
+@pytest.mark.parametrize(
+    "kwargs,reason",
+    [
+        ({"weight_shape": (1, D)}, "is not [D]"),
+        ({"mean_is_output": True}, "the mean is not read by one Add"),
+        ({"eps": float("nan")}, "is not finite"),
+    ],
+)
+def test_refusals_say_why(kwargs, reason):
+    proto = rms_model("torchscript", **kwargs)
+    out, counts, context = fused(proto)
+    assert counts == {}
+    assert op_counts(out)["ReduceMean"] == 1
+    assert any(reason in r for r in refusals(context)), refusals(context)
+
+
+def test_a_mean_of_no_square_is_none_of_its_business():
+    graph = oh.make_graph(
+        [oh.make_node("ReduceMean", ["a"], ["y"], axes=[-1], keepdims=1)],
+        "mean",
+        [oh.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "seq", D])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 1])],
+    )
+    out, counts, context = fused(make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    assert counts == {} and refusals(context) == []
+
+
+def test_fusing_again_changes_nothing():
+    once, _, _ = fused(rms_model("torchscript", residual=True))
+    twice, counts, _ = fused(once)
+    assert counts == {}
+    assert twice.SerializeToString() == once.SerializeToString()
