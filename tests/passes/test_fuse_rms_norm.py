@@ -31,10 +31,13 @@ def rms_model(
     eps: float = EPS,
     weight_shape=(D,),
     mean_is_output: bool = False,
+    weight: bool = True,
 ) -> onnx.ModelProto:
-    """One RMSNorm over [batch, seq, D]: `form` "torchscript" writes Pow, ReduceMean (axes as
-    the attribute below opset 18), Add(m, eps), Sqrt, Reciprocal, Mul(x, r), Mul(n, w);
-    "dynamo" writes Mul(x, x), ReduceMean, Add(eps, m), Sqrt, Div, Mul(w, n). `residual`: x is
+    """One RMSNorm over [batch, seq, D] (ReduceMean's axes an attribute below opset 18, an
+    input from 18): `form` "torchscript" writes torch.rsqrt as TorchScript does: Pow(x, 2),
+    ReduceMean, Add(m, eps), Sqrt, Div(1, s), Mul(x, r), Mul(n, w); "dynamo" as the dynamo
+    exporter does: Reciprocal(s), Mul(r, x); "div" the Div form: Mul(x, x), ReduceMean,
+    Add(eps, m), Sqrt, Div(x, s), Mul(w, n). `residual`: x is
     Add(a, b), and the sum is also read by the output `h` (the residual stream). `cast`:
     transformers' Cast to float32 and back around the normalization."""
     np_dtype = np.float32 if dtype == TensorProto.FLOAT else np.float16
@@ -43,6 +46,7 @@ def rms_model(
         _c("w", (1.0 + 0.1 * rng.standard_normal(weight_shape)).astype(np_dtype)),
         _c("eps", np.array(eps, np.float32)),
         _c("two", np.array(2.0, np.float32)),
+        _c("one", np.array(1.0, np.float32)),
         _c("axes", np.array([-1], np.int64)),
     ]
     nodes = []
@@ -53,7 +57,7 @@ def rms_model(
     if cast:
         nodes.append(oh.make_node("Cast", [x], ["xf"], to=TensorProto.FLOAT))
         x = "xf"
-    if form == "torchscript":
+    if form != "div":
         nodes.append(oh.make_node("Pow", [x, "two"], ["sq"]))
     else:
         nodes.append(oh.make_node("Mul", [x, x], ["sq"]))
@@ -61,20 +65,22 @@ def rms_model(
         nodes.append(oh.make_node("ReduceMean", ["sq"], ["m"], axes=[-1], keepdims=1))
     else:
         nodes.append(oh.make_node("ReduceMean", ["sq", "axes"], ["m"], keepdims=1))
-    add_in = ["m", "eps"] if form == "torchscript" else ["eps", "m"]
+    add_in = ["eps", "m"] if form == "div" else ["m", "eps"]
     nodes += [oh.make_node("Add", add_in, ["me"]), oh.make_node("Sqrt", ["me"], ["s"])]
     if form == "torchscript":
-        nodes += [
-            oh.make_node("Reciprocal", ["s"], ["r"]),
-            oh.make_node("Mul", [x, "r"], ["n"]),
-        ]
+        nodes += [oh.make_node("Div", ["one", "s"], ["r"]), oh.make_node("Mul", [x, "r"], ["n"])]
+    elif form == "dynamo":
+        nodes += [oh.make_node("Reciprocal", ["s"], ["r"]), oh.make_node("Mul", ["r", x], ["n"])]
     else:
         nodes.append(oh.make_node("Div", [x, "s"], ["n"]))
     if cast:
         nodes.append(oh.make_node("Cast", ["n"], ["nc"], to=dtype))
     n = "nc" if cast else "n"
-    mul_in = [n, "w"] if form == "torchscript" else ["w", n]
-    nodes.append(oh.make_node("Mul", mul_in, ["y"]))
+    mul_in = ["w", n] if form == "div" else [n, "w"]
+    if weight:
+        nodes.append(oh.make_node("Mul", mul_in, ["y"]))
+    else:
+        nodes.append(oh.make_node("Relu", [n], ["y"]))
     shape = ["batch", "seq", D]
     inputs = [oh.make_tensor_value_info("a", dtype, shape)]
     outputs = [oh.make_tensor_value_info("y", dtype, shape)]
@@ -123,7 +129,9 @@ def refusals(ctx):
     return [r.reason for r in ctx.refusals if r.pass_name == "fuse-rms-norm"]
 
 
-@pytest.mark.parametrize("form,opset", [("torchscript", 17), ("dynamo", 18), ("dynamo", 17)])
+@pytest.mark.parametrize(
+    "form,opset", [("torchscript", 17), ("torchscript", 18), ("dynamo", 18), ("div", 17)]
+)
 def test_both_exporter_forms_into_simplified_layer_norm(form, opset):
     proto = rms_model(form, opset=opset)
     out, counts, _ = fused(proto)
@@ -133,6 +141,16 @@ def test_both_exporter_forms_into_simplified_layer_norm(form, opset):
     node = out.graph.node[0]
     attrs = {a.name: oh.get_attribute_value(a) for a in node.attribute}
     assert attrs["epsilon"] == pytest.approx(EPS) and attrs["axis"] == -1
+    assert_equal_at_two_shapes(proto, out)
+
+
+def test_without_a_weight_mul_the_weight_is_ones():
+    proto = rms_model("torchscript", weight=False)
+    out, counts, _ = fused(proto)
+    assert counts == {"simplified": 1}
+    assert op_counts(out) == {"SimplifiedLayerNormalization": 1, "Relu": 1}
+    scale = next(t for t in out.graph.initializer if t.name == out.graph.node[0].input[1])
+    np.testing.assert_array_equal(numpy_helper.to_array(scale), np.ones(D, np.float32))
     assert_equal_at_two_shapes(proto, out)
 
 
@@ -164,14 +182,14 @@ def test_cast_to_float32_and_back_float16(residual):
 
 
 def test_cast_form_float32():
-    proto = rms_model("dynamo", cast=True, opset=18)
+    proto = rms_model("div", cast=True, opset=18)
     out, counts, _ = fused(proto)
     assert counts == {"simplified": 1}
     assert_equal_at_two_shapes(proto, out)
 
 
 def test_portable_at_opset_23_is_standard_rms_normalization():
-    proto = rms_model("dynamo", residual=True, opset=23)
+    proto = rms_model("div", residual=True, opset=23)
     out, counts, _ = fused(proto, portable=True)
     assert counts == {"rms": 1}
     ops = op_counts(out)

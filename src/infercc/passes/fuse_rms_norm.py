@@ -6,9 +6,13 @@ the last axis of x, of width D::
     x  = [Cast(x0, to=float)]                      (transformers' upcast, optional)
     m  = ReduceMean(Pow(x, 2) | Mul(x, x), axes=[-1], keepdims=1)
     s  = Sqrt(Add(m, eps))
-    n  = Mul(x, Reciprocal(s)) | Div(x, s)          (torch.rsqrt is Reciprocal(Sqrt))
+    n  = Mul(x, r) | Div(x, s),  r = Reciprocal(s) | Div(1, s)
+                                   (torch.rsqrt: TorchScript writes Div(1, Sqrt), dynamo
+                                    Reciprocal(Sqrt))
     n  = [Cast(n, to=dtype(x0))]                   (the cast back, when x was upcast)
-    y  = Mul(n, w) | Mul(w, n)                     (w a constant of shape [D])
+    y  = Mul(n, w) | Mul(w, n)                     (w a constant of shape [D]; without
+                                                    the Mul, as eliminate-no-ops leaves a
+                                                    weight of ones, y = n and w = ones)
     ==>
     y  = SimplifiedLayerNormalization(x0, w; axis=-1, epsilon=eps, stash_type=1)
 
@@ -29,8 +33,8 @@ ONNX op) where the model's opset is 23 or more, else nothing, and the refusal sa
 
 Guards: every intermediate (the square, mean, sum, root, reciprocal, quotient, casts) is read
 only by the next node of the pattern, and none is a graph output; the exponent is 2 and eps
-a finite non-negative scalar constant; the mean is over the last axis alone, kept; w is a
-constant vector whose length is x's static last dimension; float32 or float16 x0 (the cast
+a finite non-negative scalar constant; the mean is over the last axis alone, kept; x's last
+dimension is static, and w a constant vector of that length; float32 or float16 x0 (the cast
 form: x0 cast to float32 and back to its own type). A rule of `infercc.passes.rules`
 anchored on ReduceMean: one rewrite is one normalization, named by its ReduceMean.
 """
@@ -61,7 +65,7 @@ class _Match:
     key: str  # the counter: "simplified", "skip" or "rms"
     x: Value  # the normalized input (x0)
     out: Value  # y
-    weight: Value
+    weight: Value | None  # None: no Mul by a weight (a weight of ones)
     eps: float
     anchor: Node
     removed: list[Node] = field(default_factory=list)
@@ -121,19 +125,26 @@ def _root(mean: Node, removed: list[Node]) -> tuple[Value, float] | str:
 
 
 def _normalized(root: Value, x: Value, removed: list[Node]) -> Value | str:
-    """Div(x, root) or Mul(x, Reciprocal(root)) -> the quotient."""
+    """Div(x, root), or Mul(x, Reciprocal(root) | Div(1, root)) -> the quotient."""
     reader = _next(root, "Div", "Reciprocal")
-    if reader is not None and reader.op_type == "Div":
+    if reader is not None and reader.op_type == "Div" and not _is_one(reader.input(0)):
         if reader.input(0) is not x or reader.input(1) is not root:
             return "the Div does not divide x by the root"
         removed.append(reader)
         return reader.output
+    if reader is not None and reader.op_type == "Div" and reader.input(1) is not root:
+        return "the Div does not divide x by the root"
     if reader is not None:
         mul = _next(reader.output, "Mul")
         if mul is not None and _other(mul, reader.output) is x:
             removed += [reader, mul]
             return mul.output
     return "the root is not read by Div(x, root) or Mul(x, Reciprocal(root)) alone"
+
+
+def _is_one(value: Value | None) -> bool:
+    c = const_value(value)
+    return c is not None and c.size == 1 and float(c.reshape(())) == 1.0
 
 
 def _upcast(x: Value) -> tuple[Value, Node | None]:
@@ -176,15 +187,20 @@ def match(mean: Node) -> _Match | str:
 
 
 def _weighted(mean, x0: Value, n: Value, eps: float, removed: list[Node]) -> _Match | str:
+    """The Mul by the weight, when there is one (eliminate-no-ops drops a Mul by ones)."""
+    width = x0.shape[-1] if x0.shape else None
+    if x0.dtype not in FLOATS:
+        return "x is not float32 or float16"
+    if not isinstance(width, int):
+        return "x's last dimension is not static"
     mul = _next(n, "Mul")
     w = None if mul is None else _other(mul, n)
     weight = const_value(w)
     if weight is None:
-        return "the normalized x is not multiplied by a constant weight alone"
-    width = x0.shape[-1] if x0.shape else None
-    if weight.ndim != 1 or not isinstance(width, int) or weight.shape[0] != width:
+        return _Match("simplified", x0, n, None, eps, mean, removed)
+    if weight.ndim != 1 or weight.shape[0] != width:
         return f"the weight's shape {list(weight.shape)} is not [D] with D x's last dim {width}"
-    if x0.dtype not in FLOATS or weight.dtype != _np(x0.dtype):
+    if weight.dtype != _np(x0.dtype):
         return "x and the weight are not both float32 or both float16"
     removed.append(mul)
     return _Match("simplified", x0, mul.output, w, eps, mean, removed)
@@ -233,6 +249,9 @@ def _check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
 
 def _rewrite(node: Node, m: _Match, ctx: PassContext) -> None:
     graph = node.graph
+    if m.weight is None:
+        ones = np.ones(m.x.shape[-1], _np(m.x.dtype))  # type: ignore[index]
+        m.weight = graph.make_constant(ones, "rms_norm_weight")
     if m.key == "skip":
         fused = _skip_node(graph, m)
     else:
