@@ -56,9 +56,12 @@ def tiny_decoder(
     seed: int = 0,
     positions: int = 256,
     attention: str = "where",
+    norm: str = "layer",
 ) -> onnx.ModelProto:
     """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
-    additive causal bias; `"where"` (default) masks them with Where."""
+    additive causal bias; `"where"` (default) masks them with Where. `norm="rms"` writes
+    every LayerNormalization as an RMSNorm the way TorchScript exports Llama's
+    (`x * rsqrt(mean(x ** 2) + eps) * w`: Pow, ReduceMean, Add, Sqrt, Div(1, .), Mul, Mul)."""
     b = _Builder(seed)
     d = hidden // heads
     h = b.op(
@@ -82,11 +85,7 @@ def tiny_decoder(
         to=TensorProto.BOOL,
     )
     for i in range(layers):
-        x = b.op(
-            "LayerNormalization",
-            [h, b.w(f"ln1_g{i}", hidden, 0.1, 1.0), b.w(f"ln1_b{i}", hidden, 0.05)],
-            axis=-1,
-        )
+        x = _norm(b, norm, h, b.w(f"ln1_g{i}", hidden, 0.1, 1.0), b.w(f"ln1_b{i}", hidden, 0.05))
         qkv = []
         for part in "qkv":
             y = b.op(
@@ -129,11 +128,7 @@ def tiny_decoder(
             [b.op("MatMul", [ctx, b.w(f"wo{i}", (hidden, hidden))]), b.w(f"bo{i}", hidden, 0.05)],
         )
         h = b.op("Add", [h, out])
-        x = b.op(
-            "LayerNormalization",
-            [h, b.w(f"ln2_g{i}", hidden, 0.1, 1.0), b.w(f"ln2_b{i}", hidden, 0.05)],
-            axis=-1,
-        )
+        x = _norm(b, norm, h, b.w(f"ln2_g{i}", hidden, 0.1, 1.0), b.w(f"ln2_b{i}", hidden, 0.05))
         up = b.op(
             "Relu",
             [
@@ -154,11 +149,7 @@ def tiny_decoder(
             ],
         )
         h = b.op("Add", [h, down])
-    x = b.op(
-        "LayerNormalization",
-        [h, b.w("lnf_g", hidden, 0.1, 1.0), b.w("lnf_b", hidden, 0.05)],
-        axis=-1,
-    )
+    x = _norm(b, norm, h, b.w("lnf_g", hidden, 0.1, 1.0), b.w("lnf_b", hidden, 0.05))
     b.named("MatMul", [x, b.w("lm_head", (hidden, vocab), 0.3)], "logits")
     f = TensorProto.FLOAT
     inputs = [
@@ -182,6 +173,18 @@ def tiny_decoder(
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def _norm(b: _Builder, kind: str, x: str, gain: str, bias: str) -> str:
+    if kind == "layer":
+        return b.op("LayerNormalization", [x, gain, bias], axis=-1)
+    two = b.const(f"two_{b.count}", np.array(2.0, np.float32))
+    eps = b.const(f"eps_{b.count}", np.array(1e-6, np.float32))
+    one = b.const(f"one_{b.count}", np.array(1.0, np.float32))
+    axes = b.const(f"axes_{b.count}", np.array([-1], np.int64))
+    mean = b.op("ReduceMean", [b.op("Pow", [x, two]), axes], keepdims=1)
+    inv = b.op("Div", [one, b.op("Sqrt", [b.op("Add", [mean, eps])])])
+    return b.op("Mul", [b.op("Mul", [x, inv]), gain])
 
 
 def greedy_reference(path, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
