@@ -16,6 +16,7 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
     fuse_conv_bn_relu,
     fuse_qkv,
     fuse_rms_norm,
+    fuse_rotary,
     no_ops,
     quantize_qdq,
     schedule,

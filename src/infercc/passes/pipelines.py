@@ -16,7 +16,8 @@ stage made before the next stage can use them.
   standard ONNX that TensorRT reads too).
 - `decoder-fusions`: decoder fusions (attention with its KV cache into onnxruntime's
   MultiHeadAttention; RMSNorm, with its residual Add, into (Skip)SimplifiedLayerNormalization,
-  or the standard RMSNormalization at opset 23 under `--portable`), run after `optimize` by `bench/decoder_fusions.py`; `optimize` does not
+  or the standard RMSNormalization at opset 23 under `--portable`; RoPE into RotaryEmbedding),
+  run after `optimize` by `bench/decoder_fusions.py`; `optimize` does not
   run them until that benchmark shows them faster.
 - `int8`: `infercc calibrate`'s rewrites, in two stages: the outlier split runs on the fp32
   reference (its ranges are measured on the split graph), then each quantization trial runs
@@ -81,7 +82,14 @@ INT8 = Pipeline(
 
 DECODER_FUSIONS = Pipeline(
     "decoder-fusions",
-    (("fuse-decoder-attention", "fuse-rms-norm", "eliminate-dead-code"),),
+    (
+        (
+            "fuse-decoder-attention",
+            "fuse-rms-norm",
+            "fuse-rotary-embedding",
+            "eliminate-dead-code",
+        ),
+    ),
     "after optimize, for decoders on the cpu target: not run by optimize until the generation "
     "benchmark (bench/decoder_fusions.py) shows it faster",
 )

@@ -1,0 +1,254 @@
+"""fuse-rotary-embedding: RoPE (rotate_half, cos/sin multiply-add) into RotaryEmbedding.
+
+The pattern (Llama's rotary embedding as torch.onnx writes it, after fold-constants), on
+x [B, N, S, D] (heads split, D static and even, h = D / 2), with f [B, S, h] the angles
+(position times inverse frequency) computed in the graph::
+
+    e   = Unsqueeze(Concat(f, f, axis=-1), [1])           [B, 1, S, D]
+    cos = Cos(e);  sin = Sin(e)
+    rot = Concat(Neg(Slice(x, h:D, axis=-1)), Slice(x, 0:h, axis=-1), axis=-1)
+    y   = Add(Mul(x, cos), Mul(rot, sin))                  (operands in either order)
+    ==>
+    y   = com.microsoft.RotaryEmbedding(x, P, Reshape(Cos(f), [-1, h]),
+                                        Reshape(Sin(f), [-1, h]); interleaved=0)
+          P = Reshape(Range(0, B * S), [B, S])
+
+Why it is exact: onnxruntime's kernel computes, for i < h, `y[i] = x[i] cos[p, i] -
+x[i + h] sin[p, i]` and `y[i + h] = x[i + h] cos[p, i] + x[i] sin[p, i]`, with p the row's
+position id. The pattern's first half is `x[i] cos(f[i]) + (-x[i + h]) sin(f[i])` (negation
+is exact) and its second `x[i + h] cos(f[i]) + x[i] sin(f[i])`, since both halves of e are f.
+The cache passed is the graph's own Cos(f) and Sin(f), one row per (batch, position), and P
+indexes row b * S + s for batch b and position s: the same numbers, whatever the positions
+(no table of a maximum length, so nothing the graph does not compute). The cache is built
+once per f and shared by every layer.
+
+Under `--portable` or a GPU target, the standard opset-23 RotaryEmbedding where the model's
+opset allows: `RotaryEmbedding(x, Cos(f), Sin(f))` (without position ids its caches are
+[B, S, h]), the same maths; else nothing, and the refusal says so.
+
+Guards: the Slices are of the last axis (starts and ends constant, steps 1), the Neg, the
+Concat and the two Muls read only by the next node of the pattern; e is Cos'd and Sin'd from
+one value; x float32, rank 4, D static. A rule anchored on Add: one rewrite is one
+rotation (of q or of k), named by its Add.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.ops import MS_DOMAIN
+from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import const_ints, default_opset, producer, sole_reader
+from infercc.passes.rules import Refuse, Rule, apply_rules
+
+log = logging.getLogger(__name__)
+
+ROPE_OPSET = 23  # the standard RotaryEmbedding
+
+
+@dataclass
+class _Match:
+    key: str  # "contrib" or "standard"
+    x: Value
+    angles: Value  # f [B, S, h]
+    half: int
+    add: Node
+    removed: list[Node]
+
+
+def _mul_by(node: Node | None, op: str) -> tuple[Value, Node] | None:
+    """Mul(v, op(e)) in either order -> (v, the op node)."""
+    if node is None or node.op_type != "Mul" or len(node.inputs) != 2:
+        return None
+    for i in (0, 1):
+        trig = producer(node.input(1 - i), op)
+        if trig is not None:
+            return node.input(i), trig
+    return None
+
+
+def _terms(add: Node) -> tuple[Value, Value, Node, Node, Node, Node] | None:
+    """Add(Mul(x, Cos(e)), Mul(rot, Sin(e))) -> (x, rot, cos, sin, the two Muls)."""
+    a, b = (producer(v, "Mul") for v in add.inputs)
+    for m_cos, m_sin in ((a, b), (b, a)):
+        c, s = _mul_by(m_cos, "Cos"), _mul_by(m_sin, "Sin")
+        if c is not None and s is not None:
+            return c[0], s[0], c[1], s[1], m_cos, m_sin  # type: ignore[return-value]
+    return None
+
+
+def _slice(value: Value | None, x: Value, d: int) -> tuple[int, int, Node] | None:
+    """Slice(x, start, end) on the last axis, step 1 -> (start, end clipped to d, node)."""
+    node = producer(value, "Slice")
+    if node is None or node.input(0) is not x:
+        return None
+    starts, ends = const_ints(node.input(1)), const_ints(node.input(2))
+    axes = const_ints(node.input(3)) if node.input(3) is not None else [0]
+    steps = const_ints(node.input(4)) if len(node.inputs) > 4 and node.input(4) else [1]
+    if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1]:
+        return None
+    if axes[0] not in (-1, 3):
+        return None
+    return starts[0], min(ends[0], d), node
+
+
+def _rotated(rot: Value, x: Value, d: int, removed: list[Node]) -> bool:
+    """rot = Concat(Neg(x[..., h:]), x[..., :h], axis=-1)."""
+    cat = producer(rot, "Concat")
+    if cat is None or cat.attr("axis") not in (-1, 3) or len(cat.inputs) != 2:
+        return False
+    neg = producer(cat.input(0), "Neg")
+    if neg is None or sole_reader(neg.output) is not cat:
+        return False
+    hi, lo = _slice(neg.input(0), x, d), _slice(cat.input(1), x, d)
+    h = d // 2
+    if hi is None or lo is None or hi[:2] != (h, d) or lo[:2] != (0, h):
+        return False
+    for node in (hi[2], lo[2]):
+        if sole_reader(node.output) is None:
+            return False
+    removed += [cat, neg, hi[2], lo[2]]
+    return True
+
+
+def _angles(cos: Node, sin: Node) -> Value | None:
+    """Cos(e), Sin(e) of e = Unsqueeze(Concat(f, f, axis=-1), [1]) -> f."""
+    e = cos.input(0)
+    if e is None or sin.input(0) is not e:
+        return None
+    unsq = producer(e, "Unsqueeze")
+    axes = None if unsq is None else (const_ints(unsq.input(1)) or unsq.attr("axes"))
+    if unsq is None or list(axes or []) != [1]:
+        return None
+    cat = producer(unsq.input(0), "Concat")
+    if cat is None or cat.attr("axis") not in (-1, 2) or len(cat.inputs) != 2:
+        return None
+    f = cat.input(0)
+    if f is None or cat.input(1) is not f or f.rank != 3:
+        return None
+    return f
+
+
+def match(add: Node) -> _Match | str | None:
+    found = _terms(add)
+    if found is None:
+        return None
+    x, rot, cos, sin, m_cos, m_sin = found
+    d = x.shape[-1] if x.shape else None
+    if x.rank != 4 or not isinstance(d, int) or d % 2:
+        return "x is not [batch, heads, sequence, head_size] with a static even head_size"
+    if x.dtype != TensorProto.FLOAT:
+        return "not float32"
+    removed = [add, m_cos, m_sin]
+    if not _rotated(rot, x, d, removed):
+        return "the sine term is not rotate_half(x): Concat(Neg(x[..., h:]), x[..., :h])"
+    f = _angles(cos, sin)
+    if f is None:
+        return "cos and sin are not of Unsqueeze(Concat(f, f, axis=-1), [1]) of one f [B, S, h]"
+    width = f.shape[-1] if f.shape else None
+    if isinstance(width, int) and width != d // 2:
+        return f"the angles' width {width} is not head_size / 2 = {d // 2}"
+    for node in (m_cos, m_sin):
+        if sole_reader(node.output) is not add:
+            return "a product of the rotation has readers outside it"
+    return _Match("contrib", x, f, d // 2, add, removed)
+
+
+def _contrib(ctx: PassContext) -> bool:
+    return ctx.fused_ops_allowed and ctx.target == "cpu"
+
+
+def _check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+    found = match(node)
+    if found is None or isinstance(found, str):
+        return None if found is None else Refuse(found)
+    if _contrib(ctx):
+        return found
+    opset = default_opset(node)
+    if opset < ROPE_OPSET:
+        return Refuse(
+            f"--portable or a GPU target keeps standard ops, and RotaryEmbedding needs "
+            f"opset {ROPE_OPSET} (the model has {opset})"
+        )
+    found.key = "standard"
+    return found
+
+
+class _Caches:
+    """The cos/sin caches (and position ids) built for each f, shared by every rotation."""
+
+    def __init__(self) -> None:
+        self.built: dict[tuple[int, str], tuple[Value, ...]] = {}
+
+    def get(self, graph: Graph, m: _Match) -> tuple[Value, ...]:
+        key = (id(m.angles), m.key)
+        if key not in self.built:
+            self.built[key] = _build(graph, m)
+        return self.built[key]
+
+
+def _build(graph: Graph, m: _Match) -> tuple[Value, ...]:
+    """Before the first rotation of f (later ones come after it): Cos(f), Sin(f), reshaped
+    to [B * S, h] with position ids 0 .. B * S - 1 as [B, S] for the contrib op."""
+
+    def op(op_type: str, inputs, **attrs) -> Value:
+        node = graph.make_node(
+            op_type, inputs, 1, before=m.add, name=f"rotary_{op_type}", attributes=attrs
+        )
+        return node.output
+
+    f = m.angles
+    cos, sin = op("Cos", [f]), op("Sin", [f])
+    if m.key != "contrib":
+        return cos, sin
+    rows = graph.make_constant(np.array([-1, m.half], np.int64), "rotary_rows")
+    zero = graph.make_constant(np.array(0, np.int64), "rotary_zero")
+    one = graph.make_constant(np.array(1, np.int64), "rotary_one")
+    shape = op("Shape", [f], start=0, end=2)
+    count = op("ReduceProd", [shape], keepdims=0)
+    ids = op("Reshape", [op("Range", [zero, count, one]), shape])
+    return ids, op("Reshape", [cos, rows]), op("Reshape", [sin, rows])
+
+
+def _rewrite_with(caches: _Caches):
+    def rewrite(node: Node, m: _Match, ctx: PassContext) -> None:
+        graph = node.graph
+        parts = caches.get(graph, m)
+        if m.key == "contrib":
+            ids, cos, sin = parts
+            inputs, domain, attrs = [m.x, ids, cos, sin], MS_DOMAIN, {"interleaved": 0}
+            graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
+        else:
+            cos, sin = parts
+            inputs, domain, attrs = [m.x, cos, sin], "", {"interleaved": 0}
+        fused = graph.make_node(
+            "RotaryEmbedding",
+            inputs,
+            1,
+            before=m.add,
+            domain=domain,
+            name="RotaryEmbedding",
+            attributes=attrs,
+        )
+        fused.output.dtype, fused.output.shape = m.add.output.dtype, m.add.output.shape
+        graph.replace_all_uses_with(m.add.output, fused.output)
+        for dead in m.removed:
+            if dead.graph is graph and not any(o is not None and o.uses() for o in dead.outputs):
+                graph.remove(dead)
+
+    return rewrite
+
+
+@register_pass("fuse-rotary-embedding")
+def fuse_rotary_embedding(graph: Graph, ctx: PassContext) -> PassResult:
+    """RoPE (rotate_half, cos/sin multiply-add) -> com.microsoft.RotaryEmbedding (cpu), or
+    the standard RotaryEmbedding (opset >= 23)."""
+    rule = Rule("rotary", ("Add",), _check, _rewrite_with(_Caches()))
+    run = apply_rules(graph, ctx, [rule], subgraphs=False)
+    counts = {k: run.counts[k] for k in ("contrib", "standard") if run.counts[k]}
+    return PassResult(changed=bool(counts), stats=counts)

@@ -1,0 +1,159 @@
+"""fuse-rotary-embedding: RoPE into RotaryEmbedding, exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+
+from infercc.ir import export_model, import_model
+from infercc.passes import PassContext, run_passes
+from tests.helpers import make_model, op_counts, run_ort
+
+H, D = 4, 16
+# (batch, sequence, first position): a prefill and a decode shape.
+SHAPES = [(1, 7, 0), (2, 1, 9)]
+
+
+def rope_model(opset: int = 17, layers: int = 2, neg_first: bool = True, sin_reader=False):
+    """q, k [batch, H, seq, D] rotated as Llama's export does: angles f = positions x inverse
+    frequencies [batch, seq, D/2], e = Unsqueeze(Concat(f, f), [1]), y = x cos(e) +
+    rotate_half(x) sin(e), for q and k of `layers` layers (one shared f). `neg_first=False`
+    writes a wrong rotate_half (Concat(x[h:], Neg(x[:h])))."""
+    h = D // 2
+    inv = (1.0 / 10000 ** (np.arange(0, D, 2) / D)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(inv, "inv_freq"),
+        numpy_helper.from_array(np.array([2], np.int64), "ax2"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([h], np.int64), "half"),
+        numpy_helper.from_array(np.array([2**62], np.int64), "end"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+    ]
+    nodes = [
+        oh.make_node("Unsqueeze", ["position_ids", "ax2"], ["p3"]),
+        oh.make_node("Cast", ["p3"], ["pf"], to=TensorProto.FLOAT),
+        oh.make_node("Mul", ["pf", "inv_freq"], ["f"]),
+        oh.make_node("Concat", ["f", "f"], ["ff"], axis=-1),
+        oh.make_node("Unsqueeze", ["ff", "ax1"], ["e"]),
+        oh.make_node("Cos", ["e"], ["cos"]),
+        oh.make_node("Sin", ["e"], ["sin"]),
+    ]
+    inputs = [oh.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])]
+    outputs = []
+    for i in range(layers):
+        for x in (f"q{i}", f"k{i}"):
+            inputs.append(oh.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", H, "seq", D]))
+            nodes += [
+                oh.make_node("Slice", [x, "zero", "half", "last"], [f"{x}_lo"]),
+                oh.make_node("Slice", [x, "half", "end", "last"], [f"{x}_hi"]),
+            ]
+            if neg_first:
+                nodes += [
+                    oh.make_node("Neg", [f"{x}_hi"], [f"{x}_neg"]),
+                    oh.make_node("Concat", [f"{x}_neg", f"{x}_lo"], [f"{x}_rot"], axis=-1),
+                ]
+            else:
+                nodes += [
+                    oh.make_node("Neg", [f"{x}_lo"], [f"{x}_neg"]),
+                    oh.make_node("Concat", [f"{x}_hi", f"{x}_neg"], [f"{x}_rot"], axis=-1),
+                ]
+            nodes += [
+                oh.make_node("Mul", [x, "cos"], [f"{x}_c"]),
+                oh.make_node("Mul", ["sin", f"{x}_rot"], [f"{x}_s"]),
+                oh.make_node("Add", [f"{x}_c", f"{x}_s"], [f"{x}_out"]),
+            ]
+            outputs.append(
+                oh.make_tensor_value_info(f"{x}_out", TensorProto.FLOAT, ["batch", H, "seq", D])
+            )
+    if sin_reader:
+        outputs.append(oh.make_tensor_value_info("q0_s", TensorProto.FLOAT, ["batch", H, "seq", D]))
+    graph = oh.make_graph(nodes, "rope", inputs, outputs, inits)
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def fused(proto, **ctx):
+    model = import_model(proto)
+    context = PassContext(verify=True, **ctx)
+    passes = ("fold-constants", "fuse-rotary-embedding", "eliminate-dead-code")
+    report = run_passes(model, context, passes)
+    model.graph.lint()
+    return export_model(model), report.passes["fuse-rotary-embedding"].counts, context
+
+
+def feeds(proto, batch, seq, start, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {"position_ids": np.tile(np.arange(start, start + seq), (batch, 1))}
+    for vi in proto.graph.input[1:]:
+        out[vi.name] = rng.standard_normal((batch, H, seq, D)).astype(np.float32)
+    return out
+
+
+def assert_equal_at_two_shapes(a, b):
+    for batch, seq, start in SHAPES:
+        f = feeds(a, batch, seq, start)
+        for want, got in zip(run_ort(a, f), run_ort(b, f), strict=True):
+            assert want.shape == got.shape
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def refusals(ctx):
+    return [r.reason for r in ctx.refusals if r.pass_name == "fuse-rotary-embedding"]
+
+
+def test_q_and_k_of_every_layer_into_rotary_embedding():
+    proto = rope_model(layers=2)
+    out, counts, _ = fused(proto)
+    assert counts == {"contrib": 4}
+    ops = op_counts(out)
+    assert ops["RotaryEmbedding"] == 4
+    assert ops["Neg"] == ops["Slice"] == ops["Concat"] == 0
+    assert ops["Cos"] == ops["Sin"] == 1  # one cache, shared
+    rope = [n for n in out.graph.node if n.op_type == "RotaryEmbedding"]
+    assert {n.domain for n in rope} == {"com.microsoft"}
+    assert_equal_at_two_shapes(proto, out)
+
+
+def test_portable_at_opset_23_is_the_standard_op():
+    proto = rope_model(opset=23, layers=1)
+    out, counts, _ = fused(proto, portable=True)
+    assert counts == {"standard": 2}
+    assert {n.domain for n in out.graph.node} == {""}
+    assert op_counts(out)["RotaryEmbedding"] == 2
+    onnx.checker.check_model(out, full_check=True)
+    assert_equal_at_two_shapes(proto, out)
+
+
+@pytest.mark.parametrize("ctx", [{"portable": True}, {"target": "a100"}])
+def test_below_opset_23_standard_targets_keep_the_pattern(ctx):
+    out, counts, context = fused(rope_model(layers=1), **ctx)
+    assert counts == {}
+    assert op_counts(out)["Neg"] == 2
+    assert any("RotaryEmbedding needs opset 23 (the model has 17)" in r for r in refusals(context))
+
+
+@pytest.mark.parametrize(
+    "kwargs,reason",
+    [
+        ({"neg_first": False}, "the sine term is not rotate_half(x)"),
+        ({"sin_reader": True}, "a product of the rotation has readers outside it"),
+    ],
+)
+def test_refusals_say_why(kwargs, reason):
+    proto = rope_model(layers=1, **kwargs)
+    out, counts, context = fused(proto)
+    assert op_counts(out)["Add"] >= 1
+    assert any(reason in r for r in refusals(context)), refusals(context)
+    assert_equal_at_two_shapes(proto, out)
+
+
+def test_fusing_again_changes_nothing():
+    once, _, _ = fused(rope_model(layers=1))
+    twice, counts, _ = fused(once)
+    assert counts == {}
+    assert twice.SerializeToString() == once.SerializeToString()
