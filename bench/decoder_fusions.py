@@ -1,13 +1,19 @@
 """Does a decoder fusion pay in generation on this CPU? Fused against unfused, interleaved.
 
-Bench-only script. For each model (the trained tiny GPT of `train_tiny_gpt.py`, fp32 and the
-int4 RTN model `infercc calibrate --int4` makes of it), the graph after infercc's default
-pipeline is raced against the same graph with a decoder fusion pass added
-(`fuse-decoder-attention`: attention with its KV cache into com.microsoft.MultiHeadAttention)
-with `infercc.runtime.generate.compare_generation` at batch 1, prompt 64, 128 new tokens: the
-TPOT ratio fused / unfused (p10..p90) and the tokens/s ratio, and whether the tokens agree.
+Bench-only script (torch for the Llama export). For each model, the graph after infercc's
+default pipeline is raced against the same graph with one decoder fusion pass added (each
+`fuse-*` pass of the `decoder-fusions` pipeline: `fuse-decoder-attention`, attention with its
+KV cache into com.microsoft.MultiHeadAttention; `fuse-rms-norm`, RMSNorm with its residual Add
+into (Skip)SimplifiedLayerNormalization) with `infercc.runtime.generate.compare_generation`
+at batch 1, prompt 64, 128 new tokens, the two decoders stepped in lockstep (A B A B): the TPOT
+ratio fused / unfused (p10..p90), the tokens/s and TTFT ratios, and whether the tokens agree.
 
-    python bench/decoder_fusions.py [--runs 3]
+Models: `--model llama` (default; the Llama-style ~100 M random-weight decoder of
+`int4_decoder.py`, exported on first use into bench/.cache/llama100m), `--model gpt` (the
+trained tiny GPT of `train_tiny_gpt.py`), or a path. `--int4` adds the int4 RTN model
+`infercc calibrate --int4` makes of it.
+
+    python bench/decoder_fusions.py [--model llama|gpt|PATH] [--runs 3] [--int4]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from infercc.passes.pipelines import DECODER_FUSIONS  # noqa: E402
 from infercc.runtime.generate import compare_generation  # noqa: E402
 
 GPT = HERE / ".cache" / "tiny_gpt" / "tiny_gpt.onnx"
+LLAMA = HERE / ".cache" / "llama100m" / "llama.onnx"
 OUT = HERE / ".cache" / "decoder_fusions"
 FUSIONS = tuple(p for p in DECODER_FUSIONS.passes if p.startswith("fuse-"))
 
@@ -39,21 +46,38 @@ def build(src: Path, dest: Path, extra: tuple[str, ...]) -> dict:
     return {p: report.passes[p].counts for p in extra}
 
 
+def source(name: str) -> Path:
+    if name == "llama":
+        from int4_decoder import make_llama
+
+        return make_llama(LLAMA)
+    path = GPT if name == "gpt" else Path(name)
+    if not path.is_file():
+        sys.exit("run bench/train_tiny_gpt.py first" if name == "gpt" else f"no file {path}")
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--model", type=Path, default=GPT, help="a decoder (speed only)")
+    parser.add_argument("--model", default="llama", help="llama, gpt or a decoder's path")
+    parser.add_argument("--int4", action="store_true", help="also the int4 RTN model")
+    parser.add_argument("--fusions", default=",".join(FUSIONS), help="comma-separated passes")
     args = parser.parse_args()
-    if not args.model.is_file():
-        sys.exit("run bench/train_tiny_gpt.py first")
+    model = source(args.model)
+    tag = args.model if args.model in ("llama", "gpt") else model.stem
     OUT.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(OUT / "int4", ignore_errors=True)
-    calibrate_int4(args.model, OUT / "int4", method="rtn", speed_check=False, accuracy_level=0)
+    models = [(f"{tag} fp32", model)]
+    if args.int4:
+        shutil.rmtree(OUT / f"{tag}_int4", ignore_errors=True)
+        calibrate_int4(model, OUT / f"{tag}_int4", method="rtn", speed_check=False,
+                       accuracy_level=0)
+        models.append((f"{tag} int4 rtn", OUT / f"{tag}_int4" / "model_int4.onnx"))
     rows = []
-    for label, src in (("fp32", args.model), ("int4 rtn", OUT / "int4" / "model_int4.onnx")):
+    for label, src in models:
         base = OUT / f"{label.replace(' ', '_')}_base.onnx"
         build(src, base, ())
-        for fusion in FUSIONS:
+        for fusion in args.fusions.split(","):
             fused = OUT / f"{label.replace(' ', '_')}_{fusion}.onnx"
             counts = build(src, fused, (fusion,))
             r = compare_generation(base, fused, 128, prompt_len=64, batch=1, runs=args.runs,
@@ -63,14 +87,17 @@ def main() -> None:
                    "ttft_ratio": r.ttft_ratio.to_dict(), "token_agreement": r.token_agreement}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    (HERE / ".cache" / "decoder_fusions.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print("| model | fusion | fused | TPOT fused / unfused (p50, p10..p90) | tokens/s ratio |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    (HERE / ".cache" / f"decoder_fusions_{tag}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print("| model | fusion | rewrites | TPOT fused / unfused (p50, p10..p90) | tokens/s ratio "
+          "| TTFT ratio | tokens agree |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         t = r["tpot_ratio"]
-        print(f"| {r['model']} | {r['fusion']} | {r['counts'].get('fused', 0)} | "
+        counts = ", ".join(f"{k} {v}" for k, v in r["counts"].items()) or "none"
+        print(f"| {r['model']} | {r['fusion']} | {counts} | "
               f"{t['median']:.3f} ({t['p10']:.3f}..{t['p90']:.3f}) | "
-              f"{r['tokens_per_s_ratio']:.3f} |")
+              f"{r['tokens_per_s_ratio']:.3f} | {r['ttft_ratio']['median']:.3f} | "
+              f"{r['token_agreement']:.0%} |")
 
 
 if __name__ == "__main__":

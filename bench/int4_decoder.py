@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from infercc.analysis.decoder import decoder_signature, prefill_feeds  # noqa: E402
 from infercc.calib.weight_only import calibrate_int4, perplexity  # noqa: E402
 from infercc.check.compare import run_model  # noqa: E402
-from infercc.runtime.bench import read_skeleton  # noqa: E402
+from infercc.runtime.artifact import read_skeleton  # noqa: E402
 from infercc.runtime.generate import compare_generation  # noqa: E402
 
 CACHE = HERE / ".cache"
