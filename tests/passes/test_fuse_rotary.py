@@ -17,11 +17,14 @@ H, D = 4, 16
 SHAPES = [(1, 7, 0), (2, 1, 9)]
 
 
-def rope_model(opset: int = 17, layers: int = 2, neg_first: bool = True, sin_reader=False):
+def rope_model(
+    opset: int = 17, layers: int = 2, neg_first: bool = True, sin_reader=False, shared=False
+):
     """q, k [batch, H, seq, D] rotated as Llama's export does: angles f = positions x inverse
     frequencies [batch, seq, D/2], e = Unsqueeze(Concat(f, f), [1]), y = x cos(e) +
     rotate_half(x) sin(e), for q and k of `layers` layers (one shared f). `neg_first=False`
-    writes a wrong rotate_half (Concat(x[h:], Neg(x[:h])))."""
+    writes a wrong rotate_half (Concat(x[h:], Neg(x[:h]))); `shared`: position ids [1, seq],
+    one row of angles broadcast over the batch."""
     h = D // 2
     inv = (1.0 / 10000 ** (np.arange(0, D, 2) / D)).astype(np.float32)
     inits = [
@@ -42,7 +45,8 @@ def rope_model(opset: int = 17, layers: int = 2, neg_first: bool = True, sin_rea
         oh.make_node("Cos", ["e"], ["cos"]),
         oh.make_node("Sin", ["e"], ["sin"]),
     ]
-    inputs = [oh.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])]
+    pos_batch = 1 if shared else "batch"
+    inputs = [oh.make_tensor_value_info("position_ids", TensorProto.INT64, [pos_batch, "seq"])]
     outputs = []
     for i in range(layers):
         for x in (f"q{i}", f"k{i}"):
@@ -88,7 +92,8 @@ def fused(proto, **ctx):
 
 def feeds(proto, batch, seq, start, seed=0):
     rng = np.random.default_rng(seed)
-    out = {"position_ids": np.tile(np.arange(start, start + seq), (batch, 1))}
+    shared = proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    out = {"position_ids": np.tile(np.arange(start, start + seq), (1 if shared else batch, 1))}
     for vi in proto.graph.input[1:]:
         out[vi.name] = rng.standard_normal((batch, H, seq, D)).astype(np.float32)
     return out
@@ -142,6 +147,7 @@ def test_below_opset_23_standard_targets_keep_the_pattern(ctx):
     [
         ({"neg_first": False}, "the sine term is not rotate_half(x)"),
         ({"sin_reader": True}, "a product of the rotation has readers outside it"),
+        ({"shared": True}, "the angles' batch and sequence are not proven equal to x's"),
     ],
 )
 def test_refusals_say_why(kwargs, reason):

@@ -28,8 +28,9 @@ opset allows: `RotaryEmbedding(x, Cos(f), Sin(f))` (without position ids its cac
 
 Guards: the Slices are of the last axis (starts and ends constant, steps 1), the Neg, the
 Concat and the two Muls read only by the next node of the pattern; e is Cos'd and Sin'd from
-one value; x float32, rank 4, D static. A rule anchored on Add: one rewrite is one
-rotation (of q or of k), named by its Add.
+one value; f's batch and sequence dimensions are x's (the same static size or symbol: the
+kernel wants a cache row per batch row and position); x float32, rank 4, D static. A rule
+anchored on Add: one rewrite is one rotation (of q or of k), named by its Add.
 """
 
 from __future__ import annotations
@@ -153,6 +154,14 @@ def match(add: Node) -> _Match | str | None:
     width = f.shape[-1] if f.shape else None
     if isinstance(width, int) and width != d // 2:
         return f"the angles' width {width} is not head_size / 2 = {d // 2}"
+    if (
+        f.shape is None
+        or None in (f.shape[0], f.shape[1])
+        or (x.shape[0], x.shape[2]) != tuple(f.shape[:2])
+    ):
+        # The kernel wants one cache row per (batch row, position) of x: a batch of angles
+        # broadcast over x's batch (position ids [1, S]) would not run.
+        return "the angles' batch and sequence are not proven equal to x's"
     for node in (m_cos, m_sin):
         if sole_reader(node.output) is not add:
             return "a product of the rotation has readers outside it"
