@@ -18,13 +18,19 @@ SHAPES = [(1, 7, 0), (2, 1, 9)]
 
 
 def rope_model(
-    opset: int = 17, layers: int = 2, neg_first: bool = True, sin_reader=False, shared=False
+    opset: int = 17,
+    layers: int = 2,
+    neg_first: bool = True,
+    sin_reader=False,
+    shared=False,
+    split=False,
 ):
     """q, k [batch, H, seq, D] rotated as Llama's export does: angles f = positions x inverse
     frequencies [batch, seq, D/2], e = Unsqueeze(Concat(f, f), [1]), y = x cos(e) +
     rotate_half(x) sin(e), for q and k of `layers` layers (one shared f). `neg_first=False`
     writes a wrong rotate_half (Concat(x[h:], Neg(x[:h]))); `shared`: position ids [1, seq],
-    one row of angles broadcast over the batch."""
+    one row of angles broadcast over the batch; `split`: the halves as the dynamo exporter
+    writes x.chunk(2, dim=-1), one Split (opset 18's num_outputs)."""
     h = D // 2
     inv = (1.0 / 10000 ** (np.arange(0, D, 2) / D)).astype(np.float32)
     inits = [
@@ -51,10 +57,15 @@ def rope_model(
     for i in range(layers):
         for x in (f"q{i}", f"k{i}"):
             inputs.append(oh.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", H, "seq", D]))
-            nodes += [
-                oh.make_node("Slice", [x, "zero", "half", "last"], [f"{x}_lo"]),
-                oh.make_node("Slice", [x, "half", "end", "last"], [f"{x}_hi"]),
-            ]
+            if split:
+                nodes.append(
+                    oh.make_node("Split", [x], [f"{x}_lo", f"{x}_hi"], axis=3, num_outputs=2)
+                )
+            else:
+                nodes += [
+                    oh.make_node("Slice", [x, "zero", "half", "last"], [f"{x}_lo"]),
+                    oh.make_node("Slice", [x, "half", "end", "last"], [f"{x}_hi"]),
+                ]
             if neg_first:
                 nodes += [
                     oh.make_node("Neg", [f"{x}_hi"], [f"{x}_neg"]),
@@ -121,6 +132,15 @@ def test_q_and_k_of_every_layer_into_rotary_embedding():
     assert ops["Cos"] == ops["Sin"] == 1  # one cache, shared
     rope = [n for n in out.graph.node if n.op_type == "RotaryEmbedding"]
     assert {n.domain for n in rope} == {"com.microsoft"}
+    assert_equal_at_two_shapes(proto, out)
+
+
+def test_the_dynamo_exporters_split_halves():
+    proto = rope_model(opset=18, layers=1, split=True)
+    out, counts, _ = fused(proto)
+    assert counts == {"contrib": 2}
+    ops = op_counts(out)
+    assert ops["RotaryEmbedding"] == 2 and ops["Split"] == ops["Neg"] == 0
     assert_equal_at_two_shapes(proto, out)
 
 

@@ -6,7 +6,9 @@ x [B, N, S, D] (heads split, D static and even, h = D / 2), with f [B, S, h] the
 
     e   = Unsqueeze(Concat(f, f, axis=-1), [1])           [B, 1, S, D]
     cos = Cos(e);  sin = Sin(e)
-    rot = Concat(Neg(Slice(x, h:D, axis=-1)), Slice(x, 0:h, axis=-1), axis=-1)
+    rot = Concat(Neg(x[..., h:]), x[..., :h], axis=-1)
+          (the halves as Slices of the last axis, TorchScript, or the two outputs of one
+           Split of it, the dynamo exporter's x.chunk(2, dim=-1))
     y   = Add(Mul(x, cos), Mul(rot, sin))                  (operands in either order)
     ==>
     y   = com.microsoft.RotaryEmbedding(x, P, Reshape(Cos(f), [-1, h]),
@@ -106,6 +108,13 @@ def _rotated(rot: Value, x: Value, d: int, removed: list[Node]) -> bool:
     neg = producer(cat.input(0), "Neg")
     if neg is None or sole_reader(neg.output) is not cat:
         return False
+    halves = _halves(x, d)
+    if halves is not None:  # the dynamo exporter's x.chunk(2, dim=-1)
+        split, lo_v, hi_v = halves
+        if neg.input(0) is not hi_v or cat.input(1) is not lo_v:
+            return False
+        removed += [cat, neg, split]
+        return True
     hi, lo = _slice(neg.input(0), x, d), _slice(cat.input(1), x, d)
     h = d // 2
     if hi is None or lo is None or hi[:2] != (h, d) or lo[:2] != (0, h):
@@ -115,6 +124,24 @@ def _rotated(rot: Value, x: Value, d: int, removed: list[Node]) -> bool:
             return False
     removed += [cat, neg, hi[2], lo[2]]
     return True
+
+
+def _halves(x: Value, d: int) -> tuple[Node, Value, Value] | None:
+    """A Split of x into two equal halves on the last axis, whose outputs only the rotation
+    reads -> (the Split, low half, high half)."""
+    for split in x.users():
+        if split.op_type != "Split" or not split.is_standard or len(split.outputs) != 2:
+            continue
+        if split.attr("axis", 0) not in (-1, 3):
+            continue
+        sizes = const_ints(split.input(1)) if len(split.inputs) > 1 else split.attr("split")
+        if sizes is not None and list(sizes) != [d // 2, d // 2]:
+            continue
+        lo, hi = split.outputs
+        if lo is None or hi is None or sole_reader(lo) is None or sole_reader(hi) is None:
+            continue
+        return split, lo, hi
+    return None
 
 
 def _angles(cos: Node, sin: Node) -> Value | None:
