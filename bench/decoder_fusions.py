@@ -14,6 +14,7 @@ trained tiny GPT of `train_tiny_gpt.py`), or a path. `--int4` adds the int4 RTN 
 `infercc calibrate --int4` makes of it.
 
     python bench/decoder_fusions.py [--model llama|gpt|PATH] [--runs 3] [--int4]
+        [--fusions fuse-rms-norm,fuse-rms-norm+fuse-rotary-embedding]
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--model", default="llama", help="llama, gpt or a decoder's path")
     parser.add_argument("--int4", action="store_true", help="also the int4 RTN model")
-    parser.add_argument("--fusions", default=",".join(FUSIONS), help="comma-separated passes")
+    parser.add_argument("--fusions", default=",".join(FUSIONS),
+                        help="comma-separated passes, each raced alone; a+b races a and b together")
     args = parser.parse_args()
     model = source(args.model)
     tag = args.model if args.model in ("llama", "gpt") else model.stem
@@ -78,11 +80,14 @@ def main() -> None:
         base = OUT / f"{label.replace(' ', '_')}_base.onnx"
         build(src, base, ())
         for fusion in args.fusions.split(","):
+            passes = tuple(fusion.split("+"))  # a+b: the passes together
             fused = OUT / f"{label.replace(' ', '_')}_{fusion}.onnx"
-            counts = build(src, fused, (fusion,))
+            counts = build(src, fused, passes)
+            counts = {f"{p}: {k}" if len(passes) > 1 else k: v
+                      for p in passes for k, v in counts[p].items()}
             r = compare_generation(base, fused, 128, prompt_len=64, batch=1, runs=args.runs,
                                    memory=False)
-            row = {"model": label, "fusion": fusion, "counts": counts[fusion],
+            row = {"model": label, "fusion": fusion, "counts": counts,
                    "tpot_ratio": r.tpot_ratio.to_dict(), "tokens_per_s_ratio": r.tokens_per_s_ratio,
                    "ttft_ratio": r.ttft_ratio.to_dict(), "token_agreement": r.token_agreement}
             print(json.dumps(row), flush=True)
