@@ -269,7 +269,8 @@ def _skip_node(graph: Graph, m: _Match) -> Node:
     may come before the ReduceMean), its fourth output taking over the sum's readers."""
     add = m.residual.producer  # type: ignore[union-attr]
     name = graph.fresh_node_name("SkipSimplifiedLayerNormalization")
-    outs = [Value(graph.fresh_name(f"{name}_out")) for _ in range(4)]
+    # Outputs 1 and 2 (mean, inverse deviation) are left out: nothing reads them.
+    outs = [Value(graph.fresh_name(f"{name}_out")), None, None, Value(graph.fresh_name(name))]
     fused = Node(
         "SkipSimplifiedLayerNormalization",
         [*m.skip, m.weight],  # type: ignore[misc]
@@ -280,8 +281,8 @@ def _skip_node(graph: Graph, m: _Match) -> Node:
     )
     graph.insert_after(add, fused)
     graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
-    outs[3].dtype, outs[3].shape = m.residual.dtype, m.residual.shape
-    graph.replace_all_uses_with(m.residual, outs[3])
+    outs[3].dtype, outs[3].shape = m.residual.dtype, m.residual.shape  # type: ignore[union-attr]
+    graph.replace_all_uses_with(m.residual, outs[3])  # type: ignore[arg-type]
     return fused
 
 
