@@ -6,8 +6,6 @@ import gc
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +27,8 @@ from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
+from infercc.ir.tensor import external_info
+from infercc.outputs import Staging, check_output_file, publish_files
 from infercc.passes.manager import run_passes
 from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
@@ -132,14 +132,65 @@ def check_target(target: str) -> str:
 
 
 def _check_output(src: Path, out: Path) -> None:
-    if out.resolve() == src.resolve():
+    """The files an .onnx output writes (model, external data, memory plan) can be written:
+    none is a directory, their folder is writable or can be created."""
+    if _same_file(out, src):
         raise InferccError(f"refusing to overwrite the input model {src}", "choose another -o path")
-    if not out.parent.is_dir():
-        raise InferccError(
-            f"output directory {out.parent} does not exist", "create it first, or pick another -o"
-        )
     if out.is_dir():
         raise InferccError(f"output path {out} is a directory", "name an .onnx file with -o")
+    for path in output_files(out):
+        check_output_file(path, "-o")
+
+
+def output_files(out: Path) -> list[Path]:
+    """What `optimize` may write for an .onnx `out`: the model, its external data, its plan."""
+    return [out, out.with_name(out.name + ".data"), out.parent / memory_plan_name(out)]
+
+
+def input_files(src: Path, model: Model) -> list[Path]:
+    """The files a model reads: the model itself and the external data files it names."""
+    files = [src]
+    for value in model.graph.initializers.values():
+        tensor = value.const
+        if tensor is not None and tensor.is_external:
+            location = external_info(tensor.proto).get("location")
+            if location and (src.parent / location) not in files:
+                files.append(src.parent / location)
+    return files
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file: one path resolves to the other, or both are one inode (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_inputs_untouched(src: Path, model: Model, out: Path, artifact: bool) -> None:
+    """Refuse an output (or side file) that is the input or one of the files it reads, and
+    an artifact directory that holds one of them (publishing would replace it)."""
+    reads = input_files(src, model)
+    if artifact:
+        root = out.resolve()
+        for path in reads:
+            if root == path.resolve() or root in path.resolve().parents:
+                raise InferccError(
+                    f"-o {out} holds {path}, which the input model reads; publishing would "
+                    "replace it",
+                    "pick an artifact directory that does not hold the input",
+                )
+        return
+    for written in output_files(out):
+        for path in reads:
+            if _same_file(written, path):
+                what = "the input model" if path == src else "a file the input model reads"
+                raise InferccError(
+                    f"-o {out} would overwrite {path} ({what}) with {written.name}",
+                    "choose another -o path",
+                )
 
 
 def build_config(
@@ -268,6 +319,7 @@ def optimize(
     build = _Build(src, out, cfg)
     cfg.check()
     job = _Job(src, cfg, on_step or (lambda _s: None))
+    check_inputs_untouched(src, job.ir, out, build.artifact_mode)
     job.transform()
     report = job.write(build, cache_dir)
     report.seconds = time.perf_counter() - t0
@@ -366,19 +418,16 @@ class _Job:
         memory = _memory_summary(self.plan, self.profile, build.plan_path)
         report = self._report(build, passes, memory)
         self.step("writing")
-        stage = build.stage()
-        try:
-            staged = self._save(stage, build)
+        with build.stage() as staging:
+            staged = self._save(staging.path, build)
             report.size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
             t0 = time.perf_counter()
             report.validation = self._validate(staged[0])
             if report.validation is not None and not report.validation.outputs_passed:
                 self._diagnose(report, staged[0], time.perf_counter() - t0)
             if report.passed:
-                self._publish(build, stage, staged, cache_dir, report)
+                self._publish(build, staging.path, staged, cache_dir, report)
                 report.written = True
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
         return report
 
     def _save(self, stage: Path, build: _Build) -> list[Path]:
@@ -543,17 +592,16 @@ class _Build:
         self.model_name = MODEL_FILE
         self.plan_path = out / "memory_plan.json"
 
-    def stage(self) -> Path:
+    def stage(self) -> Staging:
+        """A locked staging directory beside the output (missing parents created)."""
         if self.artifact_mode:
             return staging_dir(self.out)
-        return Path(tempfile.mkdtemp(prefix=".infercc-", dir=self.out.parent))
+        return Staging(self.out)
 
     def finish_file(self, staged: list[Path]) -> list[str]:
-        files = []
-        for p in staged:
-            os.replace(p, self.out.parent / p.name)
-            files.append(str(self.out.parent / p.name))
-        return files
+        """Publish the model with its data and plan: never a model beside foreign weights."""
+        moves = [(p, self.out.parent / p.name) for p in staged]
+        return [str(p) for p in publish_files(moves)]
 
     def finish_artifact(
         self,

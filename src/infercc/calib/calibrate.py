@@ -73,7 +73,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -102,6 +101,7 @@ from infercc.check.compare import compare_outputs, run_model
 from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.outputs import check_output_dir
 from infercc.passes.manager import PassContext, QuantizeSettings, check_pass_names, run_passes
 from infercc.passes.match import const_value
 from infercc.passes.pipelines import CALIBRATE_FP32, INT8, check_disabled
@@ -405,7 +405,8 @@ def calibrate(
     check_opset(ir)
     samples = read_samples(data, export_model(ir, with_weights=False), num_samples, preprocess)
     calib, evaluation_set, on_holdout = split_samples(samples, holdout)
-    stage = staging_dir(dest)
+    staging = staging_dir(dest)
+    stage = staging.path
     try:
         job = _Job(stage, targets, evaluation_set, step)
         job.options = _QuantOptions(activations, activation_matmuls, max_trials, disabled, verify)
@@ -433,7 +434,7 @@ def calibrate(
             write_manifest(stage, calibration_manifest(src, target, report.files))
             publish(stage, dest)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        staging.close()
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -530,8 +531,7 @@ def check_calibration_destination(out_dir: Path, model: Path | None = None) -> N
             f"{out_dir} is a non-empty directory that is not a calibration output",
             f"give a new or empty directory (or one holding {REPORT_FILE} to replace)",
         )
-    if not out_dir.parent.is_dir():
-        raise InferccError(f"parent directory {out_dir.parent} does not exist", "create it first")
+    check_output_dir(out_dir, "-o")
 
 
 # --------------------------------------------------------------------------- samples

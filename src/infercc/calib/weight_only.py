@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -346,7 +345,8 @@ def calibrate_int4(
     sig = decoder_signature(skeleton)
     samples, evaluated_on = _samples(data, skeleton, sig, num_samples, preprocess)
     calib, evaluation = _split(samples, holdout, evaluated_on)
-    stage = staging_dir(dest)
+    staging = staging_dir(dest)
+    stage = staging.path
     try:
         run = _Run(job, stage, sig, evaluation, step)
         run.prepare_fp32(ir)
@@ -367,7 +367,7 @@ def calibrate_int4(
             tmp.unlink()
         publish(stage, dest)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        staging.close()
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from infercc.errors import InferccError
+from infercc.outputs import Staging, check_output_dir
 from infercc.util import read_schema_json
 
 log = logging.getLogger(__name__)
@@ -42,21 +42,17 @@ def save_golden(
     directory, refuses any other non-empty directory."""
     out = Path(directory)
     _check_golden_destination(out)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.infercc-", dir=out.parent))
-    try:
-        _write_golden(stage, feeds_list, outputs, reference)
+    with Staging(out, out.name) as staging:
+        _write_golden(staging.path, feeds_list, outputs, reference)
         if out.exists():
             shutil.rmtree(out)
-        os.replace(stage, out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        os.replace(staging.path, out)
     log.info("saved %d golden sample(s) to %s", len(feeds_list), out)
     return out
 
 
 def _check_golden_destination(out: Path) -> None:
-    if not out.parent.is_dir():
-        raise InferccError(f"directory {str(out.parent)!r} does not exist", "create it first")
+    check_output_dir(out)
     if out.exists() and not out.is_dir():
         raise InferccError(f"{str(out)!r} exists and is not a directory", "pick another path")
     if out.is_dir() and any(out.iterdir()) and not (out / GOLDEN_FILE).is_file():

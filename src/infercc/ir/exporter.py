@@ -4,7 +4,9 @@
 without its main-graph initializers, then appends each initializer to the graph field one at a
 time, so peak memory is the IR plus the largest single tensor. Models whose weights pass 2 GB
 (or with `external_data=True`) get their tensors in a `<file>.data` beside the model. Files are
-written under a temporary name and renamed, so a crash never leaves half a model.
+written under a temporary name and renamed, so a crash never leaves half a model; a model and
+its data are published together (`infercc.outputs.publish_files`), so that no reader sees the
+new model with the old weights or the old model with the new ones.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from onnx import TensorProto
 from infercc.ir.graph import Graph, Model, Node, Value
 from infercc.ir.tensor import Tensor
 from infercc.ir.wire import RawSlice
+from infercc.outputs import check_replaceable, publish_files
 
 EXTERNAL_THRESHOLD = 2**31 - 2**27  # ~1.87 GiB of weights: past this, write external data
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors stay inline even in external-data mode
@@ -197,6 +200,9 @@ def save_model(model: Model, path: str | Path, external_data: bool | None = None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp_data = data_path.with_name(f".{data_path.name}.{os.getpid()}.tmp")
     inits = _initializers(model.graph)
+    check_replaceable(path)
+    if use_external:
+        check_replaceable(data_path)
     try:
         with open(tmp, "wb") as f:
             if use_external:
@@ -205,9 +211,8 @@ def save_model(model: Model, path: str | Path, external_data: bool | None = None
                 _write_model(model, f, lambda: iter(protos))
             else:
                 _write_model(model, f, lambda: (_inline(v) for v in inits))
-        if use_external:
-            os.replace(tmp_data, data_path)
-        os.replace(tmp, path)
+        moves = [(tmp, path), (tmp_data, data_path)] if use_external else [(tmp, path)]
+        publish_files(moves)
     finally:
         for t in (tmp, tmp_data):
             if t.exists():

@@ -7,6 +7,7 @@ External data is memory-mapped when a pass asks for the array, never read whole 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,32 @@ def resolve_external_path(base_dir: Path | None, location: str, tensor: str) -> 
             f"tensor '{tensor}' points at external data outside the model's folder: {location!r}",
             "external data locations must be relative paths inside the model's directory",
         )
-    if not target.is_file():
+    if not target.exists():
         raise InferccError(
             f"external data file for tensor '{tensor}' not found: {target}",
             "keep the .data file next to the model",
         )
+    if not target.is_file():
+        raise InferccError(
+            f"external data of tensor '{tensor}' is {_kind(target)}, not a regular file: {target}",
+            "point the model's external data at the regular .data file written with it",
+        )
     return target
+
+
+def _kind(path: Path) -> str:
+    """What a path that is not a regular file is, in words."""
+    mode = path.stat().st_mode
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
 
 
 class Tensor:

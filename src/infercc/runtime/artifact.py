@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,6 +30,7 @@ from infercc.backends.registry import get_backend, require_available
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
+from infercc.outputs import Staging, check_output_dir
 from infercc.util import first_line, read_schema_json
 from infercc.version import __version__
 
@@ -38,21 +38,20 @@ SCHEMA = "infercc.manifest/1"
 
 
 def check_destination(out_dir: Path) -> None:
-    """Refuse a destination that is a file, or a non-empty directory that is no artifact."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InferccError(f"{out_dir} exists and is not a directory", "pick another -o path")
+    """Refuse a destination that is a file, or a non-empty directory that is no artifact, or
+    one in a folder that cannot be written (missing parent directories are created later)."""
+    check_output_dir(out_dir, "-o")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
         raise InferccError(
             f"{out_dir} is a non-empty directory that is not an infercc artifact",
             "give a new or empty directory (or an existing artifact to replace) with -o",
         )
-    if not out_dir.parent.is_dir():
-        raise InferccError(f"parent directory {out_dir.parent} does not exist", "create it first")
 
 
-def staging_dir(out_dir: Path) -> Path:
-    """A fresh directory beside `out_dir` (same file system, so the final move is a rename)."""
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.infercc-", dir=out_dir.parent))
+def staging_dir(out_dir: Path) -> Staging:
+    """A fresh, locked directory beside `out_dir` (same file system, so the final move is a
+    rename); `.path` is where to build, `.close()` removes what is left."""
+    return Staging(out_dir, out_dir.name)
 
 
 def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:

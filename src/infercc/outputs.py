@@ -1,0 +1,292 @@
+"""Where infercc writes: output paths checked before any work, staging directories, publishing.
+
+- `check_output_file` / `check_output_dir` refuse, before anything is read or built, an output
+  that cannot be written: a directory where a file goes, a file where a directory goes, a
+  parent that is a file, a folder without write permission. Missing parent directories are
+  not an error: `make_parents` creates them when the first file is written (as trtexec and
+  Olive do), so a refused run writes nothing.
+- `Staging` is a temporary directory beside the destination (same file system, so publishing
+  is a rename), created with the user's umask (not mkdtemp's 0700) and locked (`flock`) while
+  its process lives. A process killed with SIGKILL cannot remove its staging directory: the
+  next run that stages in the same folder removes every staging directory whose lock is free.
+- `publish_files` moves a model, its external data and its side files into place so that a
+  reader never sees a model with weights that are not its own: the old model is moved aside
+  first (a reader then finds no model, never a mismatched pair), the new data goes in, then
+  the new model. Any failure puts the old files back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from infercc.errors import InferccError
+from infercc.util import first_line
+
+try:  # POSIX; elsewhere staging directories are not locked and never reclaimed
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+STAGING_MARK = "infercc-"
+# A staging directory younger than this is left alone even when its lock is free: its process
+# may be between creating it and locking it.
+STALE_AFTER_S = 60.0
+_STAGING_NAME = re.compile(r"^\.(?:.+\.)?infercc-[A-Za-z0-9_]+$")
+
+
+# --------------------------------------------------------------------------- permissions
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where the kernel says it (Linux)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    current = os.umask(0o022)  # elsewhere: set and restore (briefly racy, as everyone does)
+    os.umask(current)
+    return current
+
+
+def umask_mode(mode: int = 0o666) -> int:
+    """`mode` as the user's umask lets a new file (0o666) or directory (0o777) be."""
+    return mode & ~umask()
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_parent(path: Path, flag: str) -> None:
+    """The folder `path` goes into exists and is writable, or can be created."""
+    base = _nearest_existing(path.parent)
+    if not base.is_dir():
+        raise InferccError(
+            f"{base} is not a directory, so {path} cannot be written", flag_hint(flag)
+        )
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise InferccError(
+            f"cannot write in {base}: permission denied",
+            f"{flag_hint(flag)} in a folder you can write",
+        )
+
+
+def flag_hint(flag: str) -> str:
+    return f"pick another {flag} path" if flag else "pick another path"
+
+
+def check_output_file(path: str | os.PathLike[str], flag: str = "") -> Path:
+    """An output file that can be written (its missing parents will be created)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InferccError(f"{path} is a directory, where a file is to be written", flag_hint(flag))
+    _check_parent(path, flag)
+    return path
+
+
+def check_output_dir(path: str | os.PathLike[str], flag: str = "") -> Path:
+    """An output directory that can be created or replaced (its missing parents too)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InferccError(f"{path} exists and is not a directory", flag_hint(flag))
+    _check_parent(path, flag)
+    return path
+
+
+def make_parents(path: str | os.PathLike[str]) -> None:
+    """Create the missing parent directories of `path` (with the user's umask)."""
+    parent = Path(path).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InferccError(
+            f"cannot create directory {parent}: {first_line(exc)}", "pick another output path"
+        ) from exc
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write a text file under a temporary name and rename it (parents created)."""
+    path = Path(path)
+    make_parents(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InferccError(f"cannot write {path}: {first_line(exc)}", "pick another path") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path
+
+
+# --------------------------------------------------------------------------- staging
+
+
+class Staging:
+    """A locked temporary directory beside `destination`; `close()` unlocks (and removes it
+    unless `keep`). Usable as a context manager."""
+
+    def __init__(self, destination: str | os.PathLike[str], name: str | None = None):
+        dest = Path(destination)
+        parent = dest.parent
+        make_parents(dest)
+        remove_stale_staging(parent)
+        prefix = f".{name}.{STAGING_MARK}" if name else f".{STAGING_MARK}"
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            os.chmod(self.path, umask_mode(0o777))
+        except OSError as exc:
+            raise InferccError(
+                f"cannot write in {parent}: {first_line(exc)}",
+                "pick an output path in a folder you can write",
+            ) from exc
+        self._fd: int | None = _lock(self.path)
+
+    def unlock(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """Remove the directory (whatever is left in it) and release the lock."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.unlock()
+
+    def __enter__(self) -> Staging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _lock(directory: Path) -> int | None:
+    """An exclusive flock on the directory itself (no file inside it), held until closed."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_staging_name(name: str) -> bool:
+    return bool(_STAGING_NAME.match(name))
+
+
+def remove_stale_staging(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the staging directories in `folder` that no live process holds (a run killed
+    with SIGKILL leaves its own behind); returns those removed."""
+    folder = Path(folder)
+    if fcntl is None or not folder.is_dir():
+        return []
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    now = time.time()
+    for entry in entries:
+        if not is_staging_name(entry.name) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_AFTER_S:
+                continue
+        except OSError:
+            continue
+        if _reclaim(Path(entry.path)):
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _reclaim(directory: Path) -> bool:
+    """Remove `directory` if its lock is free (its process is gone); False if held."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a live process holds it
+        shutil.rmtree(directory, ignore_errors=True)
+        log.info("removed %s, left behind by a process that was killed", directory)
+        return not directory.exists()
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+def check_replaceable(dest: Path) -> None:
+    """A file infercc is about to put in place may replace a file, never a directory."""
+    if dest.is_dir() and not dest.is_symlink():
+        raise InferccError(
+            f"{dest} is a directory, where infercc writes a file",
+            "remove it, or pick another -o path",
+        )
+
+
+def publish_files(moves: Sequence[tuple[Path, Path]]) -> list[Path]:
+    """Move staged files to their destinations; `moves[0]` is the model (the entry point that
+    names the others). A reader sees the old model with its own data, no model, or the new
+    model with its own data, never a mix; on failure the old files are back in place."""
+    for _src, dest in moves:
+        check_replaceable(dest)
+    pid = os.getpid()
+    backups: list[tuple[Path, Path]] = []  # (dest, backup)
+    placed: list[Path] = []
+    try:
+        for _src, dest in moves:  # the model first: from here on, no old model is visible
+            if dest.exists() or dest.is_symlink():
+                backup = dest.with_name(f".{dest.name}.old-{pid}")
+                os.replace(dest, backup)
+                backups.append((dest, backup))
+        for src, dest in [*moves[1:], moves[0]]:  # the model last
+            os.replace(src, dest)
+            placed.append(dest)
+    except OSError as exc:
+        _undo(placed, backups)
+        raise InferccError(
+            f"cannot write {moves[0][1]}: {first_line(exc)}; the old files are left as they were",
+            "check the output folder (space, permissions), or pick another -o path",
+        ) from exc
+    for _dest, backup in backups:
+        with contextlib.suppress(OSError):
+            backup.unlink()
+    return [dest for _src, dest in moves]
+
+
+def _undo(placed: list[Path], backups: list[tuple[Path, Path]]) -> None:
+    restored = {dest for dest, _b in backups}
+    for dest in placed:
+        if dest not in restored:
+            with contextlib.suppress(OSError):
+                dest.unlink()
+    for dest, backup in reversed(backups):  # the model last, as it was taken first
+        with contextlib.suppress(OSError):
+            os.replace(backup, dest)
