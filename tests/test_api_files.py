@@ -320,3 +320,17 @@ def test_outputs_follow_the_umask(tmp_path: Path, mask: int) -> None:
     for d in (art, tmp_path / "build"):
         assert d.stat().st_mode & 0o777 == 0o777 & ~mask, d
     assert json.loads((art / "manifest.json").read_text())["model"] == "model.onnx"
+
+
+def test_atomically_written_caches_follow_the_umask(tmp_path: Path) -> None:
+    from infercc.backends.trt.caches import write_atomic
+    from infercc.calib.trt_cache import write_calibration_cache
+
+    previous = os.umask(0o002)
+    try:
+        write_calibration_cache(tmp_path / "calib.cache", {"x": 0.5})
+        write_atomic(tmp_path / "timing.cache", b"bytes")
+    finally:
+        os.umask(previous)
+    for name in ("calib.cache", "timing.cache"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o664, name

@@ -46,6 +46,7 @@ from os import PathLike, fspath
 from pathlib import Path
 
 from infercc.errors import InferccError
+from infercc.outputs import umask_mode
 from infercc.passes.quantize_qdq import INT8_MAX
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ def scale_to_hex(scale: float) -> str:
 def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, umask_mode())  # mkstemp's 0600: the user's umask instead
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
             f.flush()

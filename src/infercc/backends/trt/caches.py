@@ -37,6 +37,7 @@ from typing import Any
 
 from infercc.backends.trt.fingerprint import Fingerprint
 from infercc.errors import InferccError
+from infercc.outputs import umask_mode
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, umask_mode())  # mkstemp's 0600: the user's umask instead
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
