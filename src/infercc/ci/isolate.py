@@ -121,6 +121,13 @@ class Isolated:
             self._conn.close()
             self._conn = None
 
+    def kill(self) -> None:
+        """Kill the child now, from any thread; a call waiting on it raises `ChildDied`."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
     def close(self, kill: bool = False) -> None:
         """End the child: politely (EOF, it exits) or, with `kill`, at once."""
         proc, self._proc = self._proc, None

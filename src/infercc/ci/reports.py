@@ -7,10 +7,10 @@ import math
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from infercc.ci.results import CiReport, ModelResult
+from infercc.outputs import write_text_atomic
 from infercc.util import json_float
 
 # --------------------------------------------------------------------------- reports
@@ -25,14 +25,14 @@ def write_reports(
 ) -> None:
     """Write the JUnit, JSON and Markdown files asked for, and the GitHub step summary."""
     if junit is not None:
-        Path(junit).write_text(junit_xml(report))
+        write_text_atomic(junit, junit_xml(report))
     if json_report is not None:
-        Path(json_report).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        write_text_atomic(json_report, json.dumps(report.to_dict(), indent=1) + "\n")
     text = None
     if markdown is not None or (step_summary and os.environ.get("GITHUB_STEP_SUMMARY")):
         text = ci_markdown(report)
     if markdown is not None:
-        Path(markdown).write_text(text)
+        write_text_atomic(markdown, text)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and summary:
         with open(summary, "a", encoding="utf-8") as f:

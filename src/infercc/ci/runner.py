@@ -1,20 +1,21 @@
-"""Building, validating and timing every model of a manifest, each in its own process."""
+"""Building, validating and timing every model of a manifest, each in a child process."""
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import queue
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from infercc.ci.isolate import ChildDied, Isolated
 from infercc.ci.manifest import CiConfig, ModelSpec, load_config
 from infercc.ci.reports import write_reports
 from infercc.ci.results import CiReport, ModelResult
 from infercc.errors import InferccError
+from infercc.outputs import check_output_file
 from infercc.util import first_line
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ def run_ci(
         )
     config = load_config(config_path, out_dir)
     specs = _select(config, only)
+    check_report_paths(junit=junit, json_report=json_report, markdown=markdown)
     event = on_event or (lambda _name, _what: None)
     cluster, interrupted = None, False
     if ray is None:
@@ -208,6 +210,14 @@ def run_ci(
     return report
 
 
+def check_report_paths(**paths: str | os.PathLike[str] | None) -> None:
+    """Refuse, before any model is built, a report path that cannot be written (a directory,
+    a parent that is a file or read-only); missing parent directories are created later."""
+    for key, path in paths.items():
+        if path is not None:
+            check_output_file(path, "--" + key.replace("_", "-"))
+
+
 def _select(config: CiConfig, only: Sequence[str] | None) -> list[ModelSpec]:
     if not only:
         return config.models
@@ -222,33 +232,60 @@ def _select(config: CiConfig, only: Sequence[str] | None) -> list[ModelSpec]:
 
 
 def _run_all(specs: Sequence[ModelSpec], jobs: int, event: Event) -> list[ModelResult]:
-    if jobs == 1 or len(specs) == 1:
-        results = []
-        for spec in specs:
-            event(spec.name, "compiling")
-            results.append(build_and_validate(spec))
-        return results
-    with ProcessPoolExecutor(min(jobs, len(specs)), mp_context=_context()) as pool:
+    """Build and validate every model, each in a child process (`infercc.ci.isolate`): a
+    crash in native code (a segfault, the out-of-memory killer) fails that model only, and
+    the next model gets a fresh child."""
+    workers = min(jobs, len(specs))
+    children: queue.SimpleQueue[Isolated] = queue.SimpleQueue()
+    pool = [Isolated() for _ in range(workers)]
+    for child in pool:
+        children.put(child)
+
+    def build(spec: ModelSpec) -> ModelResult:
+        child = children.get()
+        try:
+            return _build_isolated(child, spec)
+        finally:
+            children.put(child)
+
+    if workers == 1:
+        try:
+            results = []
+            for spec in specs:
+                event(spec.name, "compiling")
+                results.append(build(spec))
+            return results
+        finally:
+            _end(pool)
+    threads = ThreadPoolExecutor(workers, thread_name_prefix="infercc-ci")
+    try:
         futures = []
         for spec in specs:
             event(spec.name, "compiling")
-            futures.append(pool.submit(build_and_validate, spec))
-        return [_collect(spec, f) for spec, f in zip(specs, futures, strict=True)]
+            futures.append(threads.submit(build, spec))
+        return [f.result() for f in futures]
+    finally:
+        _end(pool)
+        threads.shutdown(wait=True, cancel_futures=True)
 
 
-def _context() -> Any:
-    # spawn: a fresh interpreter per worker; forking a process that holds onnxruntime's thread
-    # pools is not safe.
-    return multiprocessing.get_context("spawn")
+def _end(pool: Sequence[Isolated]) -> None:
+    """Stop the children: killed at once, so that an interrupted run does not wait for them
+    (the threads waiting on them then see them die and return)."""
+    for child in pool:
+        child.kill()
+    for child in pool:
+        child.close(kill=True)
 
 
-def _collect(spec: ModelSpec, future: Future) -> ModelResult:
+def _build_isolated(child: Isolated, spec: ModelSpec) -> ModelResult:
     try:
-        return future.result()
-    except BrokenProcessPool:
-        reason = "the worker process died (a crash in native code?)"
-    except Exception as exc:  # e.g. a result that cannot be unpickled
+        return child.call(build_and_validate, spec)
+    except ChildDied as died:
+        reason = f"the build process {died.describe()}: a crash in native code"
+    except Exception as exc:  # e.g. a result that cannot be pickled
         reason = _reason(exc)
+    log.debug("model %s: %s", spec.name, reason)
     return ModelResult(
         spec.name, str(spec.path), False, reason, precision=spec.precision, error=True
     )
@@ -257,25 +294,27 @@ def _collect(spec: ModelSpec, future: Future) -> ModelResult:
 def _bench_all(
     specs: Sequence[ModelSpec], results: list[ModelResult], jobs: int, event: Event
 ) -> None:
+    """Time the models that passed, one at a time (timings never overlap), in a child."""
     todo = [(s, r) for s, r in zip(specs, results, strict=True) if r.passed and s.benched]
     if not todo:
         return
-    if jobs == 1:
-        for spec, result in todo:
-            event(spec.name, "benching")
-            _apply_latency(result, bench_model(spec, result.output))
-        return
-    with ProcessPoolExecutor(1, mp_context=_context()) as pool:  # one at a time
-        for spec, result in todo:
-            event(spec.name, "benching")
-            _apply_latency(result, _bench_isolated(pool, spec, result.output))
-
-
-def _bench_isolated(pool: ProcessPoolExecutor, spec: ModelSpec, output: str) -> dict[str, Any]:
+    child = Isolated()
     try:
-        return pool.submit(bench_model, spec, output).result()
-    except BrokenProcessPool:
-        return {"reason": "the benchmark process died (a crash in native code?)", "error": True}
+        for spec, result in todo:
+            event(spec.name, "benching")
+            _apply_latency(result, _bench_isolated(child, spec, result.output))
+    finally:
+        _end([child])
+
+
+def _bench_isolated(child: Isolated, spec: ModelSpec, output: str) -> dict[str, Any]:
+    try:
+        return child.call(bench_model, spec, output)
+    except ChildDied as died:
+        reason = f"the benchmark process {died.describe()}: a crash in native code"
+        return {"reason": reason, "error": True}
+    except Exception as exc:  # e.g. a result that cannot be pickled
+        return {"reason": "benchmark failed: " + _reason(exc), "error": True}
 
 
 def _apply_latency(result: ModelResult, latency: dict[str, Any]) -> None:
