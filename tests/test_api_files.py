@@ -334,3 +334,50 @@ def test_atomically_written_caches_follow_the_umask(tmp_path: Path) -> None:
         os.umask(previous)
     for name in ("calib.cache", "timing.cache"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o664, name
+
+
+# --------------------------------------------------------------------------- what the CLI says
+
+
+def test_library_warnings_stay_out_of_the_cli_output(tmp_path: Path) -> None:
+    src = tmp_path / "log.onnx"
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+      c = Constant <value = float[2] {-1, 0}> ()
+      l = Log(c)
+      y = Add(x, l)
+    }
+    """
+    onnx.save(onnx.parser.parse_model(text), src)
+    r = run_cli("optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--json")
+    assert r.returncode in (0, 1), r.stderr
+    assert "RuntimeWarning" not in r.stderr and r.stderr == "", r.stderr
+    assert json.loads(r.stdout)["passes"]["fold-constants"]
+    debug = run_cli("--debug", "optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--json")
+    assert "RuntimeWarning" in debug.stderr  # the folded log(0) and log(-1) did warn
+
+
+def test_a_graph_outputs_doc_string_survives_its_identity(tmp_path: Path) -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+      r = Relu(x)
+      y = Identity(r)
+    }
+    """
+    proto = onnx.parser.parse_model(text)
+    proto.graph.output[0].doc_string = "probabilities, summing to 1"
+    proto.graph.output[0].metadata_props.add(key="unit", value="probability")
+    proto.graph.input[0].metadata_props.add(key="layout", value="N")
+    onnx.save(proto, tmp_path / "m.onnx")
+    report = api.optimize(tmp_path / "m.onnx", tmp_path / "o.onnx")
+    assert report.ops_after == {"Relu": 1}
+    out = onnx.load(tmp_path / "o.onnx")
+    onnx.checker.check_model(out)
+    assert out.graph.output[0].name == "y"
+    assert out.graph.output[0].doc_string == "probabilities, summing to 1"
+    assert [(p.key, p.value) for p in out.graph.output[0].metadata_props] == [
+        ("unit", "probability")
+    ]
+    assert [(p.key, p.value) for p in out.graph.input[0].metadata_props] == [("layout", "N")]

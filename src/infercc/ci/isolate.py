@@ -1,6 +1,8 @@
 """A child process that runs one call at a time for its parent, so that a crash in native code
 (a segfault in onnxruntime, the kernel's out-of-memory killer) ends the child, not the parent.
 
+`infercc ci` builds, validates and times every model in an `Isolated` child (one per
+worker): a model that crashes fails alone, and the next model gets a fresh child.
 `infercc ci --ray` runs each model's build inside a Ray task; the task hands the build to an
 `Isolated` child. When the child dies, the task survives and returns the model's failure with
 the signal that killed the child (`ChildDied.describe()`), and the driver decides whether to
@@ -169,6 +171,8 @@ def _answer(request: bytes) -> tuple[str, Any]:
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[0]), int(argv[1])
     _die_with_parent(parent)
+    logging.captureWarnings(True)  # numpy's RuntimeWarnings and the like: log records, not
+    logging.getLogger("py.warnings").setLevel(logging.ERROR)  # lines in the ci output
     conn = Connection(fd)
     while True:
         try:

@@ -342,9 +342,7 @@ def _file_handler(path: Path) -> logging.Handler:
             "give a writable path",
         ) from None
     handler.setLevel(logging.DEBUG)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     return handler
 
 
@@ -353,6 +351,7 @@ def _file_handler(path: Path) -> logging.Handler:
 
 def main() -> None:
     """Entry point: one-line errors with exit code 2; tracebacks only with --debug."""
+    library_warnings_to_log(_debug())
     try:
         code = app(
             args=bare_options(sys.argv[1:], ("--ray",)), standalone_mode=False, prog_name="infercc"
@@ -410,6 +409,14 @@ def silence_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # no real file descriptor (tests)
         pass
+
+
+def library_warnings_to_log(debug: bool) -> None:
+    """Python warnings of the libraries infercc calls (numpy's RuntimeWarning when a folded
+    Log meets 0, deprecations) are log records of `py.warnings`, shown with --debug only: they
+    are never the first line a user reads on stderr."""
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").setLevel(logging.DEBUG if debug else logging.ERROR)
 
 
 def _error(text: str, label: str = "error") -> None:

@@ -475,6 +475,8 @@ class Graph:
             ident = Node("Identity", [new], [carrier], name=self.fresh_node_name("keep_output"))
             self.insert_after(new.producer if local else self._root, ident)  # type: ignore[arg-type]
         carrier.type_proto = old.type_proto
+        # what the model says of its output (doc_string, metadata) stays with the output
+        carrier.doc_string, carrier.metadata_props = old.doc_string, list(old.metadata_props)
         self.outputs = [carrier if v is old else v for v in self.outputs]
 
     def can_take_output_name(self, value: Value) -> bool:

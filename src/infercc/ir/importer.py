@@ -192,6 +192,7 @@ class _Importer:
             apply_type(v, vi.type)
             v.type_proto = vi.type
             v.doc_string = vi.doc_string
+            v.metadata_props = [(p.key, p.value) for p in vi.metadata_props]
             scope[vi.name] = graph.add_input(v)
         infos = {vi.name: vi for vi in gp.value_info}
         for node_proto in self._ordered(gp, scope, outer):
@@ -206,6 +207,7 @@ class _Importer:
             apply_type(v, vi.type)
             v.type_proto = vi.type
             v.doc_string = v.doc_string or vi.doc_string
+            v.metadata_props = v.metadata_props or [(p.key, p.value) for p in vi.metadata_props]
             graph.outputs.append(v)
         for name, vi in infos.items():
             v = scope.get(name)
