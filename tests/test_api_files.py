@@ -381,3 +381,29 @@ def test_a_graph_outputs_doc_string_survives_its_identity(tmp_path: Path) -> Non
         ("unit", "probability")
     ]
     assert [(p.key, p.value) for p in out.graph.input[0].metadata_props] == [("layout", "N")]
+
+
+def test_a_declared_dim_of_1e12_is_a_one_line_error(tmp_path: Path) -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1000000000000, 8] x) => (float[1000000000000, 8] y) {
+      y = Relu(x)
+    }
+    """
+    onnx.save(onnx.parser.parse_model(text), tmp_path / "m.onnx")
+    r = run_cli("optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"))
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "internal error" not in r.stderr
+    assert "validation inputs need 87.3 TiB" in r.stderr and "[1000000000000, 8]" in r.stderr
+    assert "--no-validate" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    assert run_cli("optimize", str(tmp_path / "m.onnx"), "--no-validate").returncode == 0
+
+
+def test_feed_memory_is_checked_against_the_machine() -> None:
+    from infercc.data.feeds import check_feed_memory
+
+    small = {"x": ((4, 8), np.dtype(np.float32)), "ids": ((4, 8), np.dtype(np.int64))}
+    check_feed_memory(small, memory=4 * 32 * 12 + 4 * 8 * 8)  # exactly what they need
+    with pytest.raises(InferccError, match=r"input 'x' has shape \[4, 8\]"):
+        check_feed_memory(small, memory=600)

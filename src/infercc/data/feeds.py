@@ -17,6 +17,8 @@ Symbolic dimensions take one value per symbol name across all inputs; unless pin
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Mapping
 
 import numpy as np
@@ -105,6 +107,7 @@ def make_inputs(
     rng = np.random.default_rng(seed)
     concrete = resolve_shapes(model, shapes, symbols)
     bounds = index_bounds(model)
+    check_feed_memory({vi.name: (concrete[vi.name], input_dtype(vi)) for vi in real_inputs(model)})
     feeds = {}
     for vi in real_inputs(model):
         shape = concrete[vi.name]
@@ -137,6 +140,49 @@ def _describe_array(a: np.ndarray, limit: int) -> str:
     if a.dtype.kind in "iu":
         return f"{text} in [{a.min()}, {a.max()}]"
     return text
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, where the OS says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_feed_memory(
+    inputs: dict[str, tuple[tuple[int, ...], np.dtype]], memory: int | None = None
+) -> None:
+    """Refuse feeds that cannot fit in this machine's memory (a declared dim of 1e12) with
+    one line naming the largest input, before anything is allocated."""
+    memory = memory if memory is not None else physical_memory()
+    if memory is None or not inputs:
+        return
+    need = {name: _feed_bytes(shape, dtype) for name, (shape, dtype) in inputs.items()}
+    if sum(need.values()) <= memory:
+        return
+    name = max(need, key=need.__getitem__)
+    shape = list(inputs[name][0])
+    raise InferccError(
+        f"validation inputs need {_bytes(sum(need.values()))}, more than this machine's "
+        f"{_bytes(memory)} of memory (input {name!r} has shape {shape})",
+        f"give smaller shapes with --shape {name}=..., real samples with --data, or skip "
+        "validation with --no-validate",
+    )
+
+
+def _feed_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    count = math.prod(shape)
+    # floating feeds are drawn in float64, then cast
+    return count * (dtype.itemsize + (8 if dtype.kind == "f" else 0))
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def _random_tensor(
