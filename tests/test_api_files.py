@@ -292,11 +292,17 @@ def test_staging_of_a_killed_run_is_removed_by_the_next(tmp_path: Path) -> None:
 
 
 def test_a_fresh_unlocked_staging_directory_is_left_alone(tmp_path: Path) -> None:
-    young = tmp_path / ".infercc-abc123"
+    young = tmp_path / ".infercc-lk-abc123"
     young.mkdir()
     assert remove_stale_staging(tmp_path) == []
     os.utime(young, (time.time() - 3600,) * 2)
     assert remove_stale_staging(tmp_path) == [young]
+    legacy = tmp_path / ".o.onnx.infercc-abc123"  # an older infercc's: never locked
+    legacy.mkdir()
+    os.utime(legacy, (time.time() - 3600,) * 2)
+    assert remove_stale_staging(tmp_path) == []
+    os.utime(legacy, (time.time() - 2 * 86400,) * 2)
+    assert remove_stale_staging(tmp_path) == [legacy]
     (tmp_path / ".infercc-notes").write_text("a file, never a staging directory")
     (tmp_path / "infercc-abc").mkdir()
     os.utime(tmp_path / "infercc-abc", (time.time() - 3600,) * 2)

@@ -37,11 +37,14 @@ except ImportError:  # pragma: no cover - Windows
 
 log = logging.getLogger(__name__)
 
-STAGING_MARK = "infercc-"
+STAGING_MARK = "infercc-lk-"
 # A staging directory younger than this is left alone even when its lock is free: its process
 # may be between creating it and locking it.
 STALE_AFTER_S = 60.0
-_STAGING_NAME = re.compile(r"^\.(?:.+\.)?infercc-[A-Za-z0-9_]+$")
+# Staging directories of infercc versions that did not lock them: reclaimed only when older
+# than a day (such a version may still be running).
+UNLOCKED_STALE_AFTER_S = 86400.0
+_STAGING_NAME = re.compile(r"^\.(?:.+\.)?infercc-(lk-)?[A-Za-z0-9_]+$")
 
 
 # --------------------------------------------------------------------------- permissions
@@ -196,6 +199,11 @@ def is_staging_name(name: str) -> bool:
     return bool(_STAGING_NAME.match(name))
 
 
+def _stale_after(name: str) -> float:
+    match = _STAGING_NAME.match(name)
+    return STALE_AFTER_S if match and match.group(1) else UNLOCKED_STALE_AFTER_S
+
+
 def remove_stale_staging(folder: str | os.PathLike[str]) -> list[Path]:
     """Remove the staging directories in `folder` that no live process holds (a run killed
     with SIGKILL leaves its own behind); returns those removed."""
@@ -212,7 +220,7 @@ def remove_stale_staging(folder: str | os.PathLike[str]) -> list[Path]:
         if not is_staging_name(entry.name) or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_AFTER_S:
+            if now - entry.stat(follow_symlinks=False).st_mtime < _stale_after(entry.name):
                 continue
         except OSError:
             continue
