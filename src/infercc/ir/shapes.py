@@ -26,6 +26,8 @@ import math
 
 import onnx
 
+from infercc import isolation
+from infercc.errors import InferccError
 from infercc.ir.exporter import export_model, type_proto_of
 from infercc.ir.graph import Model, Value
 from infercc.ir.importer import apply_type
@@ -36,6 +38,7 @@ from infercc.ir.ops import (
     RANDOM_OPS,
     STANDARD_DOMAINS,
 )
+from infercc.isolation import ChildCrashed, call_forked, call_isolated
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +75,74 @@ def _standard_stand_ins(graph: onnx.GraphProto) -> None:
 
 
 def _infer(skeleton: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnx's inference of the skeleton, in a forked child (`infercc.isolation`): a node that
+    crashes onnx's C++ or makes it grow without end is a one-line error naming that node."""
     try:
-        return onnx.shape_inference.infer_shapes(
+        data = call_isolated(_infer_bytes, skeleton)
+    except ChildCrashed as died:
+        raise _crash_error(skeleton, died) from None
+    return onnx.ModelProto.FromString(data) if data is not None else None
+
+
+def _infer_bytes(skeleton: onnx.ModelProto, nodes: int | None = None) -> bytes | None:
+    """The inferred model, serialized (what travels back from the child); with `nodes`, of
+    the graph cut after its first `nodes` nodes."""
+    if nodes is not None:
+        cut = onnx.ModelProto()
+        cut.CopyFrom(skeleton)
+        del cut.graph.node[nodes:]
+        del cut.graph.output[:]
+        skeleton = cut
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
             skeleton, check_type=False, strict_mode=False, data_prop=True
         )
+    except MemoryError:  # the child's memory cap: a crash, not a custom op
+        raise
     except Exception as e:  # inference is best effort: a custom op can stop it
         log.info("shape inference failed: %s", str(e).splitlines()[0] if str(e) else e)
         return None
+    return inferred.SerializeToString()
+
+
+def _crash_error(skeleton: onnx.ModelProto, died: ChildCrashed) -> InferccError:
+    index = _crashing_node(skeleton)
+    where = ""
+    if index is not None:
+        node = skeleton.graph.node[index]
+        name = f"node {node.name!r}" if node.name else f"the graph's node #{index}"
+        where = f"on {name} ({node.op_type})"
+    return InferccError(
+        f"onnx shape inference {died.describe()} {where}".rstrip(),
+        "an attribute or constant input of that node is out of the range onnx handles (a Slice "
+        "step of 2**62, say): fix it where the model is exported",
+    )
+
+
+def _crashing_node(skeleton: onnx.ModelProto) -> int | None:
+    """The index of the first top-level node whose graph prefix crashes inference (bisection
+    over prefix lengths, each probe a child with a quarter of the memory allowance), None if
+    no prefix does."""
+    nodes = skeleton.graph.node
+    low, high = 0, len(nodes)  # prefix `low` is known good; find the smallest crashing one
+    if not _prefix_crashes(skeleton, high):
+        return None
+    while high - low > 1:
+        mid = (low + high) // 2
+        if _prefix_crashes(skeleton, mid):
+            high = mid
+        else:
+            low = mid
+    return high - 1
+
+
+def _prefix_crashes(skeleton: onnx.ModelProto, count: int) -> bool:
+    with isolation.allowance(isolation.memory_allowance() // 4):
+        try:
+            call_forked(_infer_bytes, skeleton, count)
+        except ChildCrashed:
+            return True
+    return False
 
 
 def infer_shapes(model: Model) -> None:
