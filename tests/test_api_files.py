@@ -413,3 +413,19 @@ def test_feed_memory_is_checked_against_the_machine() -> None:
     check_feed_memory(small, memory=4 * 32 * 12 + 4 * 8 * 8)  # exactly what they need
     with pytest.raises(InferccError, match=r"input 'x' has shape \[4, 8\]"):
         check_feed_memory(small, memory=600)
+
+
+def test_the_roofline_plot_creates_its_folder(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from infercc.analysis.roofline import analyze, plot_roofline
+    from infercc.analysis.targets import get_target
+    from infercc.ir import load_model
+
+    target = get_target("cpu")
+    src = write_model(tmp_path / "m.onnx")
+    report = analyze(load_model(src), target, {"x": (2, 64)})
+    out = plot_roofline(report, target, tmp_path / "plots" / "roof.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "plots" / "dir.png").mkdir()
+    with pytest.raises(InferccError, match="is a directory"):
+        plot_roofline(report, target, tmp_path / "plots" / "dir.png")

@@ -51,6 +51,7 @@ from infercc.ir import Model, Node, dtypes
 from infercc.ir.dtypes import tensor_bytes
 from infercc.ir.ops import CONTROL_FLOW_OPS, INT8_COMPUTE_OPS
 from infercc.ir.shapes import concrete_types
+from infercc.outputs import check_output_file, make_parents
 
 if TYPE_CHECKING:
     from infercc.analysis.targets import Target
@@ -681,7 +682,8 @@ def plot_roofline(report: RooflineReport, target: Target, path: str | Path) -> P
     ax.set_title(f"{target.name}: {len(points)} nodes with FLOPs, lower bound {bound_ms:.3g} ms")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    out = Path(path)
+    out = check_output_file(path, "--plot")
+    make_parents(out)
     fig.savefig(out, dpi=120, bbox_inches="tight")
     return out
 
