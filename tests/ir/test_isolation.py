@@ -20,6 +20,7 @@ from infercc.errors import InferccError
 from infercc.ir import load_model
 from infercc.ir.shapes import infer_shapes
 from infercc.isolation import ChildCrashed, call_forked, call_isolated
+from tests.helpers import make_model
 
 pytestmark = pytest.mark.skipif(not isolation.ENABLED, reason="needs os.fork")
 
@@ -50,7 +51,7 @@ def slice_model(path: Path, step: int) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
         inits,
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
 
