@@ -692,8 +692,8 @@ def _fold_limit_needs_folding(c: BuildConfig) -> Broken:
 
 
 def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
-    """--portable keeps onnxruntime's contrib ops out; only fuse-conv-bn-relu (FusedConv) and
-    emit-attention (Attention) make one, and only for onnxruntime on the cpu target
+    """--portable keeps onnxruntime's contrib ops out; only fuse-conv-activation (FusedConv)
+    and emit-attention (Attention) make one, and only for onnxruntime on the cpu target
     (PassContext.fused_ops_allowed)."""
     if not c.portable:
         return None
