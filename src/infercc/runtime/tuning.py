@@ -54,10 +54,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from infercc.errors import InferccError
+from infercc.util import cache_root
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "INFERCC_CACHE_DIR"
 DB_NAME = "tuning.sqlite"
 SCHEMA_VERSION = 1
 EXPORT_SCHEMA = "infercc.tuning_cache/1"
@@ -101,14 +101,9 @@ R = TypeVar("R")
 
 
 def default_cache_dir() -> Path:
-    """`$INFERCC_CACHE_DIR`, else `$XDG_CACHE_HOME/infercc`, else `~/.cache/infercc`."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "infercc"
-    return Path.home() / ".cache" / "infercc"
+    """`$INFERCC_CACHE_DIR`, else `$XDG_CACHE_HOME/infercc`, else the platform's user cache
+    directory (`infercc.util.cache_root`: ~/.cache/infercc on Linux)."""
+    return cache_root()
 
 
 def file_sha256(path: Path | str, chunk: int = HASH_CHUNK) -> str:
