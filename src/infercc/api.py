@@ -24,6 +24,7 @@ from infercc.check import coverage
 from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
 from infercc.config import BuildConfig, OrtOptions, TrtOptions, canonical_target, read_ranges
+from infercc.data.feeds import input_ranges as generated_ranges
 from infercc.data.profiles import ShapeProfile, as_shapes
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
@@ -166,6 +167,7 @@ def build_config(
     tune: bool = True,
     run_validation: bool = True,
     data: str | os.PathLike[str] | None = None,
+    input_ranges: Mapping[str, tuple[float, float] | str] | Sequence[str] = (),
     atol: float | None = None,
     rtol: float | None = None,
     min_cosine: float | None = None,
@@ -220,6 +222,7 @@ def build_config(
         tune=tune,
         validate=run_validation,
         data=str(data) if data is not None else None,
+        input_ranges=input_ranges,
         atol=atol,
         rtol=rtol,
         min_cosine=min_cosine,
@@ -408,20 +411,21 @@ class _Job:
             return None
         self.step("validating")
         tol = tolerance(cfg.precision, cfg.atol, cfg.rtol, cfg.min_cosine).to_dict()
-        return validate(
-            self.src,
-            candidate,
-            shapes=cfg.shape_pins,
-            data=cfg.data,
-            float_dtypes_may_differ=cfg.fp16_io,
-            tolerances=cfg.tolerance_map,
-            second_shapes=cfg.second_pins,
-            rewritten=self.rewritten,
-            strict_coverage=cfg.strict_coverage,
-            assumptions=cfg.assume,
-            fixed_shapes=cfg.static_map,
-            **tol,
-        )
+        with generated_ranges({name: (lo, hi) for name, lo, hi in cfg.input_ranges}):
+            return validate(
+                self.src,
+                candidate,
+                shapes=cfg.shape_pins,
+                data=cfg.data,
+                float_dtypes_may_differ=cfg.fp16_io,
+                tolerances=cfg.tolerance_map,
+                second_shapes=cfg.second_pins,
+                rewritten=self.rewritten,
+                strict_coverage=cfg.strict_coverage,
+                assumptions=cfg.assume,
+                fixed_shapes=cfg.static_map,
+                **tol,
+            )
 
     def _diagnose(self, report: OptimizeReport, candidate: Path, validate_s: float) -> None:
         """A model infercc wrote fails: bisect the pipeline when it is cheap (or asked), else

@@ -12,6 +12,8 @@ from infercc.cli.app import app, err, settings
 from infercc.cli.common import (
     AtolOpt,
     CacheDirOpt,
+    DataLoaderOpt,
+    InputRangeOpt,
     JsonOpt,
     MinCosineOpt,
     Progress,
@@ -19,6 +21,7 @@ from infercc.cli.common import (
     ShapeOpt,
     StrictCoverageOpt,
     TolOpt,
+    data_source,
     finish,
 )
 from infercc.config import BuildConfig, OrtOptions, TrtOptions
@@ -333,6 +336,8 @@ def optimize(
     no_tune: NoTuneOpt = False,
     ort_optimized_model: OrtOptimizedOpt = False,
     data: DataOpt = None,
+    data_loader: DataLoaderOpt = None,
+    input_range: InputRangeOpt = None,
     disable_pass: DisablePassOpt = None,
     portable: PortableOpt = False,
     assume: AssumeOpt = None,
@@ -413,7 +418,8 @@ def optimize(
         alignment=align,
         tune=not no_tune,
         validate=not no_validate,
-        data=_abspath(data),
+        data=data_source(_abspath(data), data_loader),
+        input_ranges=tuple(input_range or ()),
         atol=atol,
         rtol=rtol,
         min_cosine=min_cosine,
