@@ -386,9 +386,11 @@ class _Job:
             staged = self._save(stage, build)
             report.size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
             t0 = time.perf_counter()
-            report.validation = self._validate(staged[0])
-            if report.validation is not None and not report.validation.outputs_passed:
-                self._diagnose(report, staged[0], time.perf_counter() - t0)
+            ranges = {name: (lo, hi) for name, lo, hi in self.cfg.input_ranges}
+            with generated_ranges(ranges):  # validation and its bisection draw the same inputs
+                report.validation = self._validate(staged[0])
+                if report.validation is not None and not report.validation.outputs_passed:
+                    self._diagnose(report, staged[0], time.perf_counter() - t0)
             if report.passed:
                 self._publish(build, stage, staged, cache_dir, report)
                 report.written = True
@@ -411,21 +413,20 @@ class _Job:
             return None
         self.step("validating")
         tol = tolerance(cfg.precision, cfg.atol, cfg.rtol, cfg.min_cosine).to_dict()
-        with generated_ranges({name: (lo, hi) for name, lo, hi in cfg.input_ranges}):
-            return validate(
-                self.src,
-                candidate,
-                shapes=cfg.shape_pins,
-                data=cfg.data,
-                float_dtypes_may_differ=cfg.fp16_io,
-                tolerances=cfg.tolerance_map,
-                second_shapes=cfg.second_pins,
-                rewritten=self.rewritten,
-                strict_coverage=cfg.strict_coverage,
-                assumptions=cfg.assume,
-                fixed_shapes=cfg.static_map,
-                **tol,
-            )
+        return validate(
+            self.src,
+            candidate,
+            shapes=cfg.shape_pins,
+            data=cfg.data,
+            float_dtypes_may_differ=cfg.fp16_io,
+            tolerances=cfg.tolerance_map,
+            second_shapes=cfg.second_pins,
+            rewritten=self.rewritten,
+            strict_coverage=cfg.strict_coverage,
+            assumptions=cfg.assume,
+            fixed_shapes=cfg.static_map,
+            **tol,
+        )
 
     def _diagnose(self, report: OptimizeReport, candidate: Path, validate_s: float) -> None:
         """A model infercc wrote fails: bisect the pipeline when it is cheap (or asked), else
