@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import infercc
+from tests.helpers import make_model
 
 
 def resnet_like(blocks: int = 6, width: int = 64, seed: int = 0) -> onnx.ModelProto:
@@ -61,7 +62,7 @@ def resnet_like(blocks: int = 6, width: int = 64, seed: int = 0) -> onnx.ModelPr
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _build(tmp_path, name: str, **options):

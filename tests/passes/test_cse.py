@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from tests.helpers import assert_same_outputs, op_counts, optimize_proto, parse
+from tests.helpers import assert_same_outputs, make_model, op_counts, optimize_proto, parse
 
 PASSES = ["eliminate-common-subexpressions", "eliminate-dead-code"]
 
@@ -154,7 +154,7 @@ def _silero_like(hidden: int = 128) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", 1, hidden])],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _weight_bytes(proto: onnx.ModelProto) -> int:

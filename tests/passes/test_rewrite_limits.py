@@ -138,7 +138,7 @@ def conv_act_model() -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 6, 6])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])
     graph = helper.make_graph(nodes, "g", [x], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def qkv_model() -> onnx.ModelProto:
