@@ -525,6 +525,8 @@ FLAG_KEYS = {
     "no_tune": "tune",
     "no_validate": "validate",
     "data": "data",
+    "data_loader": "data",
+    "input_range": "input_ranges",
     "atol": "atol",
     "rtol": "rtol",
     "min_cosine": "min_cosine",
