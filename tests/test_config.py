@@ -56,6 +56,10 @@ BROKEN = {
     ),
     "_no_tune_needs_a_tuning_backend": (BuildConfig(backend="none", tune=False), "--no-tune"),
     "_validation_options_need_validation": (BuildConfig(validate=False, atol=1e-2), "--atol"),
+    "_input_ranges_need_generated_inputs": (
+        BuildConfig(input_ranges=("x=0:1",), data="samples/"),
+        "--input-range",
+    ),
     "_fold_limit_needs_folding": (
         BuildConfig(fold_limit="1MiB", disable_passes=("fold-constants",)),
         "--fold-limit",

@@ -22,10 +22,12 @@ from infercc.check import coverage
 from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
 from infercc.config import BuildConfig, OrtOptions, TrtOptions, canonical_target, read_ranges
-from infercc.data.profiles import ShapeProfile
+from infercc.data.feeds import input_ranges as generated_ranges
+from infercc.data.profiles import ShapeProfile, as_shapes
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir.sources import IN_MEMORY, ModelInput, is_proto, model_file
 from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
 from infercc.ir.tensor import external_info
 from infercc.outputs import Staging, check_output_file, publish_files
@@ -207,7 +209,7 @@ def build_config(
     fold_limit: int | str | None = None,
     freeze_initializers: bool = False,
     disable_passes: Iterable[str] = (),
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    shapes: Mapping[str, str | int | Sequence[int]] | None = None,
     profiles: Sequence[ShapeProfile] | None = None,
     static_shapes: Mapping[str, tuple[int, ...]] | None = None,
     verify: bool = False,
@@ -216,6 +218,7 @@ def build_config(
     tune: bool = True,
     run_validation: bool = True,
     data: str | os.PathLike[str] | None = None,
+    input_ranges: Mapping[str, tuple[float, float] | str] | Sequence[str] = (),
     atol: float | None = None,
     rtol: float | None = None,
     min_cosine: float | None = None,
@@ -230,7 +233,8 @@ def build_config(
     `fp16=True` is `precision="fp16"`; `fp16_ranges` (with fp16) are calibrated tensor ranges,
     a `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max); `profiles`
     (from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes for, and `shapes` pins one
-    concrete shape per input (it wins over a profile of the same input); a range's OPT is
+    concrete shape per input (it wins over a profile of the same input), a tuple of ints or a
+    `--shape` string (`{"image": (1, 3, 224, 224)}` or `{"image": "1x3x224x224"}`); a range's OPT is
     validation's first shape profile and its MAX the second. `strict_coverage` fails a
     rewritten If/Loop body the validation inputs never ran; `bisect` bisects a failed
     validation however long it takes (else only when that is cheap). `static_shapes`
@@ -243,7 +247,8 @@ def build_config(
     `freeze_initializers` makes such initializers constants (and drops them from the inputs);
     on a model that has none it is refused (it would change nothing).
     """
-    pins = [ShapeProfile(name, tuple(d), tuple(d), tuple(d)) for name, d in (shapes or {}).items()]
+    pinned = as_shapes(shapes) or {}
+    pins = [ShapeProfile(name, d, d, d) for name, d in pinned.items()]
     named = {p.name for p in pins}
     return BuildConfig(
         target=target,
@@ -268,6 +273,7 @@ def build_config(
         tune=tune,
         validate=run_validation,
         data=str(data) if data is not None else None,
+        input_ranges=input_ranges,
         atol=atol,
         rtol=rtol,
         min_cosine=min_cosine,
@@ -280,7 +286,7 @@ def build_config(
 
 
 def optimize(
-    model: str | os.PathLike[str],
+    model: ModelInput,
     output: str | os.PathLike[str] | None = None,
     config: BuildConfig | None = None,
     *,
@@ -288,7 +294,9 @@ def optimize(
     on_step: Callable[[str], None] | None = None,
     **options: Any,
 ) -> OptimizeReport:
-    """Optimize an ONNX model file as `config` says and write the result; returns the report.
+    """Optimize an ONNX model as `config` says and write the result; returns the report.
+
+    `model` is a path or an in-memory `onnx.ModelProto` (which then needs an `output`).
 
     `config` is a `BuildConfig`; keyword `options` instead build one (`build_config` lists
     them: `target`, `fp16`, `portable`, `run_validation`...). `config.check()` refuses
@@ -313,15 +321,22 @@ def optimize(
             f"optimize got a config and keyword options ({', '.join(sorted(options))})",
             "put everything into the BuildConfig, or pass keyword options only",
         )
-    src = Path(model)
-    out = Path(output) if output is not None else default_output(src)
-    cfg = (config or build_config(**options)).resolve(artifact=not is_model_file(out))
-    build = _Build(src, out, cfg)
-    cfg.check()
-    job = _Job(src, cfg, on_step or (lambda _s: None))
-    check_inputs_untouched(src, job.ir, out, build.artifact_mode)
-    job.transform()
-    report = job.write(build, cache_dir)
+    if is_proto(model) and output is None:
+        raise InferccError(
+            "optimize got an onnx.ModelProto and no output",
+            "name where to write the optimized model: optimize(model, 'model.opt.onnx')",
+        )
+    with model_file(model) as src:
+        out = Path(output) if output is not None else default_output(src)
+        cfg = (config or build_config(**options)).resolve(artifact=not is_model_file(out))
+        build = _Build(src, out, cfg)
+        cfg.check()
+        job = _Job(src, cfg, on_step or (lambda _s: None))
+        check_inputs_untouched(src, job.ir, out, build.artifact_mode)
+        job.transform()
+        report = job.write(build, cache_dir)
+    if is_proto(model):
+        report.input = IN_MEMORY
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -422,9 +437,11 @@ class _Job:
             staged = self._save(staging.path, build)
             report.size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
             t0 = time.perf_counter()
-            report.validation = self._validate(staged[0])
-            if report.validation is not None and not report.validation.outputs_passed:
-                self._diagnose(report, staged[0], time.perf_counter() - t0)
+            ranges = {name: (lo, hi) for name, lo, hi in self.cfg.input_ranges}
+            with generated_ranges(ranges):  # validation and its bisection draw the same inputs
+                report.validation = self._validate(staged[0])
+                if report.validation is not None and not report.validation.outputs_passed:
+                    self._diagnose(report, staged[0], time.perf_counter() - t0)
             if report.passed:
                 self._publish(build, staging.path, staged, cache_dir, report)
                 report.written = True

@@ -25,6 +25,7 @@ path as well.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from infercc.assumptions import check_assumptions
+from infercc.data.loader import is_loader_spec, join_loader_spec, split_loader_spec
 from infercc.data.profiles import ShapeProfile, parse_profiles
 from infercc.errors import InferccError
 from infercc.precisions import BUILD_PRECISIONS
@@ -47,6 +49,7 @@ FP16_PASS = "convert-fp16"
 
 Range = tuple[str, float, float]  # tensor name, min, max
 OutputTolerance = tuple[str, float, float]  # output name, atol, rtol
+InputRange = tuple[str, float, float]  # input name, low, high
 
 
 # --------------------------------------------------------------------------- backend options
@@ -201,7 +204,8 @@ class BuildConfig:
     alignment: int = DEFAULT_ALIGNMENT  # --align
     tune: bool = True  # --no-tune
     validate: bool = True  # --no-validate
-    data: str | None = None  # --data
+    data: str | None = None  # --data (samples) or --data-loader (script.py:fn)
+    input_ranges: tuple[InputRange, ...] = ()  # --input-range NAME=LOW:HIGH (generated inputs)
     atol: float | None = None  # --atol; None: the precision's (infercc.precisions)
     rtol: float | None = None  # --rtol
     min_cosine: float | None = None  # --min-cosine
@@ -222,6 +226,7 @@ class BuildConfig:
         _set(self, "assume", check_assumptions(self.assume))
         _set(self, "ranges", _ranges(self.ranges))
         _set(self, "tolerances", _output_tolerances(self.tolerances))
+        _set(self, "input_ranges", input_ranges(self.input_ranges))
         _set(self, "shapes", _profile_list(self.shapes, "--shape"))
         _set(self, "static_shapes", _fixed_list(self.static_shapes))
         if self.fold_limit is not None:
@@ -326,6 +331,7 @@ class BuildConfig:
             shapes=_specs(self.shapes),
             static_shapes=_specs(self.static_shapes),
             tolerances={name: [a, r] for name, a, r in self.tolerances},
+            input_ranges={name: [lo, hi] for name, lo, hi in self.input_ranges},
             ort=self.ort.to_dict(),
             tensorrt=self.tensorrt.to_dict(),
         )
@@ -400,6 +406,46 @@ def _output_tolerances(value: Any) -> tuple[OutputTolerance, ...]:
     return tuple(sorted(found))
 
 
+def input_ranges(value: Any) -> tuple[InputRange, ...]:
+    """Value ranges of generated inputs from `--input-range NAME=LOW:HIGH` specs, a table
+    {name: (low, high) | "LOW:HIGH"}, or (name, low, high) triples; sorted by name."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        items = [_range_spec(v) if isinstance(v, str) else (v[0], v[1:]) for v in value]
+    found: dict[str, tuple[float, float]] = {}
+    for name, pair in items:
+        if isinstance(pair, str):
+            pair = pair.split(":")
+        try:
+            low, high = (float(x) for x in pair)
+        except (TypeError, ValueError):
+            low, high = math.nan, math.nan
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise InferccError(
+                f"bad --input-range for input {name!r}: {pair!r}",
+                "write NAME=LOW:HIGH with finite LOW <= HIGH, e.g. --input-range sr=8000:16000",
+            )
+        if str(name) in found:
+            raise InferccError(
+                f"--input-range given twice for input {name!r}", "pass one range per input"
+            )
+        found[str(name)] = (low, high)
+    return tuple(sorted((name, lo, hi) for name, (lo, hi) in found.items()))
+
+
+def _range_spec(spec: str) -> tuple[str, str]:
+    name, sep, rest = spec.rpartition("=")
+    if not sep or not name:
+        raise InferccError(
+            f"bad --input-range {spec!r}: expected NAME=LOW:HIGH",
+            "e.g. --input-range pixel_values=0:1",
+        )
+    return name, rest
+
+
 def _check_tolerance(name: str, value: float | None) -> None:
     if value is None:
         return
@@ -434,6 +480,14 @@ _Reader = Callable[[Any, Path | None], Any] | None
 
 def _path(value: Any, base: Path | None) -> str:
     return str(Path(os.path.normpath(base / value))) if base is not None else str(value)
+
+
+def _data_path(value: Any, base: Path | None) -> str:
+    """A `data` path, or a data loader `script.py:fn` whose script path is relative."""
+    if is_loader_spec(value):
+        script, fn = split_loader_spec(value)
+        return join_loader_spec(_path(str(script), base), fn)
+    return _path(value, base)
 
 
 def _paths(value: Any, base: Path | None) -> tuple[str, ...]:
@@ -500,7 +554,8 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {
     "alignment": ((int,), None),
     "tune": ((bool,), None),
     "validate": ((bool,), None),
-    "data": ((str,), _path),
+    "data": ((str,), _data_path),
+    "input_ranges": ((dict, list, tuple), None),
     "atol": (_NUMBER, None),
     "rtol": (_NUMBER, None),
     "min_cosine": (_NUMBER, None),
@@ -673,12 +728,23 @@ def _validation_options_need_validation(c: BuildConfig) -> Broken:
         "--min-cosine": c.min_cosine,
         "--tol": c.tolerances or None,
         "--data": c.data,
+        "--input-range": c.input_ranges or None,
         "--strict-coverage": c.strict_coverage or None,
         "--bisect": c.bisect or None,
     }
     for flag, value in given.items():
         if value is not None and not c.validate:
             return (f"{flag} has no effect with --no-validate", f"drop {flag} or --no-validate")
+    return None
+
+
+def _input_ranges_need_generated_inputs(c: BuildConfig) -> Broken:
+    """--input-range shapes the random inputs; samples from --data are fed as they are."""
+    if c.input_ranges and c.data is not None and c.validate:
+        return (
+            "--input-range has no effect with --data: the samples are fed as they are",
+            "drop --input-range, or --data to validate on generated inputs",
+        )
     return None
 
 
@@ -692,8 +758,8 @@ def _fold_limit_needs_folding(c: BuildConfig) -> Broken:
 
 
 def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
-    """--portable keeps onnxruntime's contrib ops out; only fuse-conv-bn-relu (FusedConv) and
-    emit-attention (Attention) make one, and only for onnxruntime on the cpu target
+    """--portable keeps onnxruntime's contrib ops out; only fuse-conv-activation (FusedConv)
+    and emit-attention (Attention) make one, and only for onnxruntime on the cpu target
     (PassContext.fused_ops_allowed)."""
     if not c.portable:
         return None
@@ -776,6 +842,7 @@ RULES: tuple[Rule, ...] = (
     _ort_options_need_ort,
     _no_tune_needs_a_tuning_backend,
     _validation_options_need_validation,
+    _input_ranges_need_generated_inputs,
     _fold_limit_needs_folding,
     _portable_needs_fused_ops_to_avoid,
     _shapes_agree_with_static_shapes,

@@ -135,3 +135,24 @@ def format_below(value: float, limit: float, digits: int = 6) -> str:
         if float(text) < limit:
             return text
     return repr(float(value))
+
+
+CACHE_DIR_ENV = "INFERCC_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Where infercc keeps what it learns about a host (tuning cache, host facts):
+    `$INFERCC_CACHE_DIR`, else `$XDG_CACHE_HOME/infercc`, else the platform's user cache
+    directory (platformdirs: ~/.cache/infercc on Linux, ~/Library/Caches/infercc on macOS,
+    %LOCALAPPDATA%\\infercc\\Cache on Windows)."""
+    import os
+
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "infercc"
+    import platformdirs
+
+    return platformdirs.user_cache_path("infercc", appauthor=False)

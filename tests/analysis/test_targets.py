@@ -16,7 +16,6 @@ from infercc.analysis.targets import (
     get_target,
     list_targets,
     parse_cpuinfo,
-    parse_meminfo,
 )
 from infercc.errors import InferccError
 
@@ -236,22 +235,32 @@ def test_cpu_clock_fallback_is_stated():
     assert t.features == ()
 
 
-def test_no_cpuinfo_fallback(monkeypatch):
+def test_no_cpuinfo_reads_py_cpuinfo(monkeypatch):
+    # macOS / Windows: no /proc/cpuinfo, so the model, flags and clock come from py-cpuinfo
     monkeypatch.setattr(targets, "_read", lambda path: None)
-    targets._host_facts.cache_clear()
-    try:
-        t = targets.detect_cpu()
-    finally:
+    answers = {
+        "apple": {"model": "Apple M2", "flags": [], "mhz": None},
+        "intel": {"model": "Intel Core i7", "flags": ["fma", "AVX2", "sse4_2"], "mhz": 2600.0},
+    }
+    for name, answer in answers.items():
+        monkeypatch.setattr(targets.host, "py_cpuinfo", lambda a=answer: a)
         targets._host_facts.cache_clear()
-    assert t.features == ()
-    assert "features unknown" in t.description
-    assert t.memory_bytes >= 0
+        try:
+            info, cores = targets.host_cpu_info()
+            t = targets.detect_cpu()
+        finally:
+            targets._host_facts.cache_clear()
+        assert info.model == answer["model"] and cores >= 1 and t.memory_bytes > 0
+        if name == "apple":
+            assert t.features == () and "features unknown" in t.description
+        else:
+            assert t.features == ("fma", "avx2") and info.mhz == 2600.0
 
 
-def test_parse_meminfo():
-    text = "MemTotal:       16318864 kB\nMemFree:         1234 kB\n"
-    assert parse_meminfo(text) == 16318864 * 1024
-    assert parse_meminfo("nothing here") is None
+def test_memory_from_psutil():
+    import psutil
+
+    assert targets.detect_cpu().memory_bytes == psutil.virtual_memory().total
 
 
 # --- Host detection and bandwidth --------------------------------------------------------------

@@ -481,3 +481,14 @@ def test_calibrate_command(tmp_path):
     r = run("calibrate", str(enc), "--data", str(bad), "-o", str(tmp_path / "x"))
     assert r.returncode == 2 and "pickle" in r.stderr.lower() and "Traceback" not in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_cache_ls_on_a_missing_directory_creates_nothing(tmp_path):
+    where = tmp_path / "nonexistent" / "x"
+    r = run("cache", "ls", "--cache-dir", str(where))
+    assert r.returncode == 0, r.stderr
+    assert "no tuning cache at" in r.stdout
+    r = run("cache", "ls", "--cache-dir", str(where), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["exists"] is False
+    assert run("cache", "clear", "--cache-dir", str(where)).returncode == 0
+    assert not (tmp_path / "nonexistent").exists()

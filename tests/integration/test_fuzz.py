@@ -924,9 +924,11 @@ def test_generator_reaches_the_rewrites():
         for name, st_ in report.passes.items():
             fired[name] = fired.get(name, 0) + int(st_.changed > 0)
         for key in ("bn_into_conv", "activation_fused", "bn_into_gemm"):
-            fired[key] = fired.get(key, 0) + int(
-                report.passes["fuse-conv-bn-relu"].counts.get(key, 0) > 0
-            )
+            counts = {
+                **report.passes["fuse-conv-bn-relu"].counts,
+                **report.passes["fuse-conv-activation"].counts,
+            }
+            fired[key] = fired.get(key, 0) + int(counts.get(key, 0) > 0)
 
     collect()
     for name in (

@@ -32,9 +32,17 @@ def test_shipped_model_counts(name, tmp_path):
     assert report.passed
     bn_before = report.ops_before.get("BatchNormalization", 0)
     bn_after = report.ops_after.get("BatchNormalization", 0)
-    assert bn_before - bn_after >= BN_AFTER_CONV.get(name, 0)
+    # The light models fill weights with ConstantOfShape, so some Convs get bit-equal weights
+    # on the same input: CSE merges them (equal constants of any size, then the duplicate
+    # Convs), and a BN reading a Conv shared with another BN stays (inception_v2: 6 of 69).
+    shared = sum(
+        1
+        for r in report.refusals
+        if r["pass"] == "fuse-conv-bn-relu" and r["reason"] == "conv output has other readers"
+    )
+    assert bn_before - bn_after + shared >= BN_AFTER_CONV.get(name, 0)
     if name in BN_AFTER_CONV and name != "densenet121":
-        assert bn_after == 0
+        assert bn_after == shared
     if name in ONNXSLIM_NODES:
         assert report.nodes_after <= ONNXSLIM_NODES[name]
     assert report.ops_after.get("ConstantOfShape", 0) == 0

@@ -359,7 +359,7 @@ def test_fused_conv_of_com_microsoft_stays_fp32():
     weights = {"W": _w(8, 3, 3, 3, seed=1, scale=0.3), "W2": _w(8, 8, 3, 3, seed=2, scale=0.2)}
     original = _with_weights(FUSABLE, weights)
     ctx = PassContext(target="cpu")
-    passes = ["fuse-conv-bn-relu", *PASSES]
+    passes = ["fuse-conv-activation", *PASSES]
     out, report = optimize_proto(original, passes, ctx)
     fused = next(n for n in out.graph.node if n.op_type == "FusedConv")
     assert fused.domain == "com.microsoft"

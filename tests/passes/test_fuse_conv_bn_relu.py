@@ -1,4 +1,5 @@
-"""fuse-conv-bn-relu: BN / per-channel Mul, Add folding and onnxruntime FusedConv."""
+"""fuse-conv-bn-relu: BN / per-channel Mul, Add folding; fuse-conv-activation: onnxruntime
+FusedConv."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.helpers import (
     random_feeds,
 )
 
-PASSES = ["fuse-conv-bn-relu", "eliminate-dead-code"]
+PASSES = ["fuse-conv-bn-relu", "fuse-conv-activation", "eliminate-dead-code"]
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
@@ -89,7 +90,10 @@ def _conv_bn(
 
 def _fold(proto: onnx.ModelProto, ctx: PassContext | None = None, passes=PASSES):
     out, report = optimize_proto(proto, passes=passes, ctx=ctx)
-    return out, report.passes["fuse-conv-bn-relu"].counts, report
+    counts = dict(report.passes["fuse-conv-bn-relu"].counts)
+    if "fuse-conv-activation" in report.passes:
+        counts.update(report.passes["fuse-conv-activation"].counts)
+    return out, counts, report
 
 
 # -- BatchNormalization into Conv / ConvTranspose -----------------------------------------------
@@ -389,6 +393,7 @@ def test_activation_fuses_into_fused_conv(op, bounds, attrs):
     assert_same_outputs(proto, out, atol=1e-4)
     again, report = optimize_proto(out, passes=PASSES)
     assert report.passes["fuse-conv-bn-relu"].changed == 0 and op_counts(again) == op_counts(out)
+    assert report.passes["fuse-conv-activation"].changed == 0
 
 
 def _floats(n: int, seed: int = 0) -> str:
@@ -429,7 +434,7 @@ def test_no_fused_conv_unless_ort_cpu(ctx):
     assert counts["activation_fused"] == 0
     assert op_counts(out) == {"Conv": 1, "Relu": 1}
     assert all(o.domain != "com.microsoft" for o in out.opset_import)
-    assert report.passes["fuse-conv-bn-relu"].changed == 0
+    assert report.passes["fuse-conv-activation"].changed == 0
 
 
 def test_activation_with_second_conv_reader_refuses():
@@ -529,7 +534,10 @@ def test_light_resnet50_folds_every_bn():
     proto = _light_model("light_resnet50")
     assert op_counts(proto)["BatchNormalization"] == 53
     out, report = optimize_proto(proto, passes=_pipeline())
-    counts = report.passes["fuse-conv-bn-relu"].counts
+    counts = {
+        **report.passes["fuse-conv-bn-relu"].counts,
+        **report.passes["fuse-conv-activation"].counts,
+    }
     assert counts["bn_into_conv"] == 53 and op_counts(out)["BatchNormalization"] == 0
     assert counts["activation_fused"] == 33 and op_counts(out)["FusedConv"] == 33
     assert op_counts(out)["Relu"] == 16  # the Relus after the residual Sum stay

@@ -125,6 +125,22 @@ def conv_bn_model() -> onnx.ModelProto:
     return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def conv_act_model() -> onnx.ModelProto:
+    """Three Convs on x, each read only by a Relu (each fuses into a FusedConv on the CPU); a
+    fourth Conv's Relu is refused (the Conv's output has another reader)."""
+    rng = np.random.default_rng(2)
+    nodes, inits = [], []
+    for i in (1, 2, 3, 4):
+        inits += [_init(f"w{i}", rng.standard_normal((4, 2, 3, 3))), _init(f"b{i}", rng.random(4))]
+        nodes.append(helper.make_node("Conv", ["x", f"w{i}", f"b{i}"], [f"c{i}"], f"conv{i}"))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], f"relu{i}"))
+    nodes.append(helper.make_node("Sum", ["r1", "r2", "r3", "r4", "c4"], ["y"], "sum"))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 6, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])
+    graph = helper.make_graph(nodes, "g", [x], [y], inits)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def qkv_model() -> onnx.ModelProto:
     """Three activations of x, each read by two MatMuls with constant weights."""
     rng = np.random.default_rng(1)
@@ -179,13 +195,8 @@ CASES = [
     Case("fold-shapes", lambda: parse(SHAPES), ["g1", "g2", "expand"], _present),
     Case("eliminate-no-ops", lambda: parse(NO_OPS), ["id", "t2", "cast", "r2"], _inputs),
     Case("eliminate-common-subexpressions", lambda: parse(CSE), ["q", "a2", "b2"], _inputs),
-    Case(
-        "fuse-conv-bn-relu",
-        conv_bn_model,
-        ["bn1", "bn2", "mul3", "relu1", "relu2", "relu3"],
-        _present,
-        atol=1e-4,
-    ),
+    Case("fuse-conv-bn-relu", conv_bn_model, ["bn1", "bn2", "mul3"], _present, atol=1e-4),
+    Case("fuse-conv-activation", conv_act_model, ["relu1", "relu2", "relu3"], _present),
     Case("fuse-qkv", qkv_model, ["mm1a", "mm2a", "mm3a"], _present),
     Case("convert-fp16", lambda: parse(FP16), ["relu", "neg", "tanh", "abs"], _dtypes, atol=1e-2),
 ]

@@ -369,3 +369,39 @@ def test_host_fingerprint_is_json_and_stable():
     assert fingerprint_hash(first) == fingerprint_hash(dict(reversed(list(second.items()))))
     assert fingerprint_hash(first) != fingerprint_hash({**first, "cores": -1})
     assert re.fullmatch(r"[0-9a-f]{16}", fingerprint_hash(first))
+
+
+# -- read-only opening (infercc cache ls/show/export) ------------------------------------------
+
+
+def test_read_only_creates_nothing_where_no_cache_is(tmp_path):
+    where = tmp_path / "no" / "such"
+    with TuningCache(where, read_only=True) as c:
+        assert not c.exists and c.entries() == [] and c.show("") == []
+        with pytest.raises(InferccError, match="opened read-only"):
+            c.put(key(), {"a": 1})
+    assert not (tmp_path / "no").exists()
+
+
+def test_read_only_reads_entries_and_counts_no_hit(tmp_path):
+    with TuningCache(tmp_path) as c:
+        c.put(key(), {"threads": 4})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    mtime = (tmp_path / "tuning.sqlite").stat().st_mtime_ns
+    with TuningCache(tmp_path, read_only=True) as c:
+        assert c.exists and c.get(key()) == {"threads": 4}
+        assert [e["hits"] for e in c.entries()] == [0]
+        with pytest.raises(InferccError, match="cannot clear"):
+            c.clear()
+    assert (tmp_path / "tuning.sqlite").stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+        n for n in before if not n.endswith(("-wal", "-shm"))
+    ]
+
+
+def test_read_only_names_an_unusable_database_and_moves_nothing(tmp_path):
+    (tmp_path / "tuning.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(InferccError, match="cannot be read"):
+        TuningCache(tmp_path, read_only=True)
+    assert moved_files(tmp_path) == []
+    assert (tmp_path / "tuning.sqlite").read_bytes().startswith(b"not a database")

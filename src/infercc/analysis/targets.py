@@ -15,9 +15,11 @@ row. Two conventions hold throughout:
   TB/s = 10^12 bytes/s. (A100 "40GB" is physically 40 GiB, but the database keeps what the
   datasheet says.)
 
-The `cpu` target is detected from the host, lazily and once per process: cores from the CPU
-affinity mask, features, model and clock from /proc/cpuinfo, memory from /proc/meminfo, and
-bandwidth measured with a numpy copy (or `INFERCC_CPU_BANDWIDTH_GBS` for reproducible figures).
+The `cpu` target is detected from the host (`infercc.analysis.host`), lazily and once per
+process: cores from the CPU affinity mask, features, model and clock from /proc/cpuinfo (or
+py-cpuinfo where there is none: macOS, Windows), memory from psutil, and bandwidth measured
+with a numpy copy once per host and kept in the cache directory (or
+`INFERCC_CPU_BANDWIDTH_GBS` for reproducible figures).
 Peak FLOP/s is `cores x GHz x FLOPs/cycle/core`, with FLOPs/cycle from the widest vector FMA
 the flags advertise (see `flops_per_cycle`). These are upper bounds, not measurements: they
 assume two FMA pipes per core at the reported clock, which Intel server cores have and some
@@ -38,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from infercc.analysis import host
 from infercc.errors import InferccError
 from infercc.precisions import TARGET_PRECISIONS as PRECISIONS
 
@@ -277,12 +280,6 @@ def _first_field(text: str, keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def parse_meminfo(text: str) -> int | None:
-    """MemTotal from /proc/meminfo text, in bytes (the file says kB, meaning KiB)."""
-    match = re.search(r"^MemTotal:\s*(\d+)\s*kB", text, re.MULTILINE)
-    return int(match.group(1)) * 1024 if match else None
-
-
 def flops_per_cycle(features: tuple[str, ...] | set[str]) -> int:
     """fp32 FLOPs per cycle per core, assuming two FMA pipes (an FMA counts as 2 FLOPs).
 
@@ -332,7 +329,7 @@ def cpu_target(
     description = f"{info.model}, {cores} cores at {ghz:.2f} GHz"
     description += "".join(f"; {note}" for note in notes)
     source = (
-        "detected: /proc/cpuinfo, /proc/meminfo, affinity mask; "
+        "detected: /proc/cpuinfo (else py-cpuinfo), psutil, affinity mask; "
         f"peak = cores x GHz x {flops_per_cycle(info.features)} FLOPs/cycle; "
         f"bandwidth {_bandwidth_source()}"
     )
@@ -354,7 +351,17 @@ def cpu_target(
 def _bandwidth_source() -> str:
     if os.environ.get(BANDWIDTH_ENV):
         return f"from {BANDWIDTH_ENV}"
-    return "measured: numpy copy of 64 MiB float32, best of 5, read + write bytes"
+    record = _host_bandwidth()
+    when = time.strftime("%Y-%m-%d", time.gmtime(record.measured))
+    return (
+        f"measured on this host on {when} (numpy copy of 64 MiB float32, best of 5, read + "
+        f"write bytes), kept in {record.path}; delete it to measure again"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _host_bandwidth() -> host.HostRecord:
+    return host.bandwidth(measure_copy_bandwidth)
 
 
 @functools.lru_cache(maxsize=1)
@@ -373,10 +380,11 @@ def measure_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
 
 
 def cpu_bandwidth() -> float:
-    """Bytes/s: `INFERCC_CPU_BANDWIDTH_GBS` (GB/s) when set, else the cached measurement."""
+    """Bytes/s: `INFERCC_CPU_BANDWIDTH_GBS` (GB/s) when set, else this host's measurement
+    (made once per host, kept in the cache directory)."""
     value = os.environ.get(BANDWIDTH_ENV)
     if not value:
-        return measure_copy_bandwidth()
+        return _host_bandwidth().bandwidth
     try:
         gbs = float(value)
     except ValueError:
@@ -396,17 +404,15 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _host_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def _sysconf_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 0
+def from_py_cpuinfo(cpu: dict[str, Any]) -> CpuInfo:
+    """A `CpuInfo` from `infercc.analysis.host.py_cpuinfo()`'s answer."""
+    flags = {str(f).lower() for f in cpu.get("flags") or ()}
+    mhz = cpu.get("mhz")
+    return CpuInfo(
+        str(cpu.get("model") or "unknown CPU"),
+        tuple(f for f in CPU_FEATURES if f in flags),
+        float(mhz) if mhz else None,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -414,14 +420,13 @@ def _host_facts() -> tuple[CpuInfo, int, int, tuple[str, ...]]:
     """Detect the host once: (cpuinfo, cores, memory bytes, description notes)."""
     cpuinfo = _read("/proc/cpuinfo")
     notes: tuple[str, ...] = ()
-    if cpuinfo is None:
-        info = CpuInfo(platform.processor() or platform.machine() or "unknown CPU", (), None)
-        notes = (f"no /proc/cpuinfo on {platform.system() or 'this OS'}: features unknown",)
-    else:
+    if cpuinfo is not None:
         info = parse_cpuinfo(cpuinfo)
-    meminfo = _read("/proc/meminfo")
-    memory = (parse_meminfo(meminfo) if meminfo else None) or _sysconf_memory()
-    return info, _host_cores(), memory, notes
+    else:
+        info = from_py_cpuinfo(host.py_cpuinfo())
+        if not info.features:
+            notes = (f"no CPU flags known on {platform.system() or 'this OS'}: features unknown",)
+    return info, host.cores(), host.memory_bytes(), notes
 
 
 def detect_cpu() -> Target:

@@ -28,14 +28,16 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
     from infercc.cli.render import render_cache_entries
     from infercc.runtime.tuning import TuningCache
 
-    with TuningCache(cache_dir) as cache:
-        listed = {"path": str(cache.path), "entries": cache.entries()}
-    finish(
-        listed,
-        as_json,
-        lambda d, console: render_cache_entries(d["path"], d["entries"], console),
-        data=listed,
-    )
+    with TuningCache(cache_dir, read_only=True) as cache:
+        listed = {"path": str(cache.path), "exists": cache.exists, "entries": cache.entries()}
+
+    def render(d, console):
+        if not d["exists"]:
+            console.print(f"no tuning cache at {d['path']} (nothing tuned there yet)")
+        else:
+            render_cache_entries(d["path"], d["entries"], console)
+
+    finish(listed, as_json, render, data=listed)
 
 
 @cache_app.command("show", short_help="Print the tuning choices of entries (JSON).")
@@ -48,7 +50,7 @@ def cache_show(
     """Print the entries whose digest starts with DIGEST, with their tuning choices (JSON)."""
     from infercc.runtime.tuning import TuningCache
 
-    with TuningCache(cache_dir) as cache:
+    with TuningCache(cache_dir, read_only=True) as cache:
         found = cache.show(digest)
     if not found:
         raise InferccError(f"no cache entry starts with {digest!r}", "infercc cache ls lists them")
@@ -60,6 +62,11 @@ def cache_clear(cache_dir: CacheDirOpt = None) -> None:
     """Remove every entry."""
     from infercc.runtime.tuning import TuningCache
 
+    with TuningCache(cache_dir, read_only=True) as probe:
+        missing = not probe.exists  # nothing to clear: create nothing either
+    if missing:
+        out.print(f"removed {_entries(0)} (no tuning cache at {probe.path})")
+        return
     with TuningCache(cache_dir) as cache:
         n = cache.clear()
     out.print(f"removed {_entries(n)}")
@@ -73,7 +80,7 @@ def cache_export(
     """Write every entry to a JSON file (to share tuning results across machines of one kind)."""
     from infercc.runtime.tuning import TuningCache
 
-    with TuningCache(cache_dir) as cache:
+    with TuningCache(cache_dir, read_only=True) as cache:
         n = cache.export(path)
     out.print(f"exported {_entries(n)} to {path}")
 

@@ -228,3 +228,40 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+# --------------------------------------------------------------------------- validation inputs
+
+InputRangeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--input-range",
+        help="Draw the generated validation input NAME uniformly from LOW..HIGH (integers: "
+        "both ends included), e.g. --input-range pixel_values=0:1 (repeatable; Polygraphy's "
+        "--val-range).",
+        metavar="NAME=LOW:HIGH",
+    ),
+]
+DataLoaderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--data-loader",
+        help="Validate on the samples a Python function returns: SCRIPT.py[:FUNCTION] "
+        "(default function load_data), a list or generator of {input name: array} dicts "
+        "(Polygraphy's --data-loader-script).",
+        metavar="SCRIPT.py[:FN]",
+    ),
+]
+
+
+def data_source(data: str | Path | None, data_loader: str | None) -> str | None:
+    """The one source of validation samples: --data or --data-loader (both: an error)."""
+    from infercc.data.loader import join_loader_spec, split_loader_spec
+    from infercc.errors import InferccError
+
+    if data is not None and data_loader is not None:
+        raise InferccError("--data and --data-loader both give the samples", "pass one of them")
+    if data_loader is not None:
+        script, fn = split_loader_spec(data_loader)
+        return join_loader_spec(os.path.abspath(script), fn)
+    return str(data) if data is not None else None

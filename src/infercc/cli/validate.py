@@ -10,6 +10,8 @@ import typer
 from infercc.cli.app import app
 from infercc.cli.common import (
     AtolOpt,
+    DataLoaderOpt,
+    InputRangeOpt,
     JsonOpt,
     MinCosineOpt,
     Progress,
@@ -18,9 +20,11 @@ from infercc.cli.common import (
     ShapeOpt,
     StrictCoverageOpt,
     TolOpt,
+    data_source,
     finish,
 )
 from infercc.config import BuildConfig
+from infercc.errors import InferccError
 
 
 @app.command(short_help="Check an optimized model or artifact against its original.")
@@ -44,6 +48,8 @@ def validate(
             help="Samples: a directory of .npz (keyed by input name) or .npy files.",
         ),
     ] = None,
+    data_loader: DataLoaderOpt = None,
+    input_range: InputRangeOpt = None,
     shape: ShapeOpt = None,
     seed: SeedOpt = 0,
     atol: AtolOpt = None,
@@ -98,13 +104,25 @@ def validate(
     from infercc.data.profiles import parse_profiles
 
     profiles = parse_profiles(shape)
-    with Progress(as_json) as progress:
+    from infercc.config import input_ranges
+    from infercc.data.feeds import input_ranges as generated_ranges
+
+    source = data_source(data, data_loader)
+    ranges = {name: (lo, hi) for name, lo, hi in input_ranges(tuple(input_range or ()))}
+    if ranges and (source is not None or golden is not None):
+        raise InferccError(
+            "--input-range has no effect with "
+            + ("--golden" if golden is not None else "--data")
+            + ": those inputs are fed as they are",
+            "drop --input-range",
+        )
+    with Progress(as_json) as progress, generated_ranges(ranges):
         report = validate_candidate(
             candidate,
             reference,
             golden=golden,
             save_golden_to=save_golden,
-            data=data,
+            data=source,
             shapes={p.name: p.opt for p in profiles},
             second_shapes=BuildConfig(shapes=tuple(profiles)).second_pins,
             seed=seed,

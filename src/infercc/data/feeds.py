@@ -19,7 +19,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 import onnx
@@ -96,6 +98,23 @@ def _index_source(name: str, producers: dict[str, onnx.NodeProto]) -> str:
 # --------------------------------------------------------------------------- random feeds
 
 
+_RANGES: ContextVar[Mapping[str, tuple[float, float]] | None] = ContextVar(
+    "input_ranges", default=None
+)
+
+
+@contextmanager
+def input_ranges(ranges: Mapping[str, tuple[float, float]] | None) -> Iterator[None]:
+    """Within the block, `make_inputs` draws each named input uniformly from its (low, high)
+    (`--input-range NAME=LOW:HIGH`; integers in [low, high], both ends included), whoever
+    asks for the inputs (validation's profiles and ladder, a benchmark)."""
+    token = _RANGES.set(dict(ranges or {}))
+    try:
+        yield
+    finally:
+        _RANGES.reset(token)
+
+
 def make_inputs(
     model: onnx.ModelProto,
     shapes: Shapes | None = None,
@@ -103,19 +122,64 @@ def make_inputs(
     symbols: Mapping[SymbolKey, int] | None = None,
     values: Mapping[str, float] | None = None,
 ) -> dict[str, np.ndarray]:
-    """One random feed per real input, deterministic for a given seed (see module docstring)."""
+    """One random feed per real input, deterministic for a given seed (see module docstring);
+    inputs given a range by `input_ranges` are drawn from it."""
     rng = np.random.default_rng(seed)
     concrete = resolve_shapes(model, shapes, symbols)
     bounds = index_bounds(model)
-    check_feed_memory({vi.name: (concrete[vi.name], input_dtype(vi)) for vi in real_inputs(model)})
+    ranges = _RANGES.get() or {}
+    inputs = real_inputs(model)
+    _check_range_names(ranges, inputs)
+    check_feed_memory({vi.name: (concrete[vi.name], input_dtype(vi)) for vi in inputs})
     feeds = {}
-    for vi in real_inputs(model):
+    for vi in inputs:
         shape = concrete[vi.name]
-        if values and vi.name in values:
+        if vi.name in ranges:
+            feeds[vi.name] = _in_range(vi, shape, ranges[vi.name], rng)
+        elif values and vi.name in values:
             feeds[vi.name] = np.full(shape, values[vi.name], dtype=input_dtype(vi))
         else:
             feeds[vi.name] = _random_tensor(vi, shape, bounds.get(vi.name), rng)
     return feeds
+
+
+def _check_range_names(
+    ranges: Mapping[str, tuple[float, float]], inputs: list[onnx.ValueInfoProto]
+) -> None:
+    names = [vi.name for vi in inputs]
+    for name in ranges:
+        if name not in names:
+            raise InferccError(
+                f"--input-range names {name!r}, which is not a model input",
+                f"the model's inputs are: {', '.join(names) or '(none)'}",
+            )
+
+
+def _in_range(
+    vi: onnx.ValueInfoProto,
+    shape: tuple[int, ...],
+    bounds: tuple[float, float],
+    rng: np.random.Generator,
+) -> np.ndarray:
+    low, high = bounds
+    dtype = input_dtype(vi)
+    if dtype.kind == "f":
+        return rng.uniform(low, high, size=shape).astype(dtype)
+    if dtype.kind in "iu":
+        lo, hi = math.ceil(low), math.floor(high)
+        info = np.iinfo(dtype)
+        if lo > hi or lo < info.min or hi > info.max:
+            raise InferccError(
+                f"--input-range {vi.name}={low:g}:{high:g} holds no {dtype} value",
+                f"give integer bounds within [{info.min}, {info.max}]",
+            )
+        return rng.integers(lo, hi, size=shape, endpoint=True, dtype=dtype)
+    if dtype.kind == "b" and 0 <= low <= high <= 1:
+        return rng.integers(math.ceil(low), math.floor(high), size=shape, endpoint=True) > 0
+    raise InferccError(
+        f"--input-range cannot apply to input {vi.name!r} ({dtype})",
+        "give ranges for numeric inputs only",
+    )
 
 
 def feed_bytes(feeds: Mapping[str, np.ndarray]) -> int:

@@ -10,6 +10,8 @@ Where one concrete shape is needed (validation, the memory plan), a range stands
 from __future__ import annotations
 
 import logging
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,3 +124,39 @@ def parse_profiles(specs: list[str] | None) -> list[ShapeProfile]:
 def parse_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
     """Parse repeated `--shape` options into one concrete shape per input (a range: its opt)."""
     return {p.name: p.opt for p in parse_profiles(specs)}
+
+
+def as_shapes(
+    shapes: Mapping[str, str | int | Sequence[int]] | None,
+) -> dict[str, tuple[int, ...]] | None:
+    """The Python API's `shapes`: each value a tuple or list of ints, one int (a rank-1
+    shape), or a `--shape` string (`"1x3x32x32"`, a range `"1x128:8x128:32x512"` giving its
+    opt, or `""` for a scalar)."""
+    if shapes is None:
+        return None
+    if not isinstance(shapes, Mapping):
+        raise InferccError(
+            f"shapes must map input names to shapes, got {type(shapes).__name__}",
+            'pass e.g. shapes={"image": (1, 3, 224, 224)} or {"image": "1x3x224x224"}',
+        )
+    return {name: _as_dims(name, dims) for name, dims in shapes.items()}
+
+
+def _as_dims(name: str, dims: str | int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(dims, str):
+        return parse_shape(f"{name}={dims}")[1]
+    if isinstance(dims, int) and not isinstance(dims, bool):
+        dims = (dims,)
+    try:
+        out = tuple(operator.index(d) for d in dims)  # type: ignore[union-attr]
+    except TypeError:
+        out = ()
+        bad = True
+    else:
+        bad = any(d < 0 for d in out)
+    if bad:
+        raise InferccError(
+            f"shape of input {name!r} is {dims!r}, not non-negative integers",
+            'pass a tuple such as (1, 3, 224, 224) or a string such as "1x3x224x224"',
+        )
+    return out

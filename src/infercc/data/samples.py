@@ -1,5 +1,6 @@
 """Real input samples from files: `.npz` (one sample, or N stacked on axis 0), `<input>.npy`
-files, or images with a `--preprocess` spec, read lazily and checked against the model.
+files, images with a `--preprocess` spec, or a data-loader script, read lazily and checked
+against the model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infercc.data.loader import is_loader_spec, iter_loader_samples
 from infercc.data.signature import (
     _format_dims,
     _tensor_type,
@@ -49,8 +51,20 @@ def iter_samples(
     files, or one) turned into tensors by the `preprocess` spec (`infercc.data.images`).
     Files are read in name order with `allow_pickle=False`. In a `.npz` file (or the `.npy`
     set) an array of the input's rank is one sample; when every array has rank + 1, the file
-    stacks N samples along axis 0 and all must agree on N.
+    stacks N samples along axis 0 and all must agree on N. A `script.py[:fn]` path is a data
+    loader (`infercc.data.loader`): the samples its function returns.
     """
+    if is_loader_spec(path):
+        if preprocess is not None:
+            raise InferccError(
+                "--preprocess applies to images, and the data loader returns arrays",
+                "drop --preprocess; do the preprocessing in the loader",
+            )
+        inputs = real_inputs(model)
+        for where, sample in iter_loader_samples(path):
+            check_sample(where, sample, inputs)  # type: ignore[arg-type]
+            yield sample
+        return
     root = Path(path)
     files = _sample_files(root)
     inputs = real_inputs(model)

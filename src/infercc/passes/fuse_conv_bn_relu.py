@@ -20,16 +20,19 @@ training_mode, only its first output read); the channel count matches. Arithmeti
 float64 and is cast back to the weight's dtype. New constants are always created (the old ones
 may be read elsewhere; eliminate-dead-code drops them when not).
 
-Last, when the model targets onnxruntime on the CPU (ctx.fused_ops_allowed and target "cpu"), a
-float32 2-D Conv whose output is read only by Relu, Clip (constant bounds), LeakyRelu, Sigmoid,
-HardSigmoid or Tanh becomes onnxruntime's com.microsoft FusedConv, which applies the same
-activation to the convolution result (activation / activation_params attributes). FusedConv is
-never matched again, so the pass is idempotent.
+fuse-conv-activation, a pass of its own: when the model targets onnxruntime on the CPU
+(ctx.fused_ops_allowed and target "cpu"), a float32 2-D Conv whose output is read only by Relu,
+Clip (constant bounds), LeakyRelu, Sigmoid, HardSigmoid or Tanh becomes onnxruntime's
+com.microsoft FusedConv, which applies the same activation to the convolution result
+(activation / activation_params attributes). FusedConv is never matched again, so the pass is
+idempotent. FusedConv has float32 kernels only, so a `--fp16` build runs this pass after
+convert-fp16 (`passes.pipelines`): a Conv that became float16 stays a Conv, and only what kept
+float32 fuses (fused first, every Conv would have stayed float32).
 
-Three rules (`infercc.passes.rules`): BatchNormalization, Mul/Add and, last, the activations.
-For bisection one rewrite is one BatchNormalization, Mul or Add folded into the node before it
-(named by the folded node), or one activation fused into a FusedConv (named by the
-activation).
+The rules (`infercc.passes.rules`): BatchNormalization and Mul/Add here, the activations in
+fuse-conv-activation. For bisection one rewrite is one BatchNormalization, Mul or Add folded
+into the node before it (named by the folded node), or one activation fused into a FusedConv
+(named by the activation).
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ STAT_KEYS = (
     "mul_into_conv",
     "add_into_conv",
     "affine_into_bn",
-    "activation_fused",
 )
 _CONVS = ("Conv", "ConvTranspose")
 _FLOATS = (np.float16, np.float32, np.float64)
@@ -66,9 +68,16 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 @register_pass("fuse-conv-bn-relu")
 def fuse_conv_bn_relu(graph: Graph, ctx: PassContext) -> PassResult:
-    """Fold BatchNormalization / per-channel Mul, Add into Conv, Gemm, MatMul; fuse activations."""
+    """Fold BatchNormalization / per-channel Mul, Add into Conv, Gemm, MatMul."""
     stats = dict.fromkeys(STAT_KEYS, 0)
     stats.update(apply_rules(graph, ctx, AFFINE_RULES).counts)
+    return PassResult(changed=any(stats.values()), stats=stats)
+
+
+@register_pass("fuse-conv-activation")
+def fuse_conv_activation(graph: Graph, ctx: PassContext) -> PassResult:
+    """Fuse a float32 Conv and its activation into onnxruntime's FusedConv (cpu target)."""
+    stats = {"activation_fused": 0}
     if ctx.fused_ops_allowed and ctx.target == "cpu":
         stats.update(apply_rules(graph, ctx, ACTIVATION_RULES).counts)
     return PassResult(changed=any(stats.values()), stats=stats)

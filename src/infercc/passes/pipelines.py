@@ -7,10 +7,13 @@ stage made before the next stage can use them.
 
 - `optimize`: what `infercc optimize` runs (and `validate --bisect` rebuilds): folding (of
   constants, and of shape arithmetic with symbolic dimensions), no-op and duplicate
-  elimination, dead code, the Conv/BatchNormalization and QKV fusions, onnxruntime's
-  Attention op on the cpu target and the attention Softmax NaN guard where no row can be
-  empty (or `--assume nonempty-sequences`), and last the memory schedule.
-- `fp16`: after `optimize`, with `--fp16`: float32 compute to float16, then dead code.
+  elimination, dead code, the Conv/BatchNormalization, Conv/activation and QKV fusions,
+  onnxruntime's Attention op on the cpu target and the attention Softmax NaN guard where no
+  row can be empty (or `--assume nonempty-sequences`), and last the memory schedule.
+- `fp16`: after `optimize`, with `--fp16`: float32 compute to float16, then the Conv/activation
+  fusion and dead code. The fusion waits for the precision decision: its FusedConv runs float32
+  only, so fused first every Conv of a CNN would have kept float32; optimize runs without it
+  in an fp16 build.
 - `calibrate-fp32`: the fp32 reference `infercc calibrate` quantizes and compares against: the
   optimize passes with `portable` set (no onnxruntime contrib op, so the int8 model stays
   standard ONNX that TensorRT reads too).
@@ -56,6 +59,7 @@ OPTIMIZE = Pipeline(
             "eliminate-common-subexpressions",
             "eliminate-dead-code",
             "fuse-conv-bn-relu",
+            "fuse-conv-activation",
             "fuse-qkv",
             "emit-attention",
             "remove-nan-guard",
@@ -66,9 +70,11 @@ OPTIMIZE = Pipeline(
 )
 FP16 = Pipeline(
     "fp16",
-    (("convert-fp16", "eliminate-dead-code"),),
-    "infercc optimize --fp16, after optimize: float32 compute to float16",
+    (("convert-fp16", "fuse-conv-activation", "eliminate-dead-code"),),
+    "infercc optimize --fp16, after optimize (less its fuse-conv-activation, which waits for "
+    "the precision decision): float32 compute to float16",
 )
+_AFTER_PRECISION = ("fuse-conv-activation",)  # what an fp16 build's optimize stage leaves out
 CALIBRATE_FP32 = Pipeline(
     "calibrate-fp32",
     OPTIMIZE.stages,
@@ -101,8 +107,10 @@ PIPELINES: dict[str, Pipeline] = {
 
 def optimize_stages(precision: str) -> list[tuple[str, ...]]:
     """The stages `infercc optimize` runs at `precision` (int8 models come from calibrate)."""
-    pipelines = [OPTIMIZE, FP16] if precision == "fp16" else [OPTIMIZE]
-    return [stage for p in pipelines for stage in p.stages]
+    if precision != "fp16":
+        return list(OPTIMIZE.stages)
+    first = [tuple(n for n in stage if n not in _AFTER_PRECISION) for stage in OPTIMIZE.stages]
+    return [*first, *FP16.stages]
 
 
 def pipelines_of(name: str) -> list[str]:

@@ -50,7 +50,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from infercc.analysis.targets import parse_cpuinfo
+from infercc.analysis.targets import host_cpu_info
 from infercc.backends.base import (
     Feeds,
     Runner,
@@ -401,11 +401,9 @@ def _check_counts(
 
 def host_info() -> dict[str, Any]:
     """What the figures were measured on."""
-    cpuinfo = _read_text("/proc/cpuinfo")
-    cpu = parse_cpuinfo(cpuinfo).model if cpuinfo else platform.processor() or "unknown CPU"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info, cores = host_cpu_info()  # /proc/cpuinfo, else py-cpuinfo (macOS, Windows)
     return {
-        "cpu": cpu,
+        "cpu": info.model,
         "cores": cores,
         "machine": platform.machine(),
         "platform": platform.platform(),
@@ -414,13 +412,6 @@ def host_info() -> dict[str, Any]:
         "onnxruntime": ort.__version__,
         "infercc": __version__,
     }
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None
 
 
 # --------------------------------------------------------------------------- bench

@@ -19,6 +19,10 @@ Storage is one SQLite database, `tuning.sqlite`, in the cache directory (`defaul
   unreadable) is moved aside to `tuning.sqlite.corrupt-<UTC timestamp>` with its -wal/-shm
   files, a warning names the moved file, and a fresh database takes its place. Recovery runs
   under a lock file and re-checks first, so two processes never both move a database aside.
+- `TuningCache(directory, read_only=True)` (what `infercc cache ls/show/export` open) never
+  creates, converts, moves aside or writes anything: a missing database reads as an empty
+  cache (`exists` False), the file is opened with SQLite's `mode=ro`, lookups do not count
+  hits, and a database it cannot trust is an error naming the file.
 - If the directory cannot be written, the cache warns and lives in memory: tuning still works,
   only its results are not kept. The cache is an optimization and is never fatal to a compile;
   `get`/`put` turn database trouble into a warning and a miss. The maintenance calls (`entries`,
@@ -50,10 +54,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from infercc.errors import InferccError
+from infercc.util import cache_root
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "INFERCC_CACHE_DIR"
 DB_NAME = "tuning.sqlite"
 SCHEMA_VERSION = 1
 EXPORT_SCHEMA = "infercc.tuning_cache/1"
@@ -97,14 +101,9 @@ R = TypeVar("R")
 
 
 def default_cache_dir() -> Path:
-    """`$INFERCC_CACHE_DIR`, else `$XDG_CACHE_HOME/infercc`, else `~/.cache/infercc`."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "infercc"
-    return Path.home() / ".cache" / "infercc"
+    """`$INFERCC_CACHE_DIR`, else `$XDG_CACHE_HOME/infercc`, else the platform's user cache
+    directory (`infercc.util.cache_root`: ~/.cache/infercc on Linux)."""
+    return cache_root()
 
 
 def file_sha256(path: Path | str, chunk: int = HASH_CHUNK) -> str:
@@ -204,15 +203,45 @@ def _as_dim(d: Any) -> int:
 # --- Opening, checking, recovering ----------------------------------------------------------------
 
 
+_WRITES = ("store", "clear", "import")  # what `_run` refuses on a read-only cache
+
+
 class _Unusable(Exception):
     """The database file exists but is not a tuning cache this code can trust."""
 
 
-def _connect(target: str) -> sqlite3.Connection:
+def _connect(target: str, uri: bool = False) -> sqlite3.Connection:
     # isolation_level=None: no implicit transactions; every write says BEGIN IMMEDIATE itself.
     return sqlite3.connect(
-        target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False, uri=uri
     )
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """The database at `path`, opened read-only, its schema checked without writing (an
+    empty file reads as an empty cache). Raises `_Unusable` or sqlite3 errors."""
+    if not path.is_file():
+        raise _Unusable("not a regular file")
+    uri = path.resolve().as_uri()
+    try:
+        conn = _connect(f"{uri}?mode=ro", uri=True)
+        conn.execute("PRAGMA user_version").fetchone()
+    except sqlite3.OperationalError:  # a WAL database in a directory we cannot write
+        conn = _connect(f"{uri}?mode=ro&immutable=1", uri=True)
+    try:
+        version = _user_version(conn)
+        if version == 0 and not conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            conn.close()
+            return _open_memory()
+        if version != SCHEMA_VERSION:
+            raise _Unusable(f"schema version {version}, this infercc knows {SCHEMA_VERSION}")
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(entries)")}
+        if columns != _TABLE_COLUMNS:
+            raise _Unusable(f"entries table has columns {sorted(columns)}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 @contextlib.contextmanager
@@ -328,10 +357,12 @@ class TuningCache:
     `path` is the database file; `persistent` is False when the cache fell back to memory.
     """
 
-    def __init__(self, directory: Path | str | None = None):
+    def __init__(self, directory: Path | str | None = None, read_only: bool = False):
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.path = self.directory / DB_NAME
         self.persistent = True
+        self.read_only = read_only
+        self.exists = self.path.exists()  # before this process created it
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._conn: sqlite3.Connection | None = self._open()
@@ -339,6 +370,8 @@ class TuningCache:
     # -- connection management --
 
     def _open(self) -> sqlite3.Connection:
+        if self.read_only:
+            return self._open_read_only()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -351,6 +384,18 @@ class TuningCache:
             if not _is_bad_file(exc, self.path):
                 return self._memory(f"cannot open {self.path}: {exc}")
             return self._recover(exc)
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        if not self.exists:
+            log.debug("no tuning cache at %s: reading it as empty", self.path)
+            return _open_memory()
+        try:
+            return _open_read_only(self.path)
+        except (sqlite3.Error, _Unusable, OSError) as exc:
+            raise InferccError(
+                f"tuning cache {self.path} cannot be read: {exc}",
+                "a build that tunes (infercc optimize) moves an unusable cache aside; or remove it",
+            ) from None
 
     def _recover(self, exc: BaseException) -> sqlite3.Connection:
         """Under the lock: re-check (another process may have recovered), else move aside."""
@@ -398,6 +443,11 @@ class TuningCache:
         on_error: Callable[[str, sqlite3.Error], R],
     ) -> R:
         """Run `op`; on corruption recover once and retry; other errors go to `on_error`."""
+        if self.read_only and what in _WRITES:
+            raise InferccError(
+                f"tuning cache {self.path} was opened read-only and cannot {what}",
+                "open it with TuningCache(directory) to change it",
+            )
         with self._lock:
             try:
                 return op(self._connection())
@@ -434,7 +484,7 @@ class TuningCache:
 
         def op(conn: sqlite3.Connection) -> str | None:
             row = conn.execute("SELECT value FROM entries WHERE digest = ?", (digest,)).fetchone()
-            if row is not None:
+            if row is not None and not self.read_only:
                 with _transaction(conn):
                     conn.execute(
                         "UPDATE entries SET hits = hits + 1, last_used = ? WHERE digest = ?",

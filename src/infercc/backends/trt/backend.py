@@ -24,6 +24,7 @@ from typing import Any
 
 from infercc.analysis.targets import Target
 from infercc.backends.base import Artifact, CompileOptions, Runner
+from infercc.backends.trt import nvml
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 
@@ -37,11 +38,17 @@ def package_present() -> bool:
 
 
 def driver_present() -> bool:
-    return _DRIVER_FILE.exists() or shutil.which("nvidia-smi") is not None
+    if _DRIVER_FILE.exists() or shutil.which("nvidia-smi") is not None:
+        return True
+    return nvml.read() is not None  # NVML started: a driver answered (Windows has no /proc)
 
 
 def gpu_count() -> int:
-    """NVIDIA GPUs the driver lists (its /proc entries, else `nvidia-smi -L`)."""
+    """NVIDIA GPUs the driver lists: NVML's count (pynvml), else its /proc entries, else
+    `nvidia-smi -L`."""
+    facts = nvml.read()
+    if facts is not None:
+        return facts.count
     if _GPUS_DIR.is_dir():
         return sum(1 for _ in _GPUS_DIR.iterdir())
     smi = shutil.which("nvidia-smi")

@@ -9,9 +9,10 @@ CUDA runtime must be of the same major version. The fingerprint is those facts:
  "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
 ```
 
-Read from (first that answers): `nvidia-smi --query-gpu=name,compute_cap,driver_version` for
-the GPU and driver (else PyTorch's `torch.cuda`, else /proc/driver/nvidia/version for the
-driver); the CUDA runtime version from cuda-python (`cudaRuntimeGetVersion`), else
+Read from (first that answers): NVML through pynvml (`infercc.backends.trt.nvml`), else
+`nvidia-smi --query-gpu=name,compute_cap,driver_version` for the GPU and driver (else
+PyTorch's `torch.cuda`, else /proc/driver/nvidia/version for the driver); the CUDA runtime
+version from cuda-python (`cudaRuntimeGetVersion`), else
 `torch.version.cuda`. A fact nobody answers is "unknown".
 
 `differences(built, here, version_compatible, hardware_compat)` lists what differs, one phrase
@@ -46,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from infercc.backends.trt import nvml
 from infercc.errors import InferccError
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,13 @@ def cuda_version_text(version: int) -> str:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
+def _nvml_device() -> DeviceInfo | None:
+    facts = nvml.read()
+    if facts is None or not facts.gpu:
+        return None
+    return DeviceInfo(facts.gpu, facts.compute_capability or UNKNOWN, facts.driver or UNKNOWN)
+
+
 def _smi_device() -> DeviceInfo | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -156,7 +165,7 @@ def _driver_from_file() -> str:
 
 def detect_device() -> DeviceInfo:
     """GPU 0's name, compute capability and the driver version (see the module doc)."""
-    device = _smi_device() or _torch_device() or DeviceInfo()
+    device = _nvml_device() or _smi_device() or _torch_device() or DeviceInfo()
     if device.driver == UNKNOWN:
         device = DeviceInfo(device.gpu, device.compute_capability, _driver_from_file())
     return device
