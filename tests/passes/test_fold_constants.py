@@ -649,3 +649,39 @@ def test_a_node_onnxruntime_fails_to_run_is_refused_and_its_readers_stay(monkeyp
     assert op_counts(out) == {"Neg": 1, "Exp": 1, "Sqrt": 1, "Add": 1}
     assert ("Neg", "onnxruntime fails on this node: Neg failed") in _reasons(ctx)
     assert_same_outputs(original, out)
+
+
+def _segfault(model, feeds):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_a_crash_in_onnx_reference_leaves_the_node_unfolded(monkeypatch):
+    """onnx.reference runs in the fork server: a native crash there (injected) is a refusal
+    naming the signal, and the process goes on."""
+    from infercc import isolation
+
+    if not isolation.ENABLED:
+        pytest.skip("no fork() on this platform")
+    session = evaluate.Evaluator._session
+
+    def no_neg(self, nodes, known):
+        if any(n.op_type == "Neg" for n in nodes):
+            raise evaluate._LoadError("no kernel for Neg")
+        return session(self, nodes, known)
+
+    monkeypatch.setattr(evaluate.Evaluator, "_session", no_neg)
+    monkeypatch.setattr(evaluate, "_evaluate_reference", _segfault)
+    isolation.reset()  # the next fork server sees the patched function
+    try:
+        ctx = PassContext()
+        original, out, report = _fold(BATCH, ctx)
+    finally:
+        monkeypatch.undo()
+        isolation.reset()
+    assert op_counts(out) == {"Neg": 1, "Exp": 1, "Sqrt": 1, "Add": 1}
+    assert any(op == "Neg" and "killed by SIGSEGV" in why for op, why in _reasons(ctx))
+    assert _counts(report).get("by_reference", 0) == 0
+    assert_same_outputs(original, out)

@@ -17,7 +17,9 @@ refuses is split in halves until the node at fault is alone; that node is then:
 
 - evaluated with `onnx.reference` when onnxruntime cannot load it on its own (an op, opset or
   type onnxruntime has no kernel for: the model could not run under onnxruntime anyway, and a
-  backend such as TensorRT may run the folded form);
+  backend such as TensorRT may run the folded form), in the fork server of
+  `infercc.isolation`, so that a crash or a runaway allocation there leaves the node unfolded
+  (with the reason) instead of killing the process;
 - refused when onnxruntime loads it but fails to run it (the model would fail there too).
 
 Nodes that only move elements (Identity, Transpose, Reshape, Unsqueeze, Squeeze with axes,
@@ -36,12 +38,14 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
+from infercc.isolation import ChildCrashed, call_isolated
 
 log = logging.getLogger(__name__)
 
@@ -470,8 +474,6 @@ def reference(
     node: Node, inputs: list[np.ndarray | None], opset_imports: dict[str, int]
 ) -> list[np.ndarray]:
     """Evaluate a one-node model with onnx.reference; raises EvaluationError."""
-    from onnx.reference import ReferenceEvaluator
-
     names, feeds, typed = [], {}, []
     seen: dict[int, str] = {}
     for v, arr in zip(node.inputs, inputs, strict=True):
@@ -490,15 +492,26 @@ def reference(
         [proto], "fold", typed, [onnx.ValueInfoProto(name=o) for o in outs if o]
     )
     opsets = [onnx.helper.make_opsetid(d, v) for d, v in opset_imports.items()]
+    model = onnx.helper.make_model(graph, opset_imports=opsets).SerializeToString()
     try:
-        results = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=opsets)).run(
-            None, feeds
-        )
-    except Exception as e:
-        raise EvaluationError(f"evaluation failed: {type(e).__name__}: {_first_line(e)}") from None
+        # onnx.reference runs a hostile node's arithmetic as asked (a huge Range or Expand, a
+        # native crash in numpy): in the fork server it is a refusal, never a dead process
+        results = call_isolated(_evaluate_reference, model, feeds)
+    except ChildCrashed as died:
+        raise EvaluationError(f"onnx.reference {died.describe()}") from None
     if any(not isinstance(r, np.ndarray | np.generic) for r in results):
         raise EvaluationError("the result is not a tensor (a sequence, map or optional)")
     return [np.asarray(r) for r in results]
+
+
+def _evaluate_reference(model: bytes, feeds: dict[str, np.ndarray]) -> list[Any]:
+    """Run a one-node model with onnx.reference (in the fork server); raises EvaluationError."""
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        return list(ReferenceEvaluator(onnx.load_model_from_string(model)).run(None, feeds))
+    except Exception as e:
+        raise EvaluationError(f"evaluation failed: {type(e).__name__}: {_first_line(e)}") from None
 
 
 # -- sizes ----------------------------------------------------------------------------------
