@@ -26,7 +26,8 @@
    TensorRT < 11 implicit-INT8 build must be given with the cache.
 3. **Ranges.** `collect_ranges` observes the activations `calibration_tensors` names (the inputs
    of the quantizable nodes and the outputs that get Q/DQ pairs) with `method` (minmax, entropy
-   or percentile).
+   or percentile). Left out, the method and its percentile are chosen from the model
+   (`infercc.calib.choices`): percentile 99.999 for a transformer, minmax otherwise.
 4. **Quantize.** The int8 pipeline's second stage (quantize-qdq, then eliminate-dead-code)
    rewrites a fresh copy of the fp32 graph (per-channel int8 weights, per-tensor activations),
    keeping the user's `exclude` nodes float, and the nodes whose int8 kernel in the installed
@@ -43,15 +44,17 @@
    LayerNormalization: those are embeddings) the top-1 agreement with fp32 over every row of
    every sample. Sample files carry no labels, so agreement with fp32 is the accuracy proxy:
    top1_drop = 100 * (1 - agreement), in points, the worst over classifier outputs.
-6. **Accuracy target.** When `min_cosine` (on the worst output) or `max_top1_drop` is given
-   and not met, nodes move back to float one at a time. Each round ranks the nodes still in
+6. **Accuracy target.** `min_cosine` is 0.99 unless the user gives it (0: none) or gives
+   `max_top1_drop`. When the target (on the worst output) is not met, nodes move back to float one at a time. Each round ranks the nodes still in
    int8 by weight SQNR (`weight_sqnr` of their constant inputs, lowest first; a node with no
    constant weight, e.g. an attention MatMul of two activations, counts as -inf and is always
    measured) and measures only the `SENSITIVITY_CANDIDATES` (8) worst: each is re-quantized
    with that node also in float and evaluated. The node whose float version gives the best
    result (smallest top-1 drop when that target is set, then highest cosine) moves to float
    for good. Rounds repeat until the target holds. If every node ends in float the target
-   could not be met with any int8 node: the run fails (`passed` False). A round costs up to 8
+   could not be met with any int8 node: the run fails (`passed` False). A default target
+   still unmet at the `max_trials` cap is said in the message; the run passes with the last
+   candidate (a target the user gave fails there). A round costs up to 8
    quantize+evaluate trials, so the worst case is 8 x (number of quantized nodes) trials.
 7. **Write.** Everything is built in a staging directory beside `out_dir` and renamed into
    place only when the run passes (a failed run leaves nothing; the returned report says why).
@@ -86,6 +89,7 @@ import onnx
 
 from infercc.backends.base import MANIFEST
 from infercc.calib import outliers
+from infercc.calib.choices import Settings, choose
 from infercc.calib.kernels import broken_kernels
 from infercc.calib.observers import (
     DEFAULT_PERCENTILE,
@@ -236,6 +240,7 @@ class CalibrationReport:
     activations: str = "int8"
     speed: SpeedCheck | None = None
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
+    settings: Settings | None = None  # the method, percentile and target: given or chosen
 
     @property
     def quantized_nodes(self) -> int:
@@ -248,6 +253,7 @@ class CalibrationReport:
             "out_dir": self.out_dir,
             "method": self.method,
             "percentile": json_float(self.percentile),
+            "settings": None if self.settings is None else self.settings.to_dict(),
             "samples": dict(self.samples),
             "outputs": {name: q.to_dict() for name, q in self.outputs.items()},
             "cosine": json_float(evaluation.cosine),
@@ -322,6 +328,7 @@ class Targets:
 
     min_cosine: float | None = None
     max_top1_drop: float | None = None
+    chosen: bool = False  # the default target, not the user's: missing it is not a failure
 
     @property
     def given(self) -> bool:
@@ -360,8 +367,8 @@ def calibrate(
     data: str | PathLike[str],
     out_dir: str | PathLike[str],
     *,
-    method: Method = "minmax",
-    percentile: float = DEFAULT_PERCENTILE,
+    method: Method | None = None,
+    percentile: float | None = None,
     num_samples: int | None = None,
     holdout: float = 0.2,
     min_cosine: float | None = None,
@@ -382,15 +389,25 @@ def calibrate(
 ) -> CalibrationReport:
     """Calibrate `model` on the samples in `data` and write an INT8 model to `out_dir`.
 
-    See the module docstring for the method. `disable_passes` skips passes of the
+    See the module docstring for the method. `method`, `percentile` and `min_cosine` left at
+    None are chosen from the model (`infercc.calib.choices`: percentile 99.999 for a
+    transformer, minmax otherwise, and the target min cosine 0.99 unless `max_top1_drop` is
+    given); `min_cosine=0` means no cosine target. The report's `settings` says which were
+    given and why the others were chosen. `disable_passes` skips passes of the
     calibrate-fp32 and int8 pipelines (`infercc.passes.pipelines`) by name; `verify` lints the
     graph after every pass (a pass that breaks it is named). `on_step(text)` is
     called at each stage and each sensitivity round; `on_progress(done, total)` after each
     calibration sample.
     """
     t0 = time.perf_counter()
-    targets = Targets(min_cosine, max_top1_drop)
-    _check_options(method, percentile, num_samples, holdout, targets)
+    _check_given(method, percentile, min_cosine)
+    _check_options(
+        method or "minmax",
+        DEFAULT_PERCENTILE if percentile is None else percentile,
+        num_samples,
+        holdout,
+        Targets(min_cosine or None, max_top1_drop),
+    )
     disabled = check_calibrate_passes(disable_passes)
     outlier_channels = outlier_channels and "split-outlier-channels" not in disabled
     activations = resolve_activations(activations, target)
@@ -403,6 +420,10 @@ def calibrate(
     ir = load_model(src)
     check_ir_version(ir.ir_version, str(src))
     check_opset(ir)
+    settings = choose(ir, method, percentile, min_cosine, max_top1_drop)
+    method = settings.method.value
+    percentile = DEFAULT_PERCENTILE if settings.percentile is None else settings.percentile.value
+    targets = Targets(settings.min_cosine.value, max_top1_drop, not settings.min_cosine.given)
     samples = read_samples(data, export_model(ir, with_weights=False), num_samples, preprocess)
     calib, evaluation_set, on_holdout = split_samples(samples, holdout)
     staging = staging_dir(dest)
@@ -416,6 +437,7 @@ def calibrate(
         final = job.search(tuple(exclude))
         report = _report(src, dest, method, percentile, job, final, exclude)
         report.activations = activations
+        report.settings = settings
         report.outlier_channels = dict(job.outlier_channels)
         report.samples = {
             "calibration": len(calib),
@@ -494,6 +516,19 @@ def resolve_activations(activations: str, target: str) -> str:
             "use auto, int8 (symmetric; TensorRT) or uint8 (asymmetric; onnxruntime CPU)",
         )
     return activations
+
+
+def _check_given(method: str | None, percentile: float | None, min_cosine: float | None) -> None:
+    """A percentile with another method would have no effect; min_cosine is in [0, 1]."""
+    if percentile is not None and method is not None and method != "percentile":
+        raise InferccError(
+            f"a percentile applies to the percentile method only, not {method}",
+            "drop --percentile, or pass --method percentile",
+        )
+    if min_cosine is not None and not 0.0 <= min_cosine <= 1.0:
+        raise InferccError(
+            f"min_cosine must be in [0, 1] (0: no target), got {min_cosine}", "e.g. 0.99"
+        )
 
 
 def _check_options(
@@ -1043,6 +1078,13 @@ def _verdict(targets: Targets, final: _Trial, trials: int) -> tuple[bool, str]:
                 "node in float)"
             )
         return False, "no node was quantized (see kept_float)"
+    if targets.given and not targets.met(final.evaluation) and targets.chosen:
+        count = len(final.quantized.quantized)
+        return True, (
+            f"{count} node(s) in int8; the default target was not met after {trials} "
+            f"sensitivity trial(s), the max_trials cap: {described} (raise max_trials, or give "
+            "min_cosine)"
+        )
     if targets.given and not targets.met(final.evaluation):
         return False, (
             f"the target was not met after {trials} sensitivity trial(s), the max_trials cap: "

@@ -55,8 +55,10 @@ def calibrate(
         str | None,
         typer.Option(
             metavar="NAME",
-            help="int8 range method: minmax (default), entropy (KL, as TensorRT's entropy "
-            "calibrator) or percentile. --int4: rtn (default; round to nearest, no data), awq "
+            help="int8 range method: minmax, entropy (KL, as TensorRT's entropy "
+            "calibrator) or percentile [default: chosen from the model: percentile for a "
+            "transformer (Softmax over a MatMul of two activations), minmax otherwise; the "
+            "report says which and why]. --int4: rtn (default; round to nearest, no data), awq "
             "(activation-aware scales) or gptq (error-compensating rounding)."
         ),
     ] = None,
@@ -114,8 +116,8 @@ def calibrate(
             metavar="P",
             min=0.0,
             max=100.0,
-            help="With --method percentile: the percentile of |x| kept in range "
-            "[default: 99.99].",
+            help="The percentile method's percentile of |x| kept in range (alone, it selects "
+            "--method percentile) [default: 99.999 for a transformer, else 99.99].",
         ),
     ] = None,
     num_samples: Annotated[
@@ -137,7 +139,9 @@ def calibrate(
             min=0.0,
             max=1.0,
             help="Accuracy target: minimum output cosine vs fp32; the "
-            "most sensitive layers move back to float until it holds."
+            "most sensitive layers move back to float until it holds. 0 turns it off "
+            "[default: 0.99 unless --max-top1-drop is given; a default target missed at the "
+            "--max-trials cap is reported, not a failure]."
         ),
     ] = None,
     max_top1_drop: Annotated[
@@ -294,8 +298,8 @@ def calibrate(
             model,
             data,
             output,
-            method=method or "minmax",
-            percentile=99.99 if percentile is None else percentile,
+            method=method,
+            percentile=percentile,
             num_samples=num_samples,
             holdout=holdout,
             min_cosine=min_cosine,

@@ -435,6 +435,17 @@ def render_compare(report, console: Console) -> None:
         console.print(f"outputs: max abs difference {report.max_abs_diff:.3g}")
 
 
+def _settings_line(settings: dict) -> str:
+    """"settings: method percentile (chosen: the model is a transformer (...)), ..."."""
+    names = {"method": "method", "percentile": "percentile", "min_cosine": "min cosine"}
+    parts = []
+    for key, choice in settings.items():
+        value = "none" if choice["value"] is None else choice["value"]
+        why = "given" if choice["given"] else f"chosen: {choice['why']}"
+        parts.append(f"{names.get(key, key)} {value} ({why})")
+    return "settings: " + "; ".join(parts)
+
+
 def render_calibration(report, console: Console) -> None:
     d = report.to_dict()
     status = "[green]passed[/]" if d["passed"] else "[red]FAILED[/]"
@@ -458,6 +469,9 @@ def render_calibration(report, console: Console) -> None:
             "-" if agree is None else f"{agree:.2%}",
         )
     console.print(t)
+    settings = d.get("settings")
+    if settings:
+        console.print(_settings_line(settings), highlight=False)
     split = d.get("outlier_channels") or {}
     if split:
         channels = sum(len(v) for v in split.values())
