@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     ap.add_argument("--holdout", type=float, default=0.33)
-    ap.add_argument("--method", default="percentile")
-    ap.add_argument("--percentile", type=float, default=99.999)
-    ap.add_argument("--min-cosine", type=float, default=0.99)
+    # unset: calibrate's own choices (for this encoder: percentile 99.999, min cosine 0.99)
+    ap.add_argument("--method", default=None)
+    ap.add_argument("--percentile", type=float, default=None)
+    ap.add_argument("--min-cosine", type=float, default=None)
     ap.add_argument("--iters", type=int, default=300, help="timed pairs per race")
     ap.add_argument("--no-baselines", action="store_true", help="skip onnxruntime's quantizers")
     ap.add_argument("--json", action="store_true")
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             "samples": {"calibration": len(calib), "holdout": len(held)},
             "calibration": {
                 "seconds": round(seconds, 1),
-                "method": args.method,
+                "method": report.method,
                 "quantized_nodes": report.quantized_nodes,
                 "kept_float": [k.node for k in report.kept_float if k.cause == "sensitivity"],
                 "activations": report.activations,
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(
         f"{model.name}: {len(calib)} calibration / {len(held)} held-out samples; "
-        f"calibrated in {seconds:.1f} s ({args.method}, {report.activations} activations, "
+        f"calibrated in {seconds:.1f} s ({report.method}, {report.activations} activations, "
         f"{report.quantized_nodes} nodes int8, moved to float: "
         f"{data_out['calibration']['kept_float'] or 'none'})"
     )

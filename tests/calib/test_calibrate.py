@@ -569,3 +569,143 @@ def test_an_embedding_output_gets_no_top1(tmp_path):
     assert report.outputs["emb"].top1_agreement is None and report.outputs["emb"].cosine > 0.99
     with pytest.raises(InferccError, match="classifier-like output"):
         calibrate(model, data, tmp_path / "top1", max_top1_drop=1.0)
+
+
+# --------------------------------------------------------------------------- chosen settings
+
+
+def _attention_model(path: Path, head: str = "attention") -> Path:
+    """One self-attention block (scores = q k^T / 4, Softmax, x v, output projection) and a
+    LayerNormalization; with head="classifier" the same projections end in a Softmax over a
+    MatMul with a weight (a classifier head, not attention)."""
+    rng = np.random.default_rng(3)
+    d = 16
+    weights = {f"w{n}": rng.standard_normal((d, d)) * 0.3 for n in "qkvo"}
+    weights.update(scale=np.array(4.0), gamma=np.ones(d), beta=np.zeros(d))
+    nodes = [
+        oh.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        oh.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+        oh.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+    ]
+    if head == "attention":
+        nodes += [
+            oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+            oh.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+            oh.make_node("Div", ["s", "scale"], ["sd"]),
+            oh.make_node("Softmax", ["sd"], ["p"], axis=-1),
+            oh.make_node("MatMul", ["p", "v"], ["a"], name="context"),
+        ]
+    else:
+        nodes += [
+            oh.make_node("Add", ["q", "k"], ["qk"]),
+            oh.make_node("Add", ["qk", "v"], ["a0"]),
+            oh.make_node("MatMul", ["a0", "wq"], ["l"], name="head"),
+            oh.make_node("Softmax", ["l"], ["a"], axis=-1),
+        ]
+    nodes += [
+        oh.make_node("MatMul", ["a", "wo"], ["o"], name="o_proj"),
+        oh.make_node("Add", ["o", "x"], ["r"]),
+        oh.make_node("LayerNormalization", ["r", "gamma", "beta"], ["y"], axis=-1),
+    ]
+    return _save_model(
+        nodes,
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, d])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, d])],
+        weights,
+        path,
+    )
+
+
+@pytest.fixture(scope="module")
+def attention(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("attention")
+    model = _attention_model(tmp / "attention.onnx")
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal((2, 8, 16)).astype(np.float32) for _ in range(6)]
+    return model, _save_samples(tmp / "samples", arrays)
+
+
+TRANSFORMER_WHY = "the model is a transformer (1 Softmax over a MatMul of two activations)"
+
+
+def test_plain_call_on_a_transformer_chooses_percentile_and_the_target(attention, tmp_path):
+    model, data = attention
+    report = calibrate(model, data, tmp_path / "out", speed_check=False)
+    assert report.passed, report.message
+    assert report.method == "percentile" and report.percentile == 99.999
+    assert report.targets == {"min_cosine": 0.99, "max_top1_drop": None}
+    settings = report.to_dict()["settings"]
+    assert settings == {
+        "method": {"value": "percentile", "why": TRANSFORMER_WHY, "given": False},
+        "percentile": {"value": 99.999, "why": TRANSFORMER_WHY, "given": False},
+        "min_cosine": {"value": 0.99, "why": TRANSFORMER_WHY + "; 0 turns it off", "given": False},
+    }
+    ranges = json.loads((tmp_path / "out" / RANGES_FILE).read_text())
+    assert {r["method"] for r in ranges.values()} == {"percentile"}
+    saved = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
+    assert saved["settings"] == settings
+    assert report.outputs["y"].cosine >= 0.99
+
+
+def test_given_settings_win_and_are_reported_as_given(attention, tmp_path):
+    model, data = attention
+    report = calibrate(
+        model, data, tmp_path / "a", method="minmax", min_cosine=0, speed_check=False
+    )
+    assert report.method == "minmax" and report.percentile is None
+    assert report.targets == {"min_cosine": None, "max_top1_drop": None}
+    assert report.to_dict()["settings"] == {
+        "method": {"value": "minmax", "why": "given", "given": True},
+        "min_cosine": {"value": None, "why": "given", "given": True},
+    }
+    ranges = json.loads((tmp_path / "a" / RANGES_FILE).read_text())
+    assert {r["method"] for r in ranges.values()} == {"minmax"}
+    # a percentile alone selects the percentile method; a top-1 target replaces the cosine one
+    both = calibrate(model, data, tmp_path / "b", percentile=99.9, speed_check=False)
+    settings = both.to_dict()["settings"]
+    assert settings["method"] == {"value": "percentile", "why": "a percentile was given",
+                                  "given": False}  # fmt: skip
+    assert settings["percentile"] == {"value": 99.9, "why": "given", "given": True}
+    assert both.percentile == 99.9 and settings["min_cosine"]["value"] == 0.99
+    with pytest.raises(InferccError, match="percentile method only, not minmax"):
+        calibrate(model, data, tmp_path / "c", method="minmax", percentile=99.9)
+    with pytest.raises(InferccError, match=r"min_cosine must be in \[0, 1\]"):
+        calibrate(model, data, tmp_path / "c", min_cosine=-0.5)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_cnn_keeps_minmax_and_no_target(conv_bn, tmp_path):
+    model, data, _, before = conv_bn  # before: method="minmax" given, no target
+    report = calibrate(model, data, tmp_path / "out", holdout=0.25, speed_check=False)
+    assert report.method == "minmax" and report.targets["min_cosine"] is None
+    settings = report.to_dict()["settings"]
+    assert settings["method"]["value"] == "minmax" and not settings["method"]["given"]
+    assert settings["method"]["why"].startswith("the model is not a transformer")
+    assert "percentile" not in settings and settings["min_cosine"]["value"] is None
+    # the same result as with the method given
+    assert report.quantized == before.quantized and report.trials == 0
+    assert report.outputs["logits"].cosine == pytest.approx(before.outputs["logits"].cosine)
+
+
+def test_a_softmax_classifier_head_is_no_transformer(tmp_path):
+    from infercc.calib.choices import attention_evidence
+    from infercc.ir import load_model
+
+    head = load_model(_attention_model(tmp_path / "head.onnx", head="classifier"))
+    assert attention_evidence(head) is None
+    attn = load_model(_attention_model(tmp_path / "attn.onnx"))
+    assert attention_evidence(attn) == "1 Softmax over a MatMul of two activations"
+
+
+def test_a_missed_default_target_is_said_but_a_given_one_fails(attention, tmp_path, monkeypatch):
+    from infercc.calib import choices
+
+    model, data = attention
+    monkeypatch.setattr(choices, "DEFAULT_MIN_COSINE", 1.0)  # unreachable
+    report = calibrate(model, data, tmp_path / "out", max_trials=1, speed_check=False)
+    assert report.passed and report.trials == 1
+    assert "the default target was not met after 1 sensitivity trial(s)" in report.message
+    assert (tmp_path / "out" / INT8_FILE).is_file()
+    given = calibrate(model, data, tmp_path / "given", min_cosine=1.0, max_trials=1)
+    assert not given.passed and "the max_trials cap" in given.message
+    assert not (tmp_path / "given").exists()

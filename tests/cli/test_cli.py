@@ -461,6 +461,11 @@ def test_calibrate_command(tmp_path):
     kept = [k for k in rep["kept_float"] if "both operands are activations" in k["reason"]]
     assert len(kept) == 2
     assert rep["activations"] == "uint8"  # --target cpu (the default)
+    # an encoder: the percentile method and the 0.99 target were chosen, and the report says why
+    why = "the model is a transformer (1 Softmax over a MatMul of two activations)"
+    assert rep["settings"]["method"] == {"value": "percentile", "why": why, "given": False}
+    assert rep["settings"]["percentile"]["value"] == 99.999
+    assert rep["settings"]["min_cosine"]["value"] == 0.99 and rep["method"] == "percentile"
     speed = rep["speed"]
     assert speed["fp32_ms"] > 0 and speed["int8_ms"] > 0 and speed["iters"] == 60
     assert speed["slower"] == (speed["ratio_p10"] > 1.0)

@@ -606,3 +606,26 @@ def test_every_build_option_of_optimize_can_override_a_replayed_record() -> None
     for key in FLAG_KEYS.values():
         table, _, sub = key.rpartition(".")
         assert (sub in build[table]) if table else (key in build), key
+
+
+def test_calibrate_says_which_settings_it_chose(tmp_path, capsys, monkeypatch) -> None:
+    samples = _samples(tmp_path)
+    r = cli(capsys, monkeypatch, "calibrate", str(ENCODER), "--data", str(samples),
+            "-o", str(tmp_path / "q"), "--no-speed-check")  # fmt: skip
+    assert r.code == 0, r.err
+    why = "chosen: the model is a transformer (1 Softmax over a MatMul of two activations)"
+    assert f"settings: method percentile ({why}); percentile 99.999 ({why});" in r.out
+    assert "min cosine 0.99 (chosen: the model is a transformer" in r.out
+    r = cli(capsys, monkeypatch, "calibrate", str(ENCODER), "--data", str(samples),
+            "-o", str(tmp_path / "g"), "--no-speed-check", "--method", "minmax",
+            "--min-cosine", "0", "--json")  # fmt: skip
+    assert r.code == 0, r.err
+    settings = json.loads(r.out)["settings"]
+    assert settings == {
+        "method": {"value": "minmax", "why": "given", "given": True},
+        "min_cosine": {"value": None, "why": "given", "given": True},
+    }
+    r = cli(capsys, monkeypatch, "calibrate", str(ENCODER), "--data", str(samples),
+            "-o", str(tmp_path / "x"), "--method", "entropy", "--percentile", "99.9")  # fmt: skip
+    assert r.code == 2 and "percentile method only, not entropy" in r.err
+    assert "Traceback" not in r.err and not (tmp_path / "x").exists()

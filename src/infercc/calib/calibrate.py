@@ -44,18 +44,19 @@
    LayerNormalization: those are embeddings) the top-1 agreement with fp32 over every row of
    every sample. Sample files carry no labels, so agreement with fp32 is the accuracy proxy:
    top1_drop = 100 * (1 - agreement), in points, the worst over classifier outputs.
-6. **Accuracy target.** `min_cosine` is 0.99 unless the user gives it (0: none) or gives
-   `max_top1_drop`. When the target (on the worst output) is not met, nodes move back to float one at a time. Each round ranks the nodes still in
-   int8 by weight SQNR (`weight_sqnr` of their constant inputs, lowest first; a node with no
-   constant weight, e.g. an attention MatMul of two activations, counts as -inf and is always
-   measured) and measures only the `SENSITIVITY_CANDIDATES` (8) worst: each is re-quantized
-   with that node also in float and evaluated. The node whose float version gives the best
-   result (smallest top-1 drop when that target is set, then highest cosine) moves to float
-   for good. Rounds repeat until the target holds. If every node ends in float the target
-   could not be met with any int8 node: the run fails (`passed` False). A default target
-   still unmet at the `max_trials` cap is said in the message; the run passes with the last
-   candidate (a target the user gave fails there). A round costs up to 8
-   quantize+evaluate trials, so the worst case is 8 x (number of quantized nodes) trials.
+6. **Accuracy target.** A transformer's `min_cosine` is 0.99 unless the user gives it (0: none)
+   or gives `max_top1_drop`; other models have no target unless given. When the target (on the
+   worst output) is not met, nodes move back to float one at a time. Each round ranks the nodes
+   still in int8 by weight SQNR (`weight_sqnr` of their constant inputs, lowest first; a node
+   with no constant weight, e.g. an attention MatMul of two activations, counts as -inf and is
+   always measured) and measures only the `SENSITIVITY_CANDIDATES` (8) worst: each is
+   re-quantized with that node also in float and evaluated. The node whose float version gives
+   the best result (smallest top-1 drop when that target is set, then highest cosine) moves to
+   float for good. Rounds repeat until the target holds. If every node ends in float the target
+   could not be met with any int8 node: the run fails (`passed` False). A default target still
+   unmet at the `max_trials` cap is said in the message; the run passes with the last candidate
+   (a target the user gave fails there). A round costs up to 8 quantize+evaluate trials, so the
+   worst case is 8 x (number of quantized nodes) trials.
 7. **Write.** Everything is built in a staging directory beside `out_dir` and renamed into
    place only when the run passes (a failed run leaves nothing; the returned report says why).
    An existing `out_dir` must be empty or a previous calibration output (it holds
@@ -390,9 +391,9 @@ def calibrate(
     """Calibrate `model` on the samples in `data` and write an INT8 model to `out_dir`.
 
     See the module docstring for the method. `method`, `percentile` and `min_cosine` left at
-    None are chosen from the model (`infercc.calib.choices`: percentile 99.999 for a
-    transformer, minmax otherwise, and the target min cosine 0.99 unless `max_top1_drop` is
-    given); `min_cosine=0` means no cosine target. The report's `settings` says which were
+    None are chosen from the model (`infercc.calib.choices`: percentile 99.999 and the target
+    min cosine 0.99 for a transformer, unless `max_top1_drop` is given; minmax and no target
+    otherwise); `min_cosine=0` means no cosine target. The report's `settings` says which were
     given and why the others were chosen. `disable_passes` skips passes of the
     calibrate-fp32 and int8 pipelines (`infercc.passes.pipelines`) by name; `verify` lints the
     graph after every pass (a pass that breaks it is named). `on_step(text)` is

@@ -140,8 +140,9 @@ def calibrate(
             max=1.0,
             help="Accuracy target: minimum output cosine vs fp32; the "
             "most sensitive layers move back to float until it holds. 0 turns it off "
-            "[default: 0.99 unless --max-top1-drop is given; a default target missed at the "
-            "--max-trials cap is reported, not a failure]."
+            "[default: 0.99 for a transformer unless --max-top1-drop is given, none "
+            "otherwise; a default target missed at the --max-trials cap is reported, not a "
+            "failure]."
         ),
     ] = None,
     max_top1_drop: Annotated[

@@ -436,7 +436,7 @@ def render_compare(report, console: Console) -> None:
 
 
 def _settings_line(settings: dict) -> str:
-    """"settings: method percentile (chosen: the model is a transformer (...)), ..."."""
+    """The summary line, e.g. "settings: method percentile (chosen: ...); ..."."""
     names = {"method": "method", "percentile": "percentile", "min_cosine": "min cosine"}
     parts = []
     for key, choice in settings.items():
