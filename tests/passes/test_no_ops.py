@@ -10,7 +10,14 @@ from infercc.ir import import_model
 from infercc.ir.shapes import infer_shapes
 from infercc.passes import PassContext
 from infercc.passes.no_ops import eliminate_no_ops
-from tests.helpers import assert_same_outputs, make_model, op_counts, optimize_proto, parse
+from tests.helpers import (
+    assert_same_outputs,
+    make_model,
+    op_counts,
+    optimize_proto,
+    parse,
+    run_ort,
+)
 
 HEADER = '<ir_version: 9, opset_import: ["" : 18]>\n'
 PASSES = ["eliminate-no-ops", "eliminate-dead-code"]
@@ -166,6 +173,63 @@ def test_cast_chain_keeps_the_real_conversion():
     assert op_counts(out)["Cast"] == 1
     assert _counts(report) == {"cast": 1}
     assert_same_outputs(proto, out)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [("float", 11), ("float16", 1), ("int8", 6), ("uint8", 5), ("int32", 7), ("uint32", 7)],
+)
+def test_an_exact_cast_round_trip_is_removed(a, b):
+    codes = {"float": 1, "float16": 10, "int8": 3, "uint8": 2, "int32": 6, "uint32": 12}
+    proto, out, report, _ = _run(
+        f"g ({a}[2,3] X) => ({a}[2,3] Y)"
+        f" {{ A = Cast<to = {b}>(X)  B = Cast<to = {codes[a]}>(A)  Y = Identity(B) }}"
+    )
+    assert op_counts(out)["Cast"] == 0
+    assert _counts(report).get("cast_round_trip") == 1
+    feeds = {"X": (np.arange(-3, 3).reshape(2, 3) * 7).astype(a if a != "float" else "float32")}
+    if a.startswith("u"):
+        feeds["X"] = np.abs(feeds["X"])
+    assert_same_outputs(proto, out, feeds)
+
+
+@pytest.mark.parametrize("a, b", [("float", 10), ("float", 6), ("int32", 1), ("int64", 6)])
+def test_a_lossy_cast_round_trip_stays(a, b):
+    codes = {"float": 1, "int32": 6, "int64": 7}
+    proto, out, report, ctx = _run(
+        f"g ({a}[2,3] X) => ({a}[2,3] Y)"
+        f" {{ A = Cast<to = {b}>(X)  B = Cast<to = {codes[a]}>(A)  Y = Abs(B) }}"
+    )
+    assert op_counts(out)["Cast"] == 2
+    assert "the round trip goes through a type that does not hold every value" in _reasons(ctx)
+
+
+def test_a_round_trip_read_only_inside_if_branches_runs_under_onnxruntime():
+    """onnxruntime (1.32) fails with "Missing Input" on a float -> double -> float round trip
+    read only inside both branches of an If; the exact round trip goes away, and with it the
+    case onnxruntime cannot run."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,4] x) => (float[1,4] y) {
+      c1 = Cast<to = 11>(x)
+      c2 = Cast<to = 1>(c1)
+      r = ReduceSum<keepdims = 0>(x)
+      lim = Constant<value = float {0}>()
+      gt = Greater(r, lim)
+      y = If(gt) <then_branch = g1 () => (float[1,4] t) {
+          b1 = Constant<value = float[1] {1.5}>()
+          t = Mul(c2, b1)
+        }, else_branch = g2 () => (float[1,4] e) {
+          b2 = Constant<value = float[1] {2.5}>()
+          e = Mul(c2, b2)
+        }>
+    }
+    """
+    out, _ = optimize_proto(parse(text))
+    assert op_counts(out)["Cast"] == 0
+    for sign, scale in ((1.0, 1.5), (-1.0, 2.5)):
+        x = np.full((1, 4), sign, np.float32)
+        np.testing.assert_array_equal(run_ort(out, {"x": x})[0], x * scale)
 
 
 # -- Reshape, Flatten, Squeeze, Unsqueeze, Expand -----------------------------------------------

@@ -8,7 +8,9 @@ dtype, shape and broadcasting known in the graph prove it; fuzzers found peers r
 - Identity: y = x.
 - Dropout in inference: y = x when training_mode is absent or a constant False (and, before
   opset 7, is_test=1) and the mask output is unused; the ratio does not matter then.
-- Cast / CastLike to the input's own (known) dtype: the conversion is the identity.
+- Cast / CastLike to the input's own (known) dtype: the conversion is the identity; a Cast
+  back from a Cast into a type that holds every value of the first (float32 -> float64 ->
+  float32, int8 -> int32 -> int8, ...) is too.
 - Reshape / Flatten / Squeeze / Unsqueeze whose result has the input's shape: these only
   relabel the dimensions of a row-major buffer, so equal shapes mean equal tensors. The
   result's shape is computed from the input's shape and the node's own constants (never read
@@ -188,8 +190,37 @@ def _cast(node: Node, ctx: PassContext) -> Found:
     if x is None or x.dtype is None:
         return Refuse("input dtype unknown")
     if node.attr("to") != x.dtype:
-        return None
+        return _cast_round_trip(node, x)
     return _forward(node, x, "cast")
+
+
+# (from, through): every value of `from` is exactly a value of `through`, so casting there and
+# back gives the input (NaN stays NaN, -0 stays -0, infinities stay): float32 -> float64,
+# float16/bfloat16 -> float32/float64, integers into wider integers of a range that holds theirs.
+_F32, _F64, _F16, _BF16 = 1, 11, 10, 16
+_I8, _I16, _I32, _I64, _U8, _U16, _U32, _U64 = 3, 5, 6, 7, 2, 4, 12, 13
+_EXACT_WIDENING = {
+    (_F32, _F64),
+    (_F16, _F32), (_F16, _F64), (_BF16, _F32), (_BF16, _F64),
+    (_I8, _I16), (_I8, _I32), (_I8, _I64),
+    (_I16, _I32), (_I16, _I64), (_I32, _I64),
+    (_U8, _I16), (_U8, _I32), (_U8, _I64), (_U8, _U16), (_U8, _U32), (_U8, _U64),
+    (_U16, _I32), (_U16, _I64), (_U16, _U32), (_U16, _U64),
+    (_U32, _I64), (_U32, _U64),
+}  # fmt: skip
+
+
+def _cast_round_trip(node: Node, x: Value) -> Found:
+    """Cast(Cast(a, to=B), to=A) = a when a is of type A and B holds every value of A."""
+    first = producer(x, "Cast")
+    if first is None:
+        return None
+    a = first.input(0)
+    if a is None or a.dtype is None or node.attr("to") != a.dtype:
+        return None
+    if (a.dtype, x.dtype) not in _EXACT_WIDENING:
+        return Refuse("the round trip goes through a type that does not hold every value")
+    return _forward(node, a, "cast_round_trip")
 
 
 def _cast_like(node: Node, ctx: PassContext) -> Found:
