@@ -18,6 +18,7 @@ from infercc.api import OptimizeReport
 from infercc.check.compare import ValidationReport
 from infercc.cli.app import is_tty
 from infercc.cli.units import (
+    accuracy_table,
     human_bytes,
     human_count,
     number_column,
@@ -456,18 +457,7 @@ def render_calibration(report, console: Console) -> None:
         f"quantized  {status}",
         highlight=False,
     )
-    t = table("int8 against fp32")
-    text_column(t, "output")
-    for col in ("cosine", "max abs", "top-1 agreement"):
-        number_column(t, col)
-    for name, q in d["outputs"].items():
-        agree = q["top1_agreement"]
-        t.add_row(
-            escape(name),
-            _num(q["cosine"], ".6f"),
-            _num(q["max_abs"]),
-            "-" if agree is None else f"{agree:.2%}",
-        )
+    t = accuracy_table("int8 against fp32", d["outputs"], _num)
     console.print(t)
     settings = d.get("settings")
     if settings:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 
-from infercc.cli.units import human_bytes, number_column, table, text_column
+from infercc.cli.units import accuracy_table, human_bytes, number_column, table, text_column
 
 
 def _f(x: float | None, fmt: str = ".3f") -> str:
@@ -96,18 +95,7 @@ def render_int4(report, console: Console) -> None:
         f"{len(d['embeddings'])} embedding(s) in int4 ({samples})  {status}",
         highlight=False,
     )
-    t = table("int4 against fp32")
-    text_column(t, "output")
-    for col in ("cosine", "max abs", "top-1 agreement"):
-        number_column(t, col)
-    for name, q in d["outputs"].items():
-        agree = q["top1_agreement"]
-        t.add_row(
-            escape(name),
-            _f(q["cosine"], ".6f"),
-            _f(q["max_abs"], ".3g"),
-            "-" if agree is None else f"{100 * agree:.2f}%",
-        )
+    t = accuracy_table("int4 against fp32", d["outputs"], _f)
     console.print(t)
     if d["perplexity"] is not None:
         console.print(

@@ -6,7 +6,7 @@ every row prints whole: `infercc.cli.app.PIPE_WIDTH`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.markup import escape
@@ -54,3 +54,23 @@ def number_column(t: Table, header: str, **kwargs: Any) -> None:
     """A column of figures: right-aligned, kept on one line; never cut (a terminal too
     narrow folds it rather than end it in an ellipsis)."""
     t.add_column(header, justify="right", no_wrap=True, overflow="fold", **kwargs)
+
+
+def accuracy_table(
+    title: str, outputs: Mapping[str, Mapping[str, Any]], num: Callable[[Any, str], str]
+) -> Table:
+    """A quantized model's outputs against fp32 (int8 and int4 reports): cosine, max abs and
+    top-1 agreement per output; `num(value, fmt)` prints a figure ("-" for a missing one)."""
+    t = table(title)
+    text_column(t, "output")
+    for col in ("cosine", "max abs", "top-1 agreement"):
+        number_column(t, col)
+    for name, q in outputs.items():
+        agree = q["top1_agreement"]
+        t.add_row(
+            escape(name),
+            num(q["cosine"], ".6f"),
+            num(q["max_abs"], ".3g"),
+            "-" if agree is None else f"{agree:.2%}",
+        )
+    return t
