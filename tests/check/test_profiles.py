@@ -33,14 +33,10 @@ g (float[batch, 4] x) => (float[batch, 4] y) {
 """
 
 # A reflect Pad of 32 on each side: the padded axis must be longer than 32 (silero VAD's STFT).
-# A reflect pad of 32 needs more than 32 samples: onnxruntime >= 1.24 refuses a shorter input,
-# 1.23 (the newest for Python 3.10) pads it with zeros, so the Reshape of x[:, 32:33] to
-# [batch, 1] (empty below 33 samples) makes every version fail there.
-REFLECT = """
-<ir_version: 8, opset_import: ["" : 17]>
-g (float[batch, samples] x) => (float[batch, padded] y) {
-  pads = Constant<value = int64[4] {0, 32, 0, 32}>()
-  p = Pad<mode = "reflect">(x, pads)
+# onnxruntime >= 1.24 refuses a shorter input, 1.23 (the newest for Python 3.10) pads it with
+# zeros, so the Reshape of x[:, 32:33] to [batch, 1] (empty below 33 samples) makes every
+# version fail there; `rz` (zeros of [batch, 1]) is added to the output.
+NEEDS_33_SAMPLES = """
   st = Constant<value = int64[1] {32}>()
   en = Constant<value = int64[1] {33}>()
   ax = Constant<value = int64[1] {1}>()
@@ -49,12 +45,25 @@ g (float[batch, samples] x) => (float[batch, padded] y) {
   r = Reshape(t, one)
   z = Constant<value = float {0}>()
   rz = Mul(r, z)
+"""
+
+REFLECT = (
+    """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, samples] x) => (float[batch, padded] y) {
+  pads = Constant<value = int64[4] {0, 32, 0, 32}>()
+  p = Pad<mode = "reflect">(x, pads)
+"""
+    + NEEDS_33_SAMPLES
+    + """
   y = Add(p, rz)
 }
 """
+)
 
 # sr must be 16000 or 8000: any other value gathers row 7 of a 2-row table (out of bounds).
-SAMPLE_RATE = """
+SAMPLE_RATE = (
+    """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[batch, samples] x, int64 sr) => (float[batch, padded] y) {
   k16 = Constant<value = int64 {16000}>()
@@ -70,18 +79,14 @@ g (float[batch, samples] x, int64 sr) => (float[batch, padded] y) {
   scale = Gather(table, row)
   pads = Constant<value = int64[4] {0, 32, 0, 32}>()
   p = Pad<mode = "reflect">(x, pads)
-  st = Constant<value = int64[1] {32}>()
-  en = Constant<value = int64[1] {33}>()
-  ax = Constant<value = int64[1] {1}>()
-  t = Slice(x, st, en, ax)
-  one = Constant<value = int64[2] {0, 1}>()
-  r = Reshape(t, one)
-  z = Constant<value = float {0}>()
-  rz = Mul(r, z)
+"""
+    + NEEDS_33_SAMPLES
+    + """
   ps = Mul(p, scale)
   y = Add(ps, rz)
 }
 """
+)
 
 # Only a length of exactly 300 takes the branch that runs; the model says so by comparing.
 EXACT_LENGTH = """
