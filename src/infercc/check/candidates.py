@@ -176,14 +176,12 @@ def validate_candidate(
 
         config_for_candidate(candidate, target)  # refuses a --target the artifact records
     skeleton = _candidate_skeleton(candidate) if candidate is not None else None
-    fixed = _fixed_inputs(skeleton, reference) if golden is None else {}
     step("running the reference")
     if golden is not None:
         feeds_list, expected, _meta = load_golden(golden)
         plan = FeedPlan([Profile("golden", list(feeds_list), list(expected))])
     else:
-        pins = {**fixed, **dict(shapes or {})}
-        plan = reference_feeds_plan(reference, pins, data, seed, second_shapes, fixed)
+        plan = reference_feeds_plan(reference, shapes, data, seed, second_shapes, skeleton)
     saved = None
     if save_golden_to is not None:
         saved = str(save_golden(save_golden_to, plan.feeds, plan.expected, reference))
@@ -212,21 +210,22 @@ def reference_feeds_plan(
     data: str | os.PathLike[str] | None = None,
     seed: int = 0,
     second_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    fixed_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    candidate: onnx.ModelProto | None = None,
 ) -> FeedPlan:
-    """The profiles and the reference's outputs (`infercc.check.profiles.plan_feeds`);
-    `fixed_shapes` are inputs whose shape the candidate fixes (it accepts no other)."""
+    """The profiles and the reference's outputs (`infercc.check.profiles.plan_feeds`); inputs
+    the `candidate` skeleton fixes (it accepts no other shape) are validated at that shape."""
     model, constants = reference_graph(Path(reference))
+    fixed = _fixed_inputs(candidate, model)
     return plan_feeds(
         reference,
         model,
-        shapes,
+        {**fixed, **dict(shapes or {})},
         data,
         seed,
         second_shapes,
         constants,
         skip_hint=None,
-        fixed_shapes=fixed_shapes,
+        fixed_shapes=fixed,
     )
 
 
@@ -268,15 +267,15 @@ def _candidate_skeleton(candidate: str | os.PathLike[str]) -> onnx.ModelProto | 
 
 
 def _fixed_inputs(
-    skeleton: onnx.ModelProto | None, reference: str | os.PathLike[str] | None
+    skeleton: onnx.ModelProto | None, reference: onnx.ModelProto
 ) -> dict[str, tuple[int, ...]]:
     """Inputs the candidate declares with every dimension fixed where the reference's has a
     symbolic one (`optimize --static-shapes`): validated at that shape only."""
-    if skeleton is None or reference is None:
+    if skeleton is None:
         return {}
     symbolic = {
         vi.name
-        for vi in real_inputs(read_skeleton(Path(reference)))
+        for vi in real_inputs(reference)
         if any(not isinstance(d, int) for d in declared_dims(vi) or [])
     }
     fixed = {}
