@@ -208,3 +208,25 @@ g (float[N, 64] x) => (float[N, 256] y) {
     assert report.passes["eliminate-common-subexpressions"].counts == {"constants": 1, "nodes": 1}
     assert sorted(t.name for t in out.graph.initializer) == ["w1", "w3"]
     assert_same_outputs(proto, out)
+
+
+def test_a_later_duplicate_that_is_a_graph_output_merges_into_the_first():
+    ops, stats, out = counts("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 2] x) => (float[N, 2] a, float[N, 2] y) {
+  s = Softmax <axis = -1> (x)
+  y = Softmax <axis = -1> (x)
+  a = Add(s, s)
+}""")
+    assert ops == {"Softmax": 1, "Add": 1} and stats["nodes"] == 1
+    assert [o.name for o in out.graph.output] == ["a", "y"]
+
+
+def test_a_duplicate_of_a_graph_output_that_is_itself_an_output_is_kept():
+    ops, stats, _ = counts("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 2] x) => (float[N, 2] y, float[N, 2] z) {
+  y = Softmax <axis = -1> (x)
+  z = Softmax <axis = -1> (x)
+}""")
+    assert ops == {"Softmax": 2} and stats.get("nodes", 0) == 0

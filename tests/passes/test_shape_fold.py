@@ -704,3 +704,23 @@ def test_integer_div_and_mod_of_negative_shape_values_match_onnxruntime():
     feeds = random_feeds(proto, dims=2)
     assert [a.tolist() for a in run_ort(out, feeds)] == [[-2], [1], [-2]]
     assert [a.tolist() for a in run_ort(proto, feeds)] == [[-2], [1], [-2]]
+
+
+def test_a_declared_output_dim_the_graph_computes_as_a_symbol_decides_nothing():
+    """`o` is declared [4, 2] but computes [N, 2]. Once the Identity goes, `t` is renamed `o`;
+    the Reshape reading it must be judged the same way before and after, so a second optimize
+    changes nothing (the fuzzer found a Reshape kept once and removed the second time)."""
+    body = """
+g (float[N,2] x) => (float[4,2] o, float[4,2] r) <int64[2] tgt = {0, -1}> {
+  t = Relu(x)
+  o = Identity(t)
+  u = Softmax<axis=-1>(t)
+  r = Reshape(u, tgt)
+}
+"""
+    proto, once, report, _ = _run(body)
+    twice, _ = optimize_proto(once, PIPE, PassContext())
+    assert op_counts(once) == {"Relu": 1, "Softmax": 1}
+    assert _counts(report)["identities"] == 1
+    assert twice.SerializeToString() == once.SerializeToString()
+    _same_at_two_shapes(proto, once, sizes=(1, 3))

@@ -13,7 +13,8 @@ Where each comes from:
 - a node's outputs: the rule of its op (below) on its inputs' infos, and where the rule knows
   nothing (an op without a rule, a dimension it cannot tell), the shape onnx's inference left in
   the IR. A rule's integer never loses to an IR symbol, and an IR integer never loses to a
-  rule's polynomial;
+  rule's polynomial, except on a graph output, whose IR shape is the model's declaration: there
+  the rule wins;
 - rules exist for the shape ops (Shape with start/end, Size, Gather, Slice, Concat, Squeeze,
   Unsqueeze, Reshape with 0 and -1, Flatten, Expand, Tile, ConstantOfShape, Range, Split,
   Transpose), integer arithmetic (Add, Sub, Mul, Div, Mod, Neg, Abs, Min, Max), comparisons
@@ -182,11 +183,17 @@ def _with_ir(value: Value, got: SymInfo | None) -> SymInfo:
         return SymInfo(shape, elems if shape is not None and _static(shape) else None)
     if ir is None or len(ir) != len(got.shape):
         return got
-    merged = tuple(_pick(r, d) for r, d in zip(got.shape, ir, strict=True))
+    declared = value.is_graph_output
+    merged = tuple(_pick(r, d, declared) for r, d in zip(got.shape, ir, strict=True))
     return SymInfo(merged, got.elems)
 
 
-def _pick(rule: Dim | None, ir: int | str | None) -> Dim | None:
+def _pick(rule: Dim | None, ir: int | str | None, declared: bool = False) -> Dim | None:
+    """One dimension from the rule and the IR. A graph output's IR shape is what the model
+    declares, not what was inferred: there the rule wins, so a declared 4 that the graph computes
+    as `batch` is not believed (and a renamed output cannot change what is proven)."""
+    if declared and rule is not None:
+        return rule
     if isinstance(ir, int):
         return ir
     if rule is not None:

@@ -181,7 +181,7 @@ def _hoist(value: Value, home: Graph) -> None:
 def _node_key(node: Node) -> tuple | None:
     if not node.is_standard or node.op_type in _RANDOM or node.subgraphs():
         return None
-    if any(v is None or v.is_graph_output for v in node.outputs):
+    if any(v is None for v in node.outputs):
         return None
     attrs = tuple(sorted((k, a.SerializeToString()) for k, a in node.attributes.items()))
     inputs = tuple(id(v) if v is not None else None for v in node.inputs)
@@ -204,9 +204,23 @@ def _duplicates() -> Rule:
         if key is None:
             return None
         first = seen.setdefault(key, node)
-        return None if first is node else _Duplicate(first)
+        if first is node or not _can_take_outputs(node, first):
+            return None
+        return _Duplicate(first)
 
     return Rule("nodes", None, check, _merge_node)
+
+
+def _can_take_outputs(node: Node, first: Node) -> bool:
+    """Whether each of the duplicate's graph outputs can be served by `first`'s output taking its
+    name (not when that output already is a graph output: two names need an Identity)."""
+    graph = node.graph
+    assert graph is not None
+    return all(
+        graph.can_take_output_name(new)  # type: ignore[arg-type]
+        for old, new in zip(node.outputs, first.outputs, strict=True)
+        if old is not None and old.is_graph_output
+    )
 
 
 def _merge_node(node: Node, found: _Duplicate, ctx: PassContext) -> None:
