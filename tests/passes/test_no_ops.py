@@ -16,6 +16,7 @@ from tests.helpers import (
     op_counts,
     optimize_proto,
     parse,
+    random_feeds,
     run_ort,
 )
 
@@ -278,9 +279,9 @@ def test_reshape_with_minus_one_next_to_symbolic_dim_stays():
 
 def test_reshape_with_unknown_input_shape_is_refused():
     _refuses(
-        # Unsqueeze with run-time axes: not even the rank of A is known.
-        "g (float[6] X, int64[?] AX) => (float[2,3] Y) <int64[2] s = {2, 3}>"
-        " { A = Unsqueeze(X, AX)  R = Reshape(A, s)  Y = Relu(R) }",
+        # Expand to a run-time shape: not even the rank of A is known.
+        "g (float[6] X, int64[?] S) => (float[2,3] Y) <int64[2] s = {2, 3}>"
+        " { A = Expand(X, S)  R = Reshape(A, s)  Y = Relu(R) }",
         "Reshape",
         "input shape unknown",
     )
@@ -294,6 +295,26 @@ def test_reshape_of_reshape_becomes_one_reshape():
     assert op_counts(out)["Reshape"] == 1
     assert _counts(report) == {"reshape_chain": 1}
     assert_same_outputs(proto, out)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "A = Squeeze(X, ax)",
+        "A = Unsqueeze(X, ax)",
+        "A = Flatten<axis = 2>(X)",
+    ],
+)
+def test_reshape_of_a_squeeze_unsqueeze_or_flatten_reads_its_input(first):
+    """The exporters' `x[:, 1]` then `view(...)`: Slice, Squeeze, Reshape loses the Squeeze."""
+    proto, out, report, _ = _run(
+        "g (float[N,1,4,6] X) => (float[N,4,2,3] Y) <int64[1] ax = {1}, int64[4] t = {-1, 4, 2, 3}>"
+        f" {{ {first}  B = Reshape(A, t)  Y = Relu(B) }}"
+    )
+    assert op_counts(out) == {"Reshape": 1, "Relu": 1}
+    assert _counts(report) == {"reshape_chain": 1}
+    for n in (1, 3):
+        assert_same_outputs(proto, out, random_feeds(proto, seed=n, dims=n))
 
 
 def test_reshape_of_reshape_back_to_input_shape_disappears():

@@ -21,9 +21,10 @@ dtype, shape and broadcasting known in the graph prove it; fuzzers found peers r
   is checked entry by entry (0 copies the input dimension unless allowzero=1; a -1 is accepted
   only when every other dimension is proven equal); a Reshape whose target is not a constant
   is kept.
-- Reshape(Reshape(x, s1), s2) = Reshape(x, s2) when s2 is a constant with no 0 that copies a
-  dimension (allowzero=1, or no 0 at all): the result depends only on the element count and
-  row-major order, which the first Reshape preserves (-1 is computed from the element count).
+- Reshape(R(x), s2) = Reshape(x, s2), R a Reshape, Squeeze, Unsqueeze or Flatten, when s2 is a
+  constant with no 0 that copies a dimension (allowzero=1, or no 0 at all): the result depends
+  only on the element count and row-major order, which R preserves (-1 is computed from the
+  element count).
 - Unsqueeze(Squeeze(x, a), a) = x and Squeeze(Unsqueeze(x, a), a) = x for the same normalized
   constant axes (both sets of axes live in the same rank, and Squeeze only drops size-1 dims).
 - Expand(x, s) = x when broadcasting x with s gives x's shape: s is a constant, len(s) <=
@@ -264,9 +265,15 @@ def _reshape_keeps(shape: tuple[Dim, ...], target: list[int], allowzero: bool) -
     return len(unresolved) == 1 and all(isinstance(d, int) and d > 0 for d in others)
 
 
+_RELABELS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
+
+
 def _reshape_chain(node: Node, target: list[int] | None, allowzero: bool) -> Found:
-    """Reshape(Reshape(x, s1), s2) -> Reshape(x, s2) when s2 never copies a dimension."""
-    first = producer(node.input(0), "Reshape")
+    """Reshape(R(x), s2) -> Reshape(x, s2) for R a Reshape, Squeeze, Unsqueeze or Flatten,
+    when s2 never copies a dimension (each only relabels x's row-major buffer)."""
+    first = producer(node.input(0))
+    if first is not None and first.op_type not in _RELABELS:
+        first = None
     if first is None:
         if node.input(0) is not None and node.input(0).shape is None:
             return Refuse("input shape unknown")
