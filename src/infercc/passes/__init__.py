@@ -14,6 +14,7 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
     fp16,
     fuse_attention,
     fuse_conv_bn_relu,
+    fuse_gemm,
     fuse_qkv,
     fuse_rms_norm,
     fuse_rotary,

@@ -63,6 +63,7 @@ OPTIMIZE = Pipeline(
             "fuse-qkv",
             "emit-attention",
             "remove-nan-guard",
+            "fuse-gemm",
             "schedule-memory",
         ),
     ),
