@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+import onnxruntime as ort
+
 from infercc.ir import symbolic as S
+from tests.helpers import make_model
 
 
 def test_products_and_sums_are_canonical():
@@ -63,3 +68,26 @@ def test_text_written_into_the_ir_reads_back_as_the_same_expression():
     assert S.from_ir(S.to_text(e)) == e
     assert S.from_ir("batch") == S.sym("batch")
     assert S.from_ir(5) == 5 and S.to_text(5) == 5
+
+
+def test_slice_length_with_an_int_max_end_and_a_negative_step_is_onnxruntimes():
+    """onnxruntime's kernel runs such a slice through index 0; onnx's inference says empty."""
+    from infercc.ir.symbolic_shapes import slice_length
+
+    for end in (2**63 - 1, 2**31 - 1):
+        node = onnx.helper.make_node("Slice", ["x", "s", "e", "a", "p"], ["y"])
+        inits = [
+            onnx.numpy_helper.from_array(np.array([v], np.int64), n)
+            for n, v in (("s", 1), ("e", end), ("a", 0), ("p", -1))
+        ]
+        graph = onnx.helper.make_graph(
+            [node],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+            inits,
+        )
+        model = make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = sess.run(None, {"x": np.arange(3, dtype=np.float32)})[0]
+        assert slice_length(3, 1, end, -1) == len(got) == 2

@@ -724,3 +724,60 @@ g (float[N,2] x) => (float[4,2] o, float[4,2] r) <int64[2] tgt = {0, -1}> {
     assert _counts(report)["identities"] == 1
     assert twice.SerializeToString() == once.SerializeToString()
     _same_at_two_shapes(proto, once, sizes=(1, 3))
+
+
+def test_an_int_max_end_with_a_negative_step_is_written_as_onnxruntimes_kernel_reads_it():
+    """onnxruntime's Slice kernel reads an end of INT64_MAX with a negative step as "through
+    index 0" (here: [x[1]]) while the onnx inference it runs at load reads it as empty; once the
+    Reshape target downstream is a constant, that inference fails the load ("Invalid Target
+    shape product of 0"). Written as INT64_MIN, both read it as the kernel does."""
+    body = """
+g (float[2,1,1,1] x) => (float[1,1] y)
+<int64[1] st = {1}, int64[1] en = {9223372036854775807}, int64[1] ax = {0}, int64[1] sp = {-2},
+ int64[1] z = {0}, int64[1] m = {-1}> {
+  s = Slice(x, st, en, ax, sp)
+  t = Concat<axis=0>(z, m)
+  y = Reshape(s, t)
+}
+"""
+    proto, out, report, _ = _run(body)
+    assert _counts(report)["slice_bounds"] == 1
+    ends = {i.name: i for i in out.graph.initializer}[out.graph.node[0].input[2]]
+    assert onnx.numpy_helper.to_array(ends).tolist() == [-(2**63)]
+    feeds = random_feeds(proto, seed=0)
+    for a, b in zip(run_ort(proto, feeds), run_ort(out, feeds), strict=True):
+        assert a.shape == b.shape == (1, 1)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_int32_max_end_with_a_negative_step_becomes_int32_min():
+    body = """
+g (float[5] x) => (float[?] y)
+<int32[1] st = {3}, int32[1] en = {2147483647}, int32[1] ax = {0}, int32[1] sp = {-1}> {
+  y = Slice(x, st, en, ax, sp)
+}
+"""
+    proto, out, report, _ = _run(body)
+    assert _counts(report)["slice_bounds"] == 1
+    ends = {i.name: i for i in out.graph.initializer}[out.graph.node[0].input[2]]
+    assert onnx.numpy_helper.to_array(ends).tolist() == [-(2**31)]
+    feeds = random_feeds(proto, seed=0)
+    np.testing.assert_array_equal(run_ort(proto, feeds)[0], run_ort(out, feeds)[0])
+    assert run_ort(out, feeds)[0].shape == (4,)
+
+
+def test_an_end_equal_to_the_dimension_with_a_negative_step_is_not_int_max():
+    """end = batch with step -1 clamps to batch - 1 (an empty slice from -1); INT64_MAX would
+    mean "through index 0" to onnxruntime. It becomes -1, at batch 1 and 5."""
+    body = """
+g (float[batch,4] x) => (float[?,4] y)
+<int64[1] st = {-1}, int64[1] i0 = {0}, int64[1] sp = {-1}> {
+  sh = Shape(x)
+  b = Gather<axis=0>(sh, i0)
+  y = Slice(x, st, b, i0, sp)
+}
+"""
+    proto, out, report, _ = _run(body)
+    assert _counts(report)["slice_bounds"] == 1
+    assert op_counts(out) == {"Slice": 1}
+    _same_at_two_shapes(proto, out)

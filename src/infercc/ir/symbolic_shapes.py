@@ -716,6 +716,11 @@ def slice_length(
 
 
 def _clamp(dim: int, start: int, end: int, step: int) -> tuple[int, int, int]:
+    """Python slice bounds for ONNX Slice as onnxruntime's kernel computes it: an end of
+    INT32_MAX or INT64_MAX with a negative step runs through index 0 (onnx's inference
+    reads it as dim - 1)."""
+    if step < 0 and end in (2**31 - 1, 2**63 - 1):
+        end = -dim - 1
     start = start + dim if start < 0 else start
     end = end + dim if end < 0 else end
     if step > 0:

@@ -52,7 +52,7 @@ from infercc.ir.symbolic_shapes import (
 )
 from infercc.ir.tensor import Tensor
 from infercc.passes.manager import PassContext, PassResult, register_pass
-from infercc.passes.match import is_live
+from infercc.passes.match import const_ints, is_live
 from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
@@ -331,7 +331,7 @@ class _ShapeFolder:
         if shape is None:
             return None
         computed = [i for i in range(1, len(node.inputs)) if _computed(node.input(i))]
-        if not computed:
+        if not computed and not _may_end_at_int_max(node):
             return None
         params = slice_params(node, [self._info(v) for v in node.inputs], len(shape))
         if params is None:
@@ -341,10 +341,9 @@ class _ShapeFolder:
             elems = self.sym.info(node.input(index)).elems  # type: ignore[arg-type]
             if elems is None:
                 return None
-            axes = [a for a, *_ in params]
             got = [
-                _bound_value(e, shape[axes[k]] if index in (1, 2) else None)
-                for k, e in enumerate(elems)
+                _bound_value(e, shape[a] if index in (1, 2) else None, step)
+                for e, (a, _, _, step) in zip(elems, params, strict=False)
             ]
             if any(x is None for x in got):
                 k = got.index(None)
@@ -353,7 +352,10 @@ class _ShapeFolder:
                     "sliced dimension: kept computed"
                 )
             values[index] = got  # type: ignore[assignment]
-        return _Inputs(values, "slice_bounds")
+        ends = _ends_before_index_0(params, values.get(2))
+        if ends is not None:
+            values[2] = ends
+        return _Inputs(values, "slice_bounds") if values else None
 
     # -- refined shapes back into the IR --------------------------------------------------------
 
@@ -393,12 +395,41 @@ def _computed(v: Value | None) -> bool:
     return v is not None and const_tensor(v) is None
 
 
-def _bound_value(e, dim) -> int | None:
+def _bound_value(e, dim, step) -> int | None:
+    """A start or end as a constant: itself when static; the sliced dimension as INT64_MAX
+    (clamped to it) with a positive step, as -1 (dim - 1, where both clamp) with a negative
+    one: INT64_MAX there would mean "through index 0" to onnxruntime."""
     if isinstance(e, int):
         return e
-    if e is not None and dim is not None and S.equal(e, dim) is True:
-        return INT64_MAX
+    if e is not None and dim is not None and S.equal(e, dim) is True and isinstance(step, int):
+        if step > 0:
+            return INT64_MAX
+        if step < 0:
+            return -1
     return None
+
+
+_INT_MAXES = (2**31 - 1, INT64_MAX)
+
+
+def _may_end_at_int_max(node: Node) -> bool:
+    ends = node.input(2)
+    got = const_ints(ends) if ends is not None else None
+    return got is not None and any(e in _INT_MAXES for e in got)
+
+
+def _ends_before_index_0(params, computed: list[int] | None) -> list[int] | None:
+    """An end of INT32_MAX or INT64_MAX with a negative step means "through index 0" to
+    onnxruntime's kernel but "from dim - 1" to onnx's inference, which onnxruntime also runs
+    when it loads a model: written as INT64_MIN, both read it as the kernel does."""
+    ends = computed if computed is not None else [e for _, _, e, _ in params]
+    if not all(isinstance(e, int) for e in ends):
+        return None
+    new = [
+        -INT64_MAX - 1 if e in _INT_MAXES and isinstance(st, int) and st < 0 else e
+        for e, (_, _, _, st) in zip(ends, params, strict=True)
+    ]
+    return new if new != ends else None
 
 
 def _keeps_axis(dim, start, end, step) -> bool:
@@ -458,7 +489,7 @@ def _set_input(node: Node, found: _Inputs, ctx: PassContext) -> None:
         old = node.input(index)
         dtype = old.dtype if old is not None and old.dtype == TensorProto.INT32 else None
         if dtype == TensorProto.INT32:
-            arr = np.array([min(e, 2**31 - 1) for e in elems], dtype=np.int32)
+            arr = np.array([min(max(e, -(2**31)), 2**31 - 1) for e in elems], dtype=np.int32)
         else:
             arr = np.array(elems, dtype=np.int64)
         base = f"{node.name or node.op_type}_{'shape' if index == 1 else 'bound'}"
