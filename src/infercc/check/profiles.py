@@ -124,15 +124,14 @@ def plan_feeds(
     profile."""
     notes: list[str] = []
     with Runner(reference, role=ORIGINAL) as runner:
+        search = _Search(runner, model, seed, tuple(assumptions))
         if data is not None:
             if shapes:
                 logger.warning("--shape is ignored when --data gives the samples")
             first = _from_data(runner, model, data)
         else:
-            first = _first(runner, model, shapes, seed, constants, notes, skip_hint, assumptions)
-        second = _second(
-            runner, model, first, second_shapes, seed, notes, assumptions, fixed_shapes
-        )
+            first = search.first(shapes, constants, notes, skip_hint)
+        second = search.second(first, second_shapes, fixed_shapes, notes)
     return FeedPlan([first] if second is None else [first, second], notes)
 
 
@@ -161,42 +160,6 @@ class _Attempt:
     source: str
     symbols: dict[SymbolKey, int]
     values: dict[str, float]
-
-
-def _first(
-    runner: Runner,
-    model: onnx.ModelProto,
-    shapes: Shapes | None,
-    seed: int,
-    constants: Mapping[str, np.ndarray] | None,
-    notes: list[str],
-    skip_hint: str | None,
-    assumptions: Sequence[str] = (),
-) -> Profile:
-    """The first feed the original runs on: the defaults, else the ladder."""
-    failures: list[tuple[Feeds, ModelRunError]] = []
-    tried: list[_Attempt] = []
-    for attempt in _first_attempts(model, shapes, constants):
-        if len(tried) >= MAX_FIRST_ATTEMPTS:
-            break
-        feeds = honour(
-            make_inputs(model, shapes, seed, attempt.symbols, attempt.values), assumptions
-        )
-        if failures and feed_bytes(feeds) > MAX_FEED_BYTES:
-            continue
-        tried.append(attempt)
-        try:
-            expected = runner.run(feeds)
-        except ModelRunError as exc:
-            if exc.stage == "load":
-                raise
-            failures.append((feeds, exc))
-            continue
-        profile = Profile(attempt.source, [feeds], [expected], attempt.values)
-        if failures:
-            notes.append(_ladder_note(failures[0], profile, len(tried)))
-        return profile
-    raise _original_fails(failures, _tried_text(model, shapes, tried), skip_hint)
 
 
 def _tried_text(model: onnx.ModelProto, shapes: Shapes | None, tried: list[_Attempt]) -> str:
@@ -275,43 +238,6 @@ def _original_fails(
 # --------------------------------------------------------------------------- the second profile
 
 
-def _second(
-    runner: Runner,
-    model: onnx.ModelProto,
-    first: Profile,
-    second_shapes: Shapes | None,
-    seed: int,
-    notes: list[str],
-    assumptions: Sequence[str] = (),
-    fixed_shapes: Shapes | None = None,
-) -> Profile | None:
-    base = symbol_values(model, first.feeds[0])
-    if not base:
-        return None  # no symbolic dimension: one shape is all the model has
-    seen = [symbol_values(model, feeds) for feeds in first.feeds]
-    if not second_shapes and all(len({s.get(k) for s in seen}) > 1 for k in base):
-        return None  # the samples already hold two values of every symbolic dimension
-    fixed = dict(fixed_shapes or {})
-    pins = {**fixed, **dict(second_shapes or {})}
-    varying = [key for key in free_symbols(model, pins) if key in base]
-    if fixed and not varying and pins.keys() == fixed.keys():
-        return None  # every symbolic dimension is fixed: the candidate has one shape
-    pinned = None
-    if pins.keys() != fixed.keys():
-        pinned = _try(runner, model, first, pins, dict(base), seed, None, assumptions)
-        if pinned is None:
-            raise InferccError(
-                "the original model fails at the second shape profile --shape pins "
-                f"({', '.join(f'{n}={list(s)}' for n, s in pins.items() if n not in fixed)})",
-                "give a range NAME=MIN:OPT:MAX the original model accepts at MIN, OPT and MAX",
-            )
-        pinned.source = "pinned range"
-        if not varying:
-            return pinned
-    found = _derive(runner, model, first, pins, base, varying, seed, notes, assumptions)
-    return found if found is not None else pinned
-
-
 def second_values(value: int) -> list[int]:
     """The values a symbol of first value `value` is tried at in the second profile."""
     if value <= 1:
@@ -321,106 +247,170 @@ def second_values(value: int) -> list[int]:
     return [v for v in dict.fromkeys(found) if v >= 1 and v != value]
 
 
-def _derive(
-    runner: Runner,
-    model: onnx.ModelProto,
-    first: Profile,
-    pins: dict[str, tuple[int, ...]],
-    base: dict[SymbolKey, int],
-    varying: Sequence[SymbolKey],
-    seed: int,
-    notes: list[str],
-    assumptions: Sequence[str] = (),
-) -> Profile | None:
-    symbols = free_symbols(model, None)
-    options = {k: second_values(base[k]) for k in varying}
-    budget = [MAX_SECOND_ATTEMPTS]
-    for j in range(max((len(v) for v in options.values()), default=0)):
-        chosen = {k: v[min(j, len(v) - 1)] for k, v in options.items()}
-        found = _try(runner, model, first, pins, {**base, **chosen}, seed, budget, assumptions)
-        if found is not None:
-            return found
-    alone: dict[SymbolKey, int] = {}
-    for key, values in options.items():
-        for value in values:
-            chosen = {**base, key: value}
-            trial = _try(runner, model, first, pins, chosen, seed, budget, assumptions)
-            if trial is not None:
-                alone[key] = value
+@dataclass
+class _Search:
+    """What every trial feed shares: the original's session, its graph, the seed and the
+    assumptions generated feeds honour. The second profile's trials also share the first
+    profile, the pinned shapes and a budget of attempts (`_Second`)."""
+
+    runner: Runner
+    model: onnx.ModelProto
+    seed: int
+    assumptions: tuple[str, ...]
+
+    def inputs(self, shapes: Shapes | None, seed: int, symbols, values=None) -> Feeds:
+        return honour(make_inputs(self.model, shapes, seed, symbols, values), self.assumptions)
+
+    # -- the first profile ----------------------------------------------------------------
+
+    def first(
+        self,
+        shapes: Shapes | None,
+        constants: Mapping[str, np.ndarray] | None,
+        notes: list[str],
+        skip_hint: str | None,
+    ) -> Profile:
+        """The first feed the original runs on: the defaults, else the ladder."""
+        failures: list[tuple[Feeds, ModelRunError]] = []
+        tried: list[_Attempt] = []
+        for attempt in _first_attempts(self.model, shapes, constants):
+            if len(tried) >= MAX_FIRST_ATTEMPTS:
                 break
-    found, kept = _combine(runner, model, first, pins, base, alone, seed, budget, assumptions)
-    fixed = [k for k in varying if k not in kept]
-    label = {k: symbols[k].label if k in symbols else str(k) for k in varying}
-    tried = "; ".join(f"{label[k]} at {', '.join(map(str, options[k]))}" for k in fixed)
-    if found is not None and not fixed:
-        return found
-    if found is None:
-        notes.append(
-            "validated at one shape profile only: the original model runs at no second shape "
-            f"tried ({tried}); pin one with --shape NAME=MIN:OPT:MAX"
-        )
-        return None
-    notes.append(
-        f"the second shape profile varies {', '.join(label[k] for k in kept)} only: the "
-        f"original model does not run with {tried}"
-    )
-    return found
+            feeds = self.inputs(shapes, self.seed, attempt.symbols, attempt.values)
+            if failures and feed_bytes(feeds) > MAX_FEED_BYTES:
+                continue
+            tried.append(attempt)
+            try:
+                expected = self.runner.run(feeds)
+            except ModelRunError as exc:
+                if exc.stage == "load":
+                    raise
+                failures.append((feeds, exc))
+                continue
+            profile = Profile(attempt.source, [feeds], [expected], attempt.values)
+            if failures:
+                notes.append(_ladder_note(failures[0], profile, len(tried)))
+            return profile
+        raise _original_fails(failures, _tried_text(self.model, shapes, tried), skip_hint)
+
+    # -- the second profile ---------------------------------------------------------------
+
+    def second(
+        self,
+        first: Profile,
+        second_shapes: Shapes | None,
+        fixed_shapes: Shapes | None,
+        notes: list[str],
+    ) -> Profile | None:
+        model = self.model
+        base = symbol_values(model, first.feeds[0])
+        if not base:
+            return None  # no symbolic dimension: one shape is all the model has
+        seen = [symbol_values(model, feeds) for feeds in first.feeds]
+        if not second_shapes and all(len({s.get(k) for s in seen}) > 1 for k in base):
+            return None  # the samples already hold two values of every symbolic dimension
+        fixed = dict(fixed_shapes or {})
+        pins = {**fixed, **dict(second_shapes or {})}
+        varying = [key for key in free_symbols(model, pins) if key in base]
+        if fixed and not varying and pins.keys() == fixed.keys():
+            return None  # every symbolic dimension is fixed: the candidate has one shape
+        trials = _Second(self, first, pins)
+        pinned = None
+        if pins.keys() != fixed.keys():
+            pinned = trials.run(dict(base), counted=False)
+            if pinned is None:
+                raise InferccError(
+                    "the original model fails at the second shape profile --shape pins "
+                    f"({', '.join(f'{n}={list(s)}' for n, s in pins.items() if n not in fixed)})",
+                    "give a range NAME=MIN:OPT:MAX the original model accepts at MIN, OPT and MAX",
+                )
+            pinned.source = "pinned range"
+            if not varying:
+                return pinned
+        found = trials.derive(base, varying, notes)
+        return found if found is not None else pinned
 
 
-def _combine(
-    runner: Runner,
-    model: onnx.ModelProto,
-    first: Profile,
-    pins: dict[str, tuple[int, ...]],
-    base: dict[SymbolKey, int],
-    alone: dict[SymbolKey, int],
-    seed: int,
-    budget: list[int],
-    assumptions: Sequence[str] = (),
-) -> tuple[Profile | None, list[SymbolKey]]:
-    """The symbols that vary alone, together as far as the original runs (greedy)."""
-    found: Profile | None = None
-    kept: list[SymbolKey] = []
-    for key, value in alone.items():
-        chosen = {**base, **{k: alone[k] for k in kept}, key: value}
-        trial = _try(runner, model, first, pins, chosen, seed, budget, assumptions)
-        if trial is not None:
-            found, kept = trial, [*kept, key]
-    return found, kept
+@dataclass
+class _Second:
+    """The trials of one second profile: feeds at other values of the symbols, inputs whose
+    shape stays keeping the first profile's values, within MAX_SECOND_ATTEMPTS."""
 
+    search: _Search
+    first: Profile
+    pins: dict[str, tuple[int, ...]]
+    budget: int = MAX_SECOND_ATTEMPTS
 
-def _try(
-    runner: Runner,
-    model: onnx.ModelProto,
-    first: Profile,
-    pins: dict[str, tuple[int, ...]],
-    symbols: dict[SymbolKey, int],
-    seed: int,
-    budget: list[int] | None = None,
-    assumptions: Sequence[str] = (),
-) -> Profile | None:
-    """A second-profile feed at `symbols` (inputs whose shape is the first profile's keep its
-    values), if the original runs on it."""
-    if budget is not None:
-        if budget[0] <= 0:
+    def derive(
+        self, base: dict[SymbolKey, int], varying: Sequence[SymbolKey], notes: list[str]
+    ) -> Profile | None:
+        symbols = free_symbols(self.search.model, None)
+        options = {k: second_values(base[k]) for k in varying}
+        for j in range(max((len(v) for v in options.values()), default=0)):
+            chosen = {k: v[min(j, len(v) - 1)] for k, v in options.items()}
+            found = self.run({**base, **chosen})
+            if found is not None:
+                return found
+        alone: dict[SymbolKey, int] = {}
+        for key, values in options.items():
+            for value in values:
+                if self.run({**base, key: value}) is not None:
+                    alone[key] = value
+                    break
+        found, kept = self.combine(base, alone)
+        fixed = [k for k in varying if k not in kept]
+        label = {k: symbols[k].label if k in symbols else str(k) for k in varying}
+        tried = "; ".join(f"{label[k]} at {', '.join(map(str, options[k]))}" for k in fixed)
+        if found is not None and not fixed:
+            return found
+        if found is None:
+            notes.append(
+                "validated at one shape profile only: the original model runs at no second "
+                f"shape tried ({tried}); pin one with --shape NAME=MIN:OPT:MAX"
+            )
             return None
-        budget[0] -= 1
-    feeds = honour(make_inputs(model, pins, seed + 1, symbols), assumptions)
-    for name, array in first.feeds[0].items():
-        if name in feeds and np.shape(feeds[name]) == np.shape(array):
-            feeds[name] = array
-    if not feeds or feed_bytes(feeds) > MAX_FEED_BYTES:
-        return None
-    if all(np.shape(feeds[n]) == np.shape(a) for n, a in first.feeds[0].items() if n in feeds):
-        return None  # the same shapes as the first profile: nothing new
-    try:
-        expected = runner.run(feeds)
-    except ModelRunError as exc:
-        if exc.stage == "load":
-            raise
-        logger.debug("second profile %s: the original fails: %s", symbols, exc.detail)
-        return None
-    return Profile("derived", [feeds], [expected], dict(first.values))
+        notes.append(
+            f"the second shape profile varies {', '.join(label[k] for k in kept)} only: the "
+            f"original model does not run with {tried}"
+        )
+        return found
+
+    def combine(
+        self, base: dict[SymbolKey, int], alone: dict[SymbolKey, int]
+    ) -> tuple[Profile | None, list[SymbolKey]]:
+        """The symbols that vary alone, together as far as the original runs (greedy)."""
+        found: Profile | None = None
+        kept: list[SymbolKey] = []
+        for key, value in alone.items():
+            trial = self.run({**base, **{k: alone[k] for k in kept}, key: value})
+            if trial is not None:
+                found, kept = trial, [*kept, key]
+        return found, kept
+
+    def run(self, symbols: dict[SymbolKey, int], counted: bool = True) -> Profile | None:
+        """A second-profile feed at `symbols` (inputs whose shape is the first profile's keep
+        its values), if the original runs on it."""
+        if counted:
+            if self.budget <= 0:
+                return None
+            self.budget -= 1
+        first = self.first.feeds[0]
+        feeds = self.search.inputs(self.pins, self.search.seed + 1, symbols)
+        for name, array in first.items():
+            if name in feeds and np.shape(feeds[name]) == np.shape(array):
+                feeds[name] = array
+        if not feeds or feed_bytes(feeds) > MAX_FEED_BYTES:
+            return None
+        if all(np.shape(feeds[n]) == np.shape(a) for n, a in first.items() if n in feeds):
+            return None  # the same shapes as the first profile: nothing new
+        try:
+            expected = self.search.runner.run(feeds)
+        except ModelRunError as exc:
+            if exc.stage == "load":
+                raise
+            logger.debug("second profile %s: the original fails: %s", symbols, exc.detail)
+            return None
+        return Profile("derived", [feeds], [expected], dict(self.first.values))
 
 
 def reference_graph(reference: ModelSource) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
