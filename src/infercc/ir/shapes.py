@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import cached_property
 
 import onnx
 
@@ -226,9 +227,7 @@ def _as_runtime_reads(skeleton: onnx.ModelProto, inferred: onnx.ModelProto) -> b
     from onnx import numpy_helper
 
     opset = _standard_opset(skeleton)
-    ranks = _ranks(inferred)
-    consts = _small_constants(skeleton.graph)
-    fixer = _Fixer(skeleton.graph, opset, ranks, consts, numpy_helper)
+    fixer = _Fixer(skeleton.graph, opset, inferred, numpy_helper)
     for graph in _graphs(skeleton.graph):
         for node in graph.node:
             if node.domain in STANDARD_DOMAINS:
@@ -282,9 +281,20 @@ def _small_constants(graph: onnx.GraphProto) -> dict:
 
 
 class _Fixer:
-    def __init__(self, main: onnx.GraphProto, opset: int, ranks: dict, consts: dict, nh):
-        self.main, self.opset, self.ranks, self.consts, self.nh = main, opset, ranks, consts, nh
+    """The rewrites; the inferred dims and the small constants they read are gathered on first
+    use (most models have no node to fix, and gathering them walks the whole model)."""
+
+    def __init__(self, main: onnx.GraphProto, opset: int, inferred: onnx.ModelProto, nh):
+        self.main, self.opset, self.inferred, self.nh = main, opset, inferred, nh
         self.changed = False
+
+    @cached_property
+    def ranks(self) -> dict[str, tuple]:
+        return _ranks(self.inferred)
+
+    @cached_property
+    def consts(self) -> dict:
+        return _small_constants(self.main)
 
     def fix(self, node: onnx.NodeProto) -> None:
         if node.op_type in ("Unsqueeze", "Squeeze") and self.opset < 11:

@@ -302,5 +302,7 @@ def graphs_of(graph: Graph) -> Iterator[Graph]:
     """The graph and every subgraph under it, parents first."""
     yield graph
     for node in list(graph):
+        if not node.attributes:
+            continue
         for sub in node.subgraphs():
             yield from graphs_of(sub)

@@ -96,7 +96,10 @@ def apply_rules(
             node = work.popleft()
             if node.graph is not g:
                 continue  # removed (or moved) by an earlier rewrite
-            created = _visit(node, table.rules_for(node), ctx, run)
+            found = table.for_op(node.op_type)
+            if not found:
+                continue  # no rule anchors on this op: the common case, kept cheap
+            created = _visit(node, (r for r in found if r.anchors(node)), ctx, run)
             work.extendleft(reversed(created))
     return run
 
@@ -125,9 +128,10 @@ class _Dispatch:
         self.rules = list(rules)
         self.by_op: dict[str, list[Rule]] = {}
 
-    def rules_for(self, node: Node) -> Iterator[Rule]:
-        found = self.by_op.get(node.op_type)
+    def for_op(self, op_type: str) -> list[Rule]:
+        """The rules whose ops include `op_type` (their `anchors` still checks the domain)."""
+        found = self.by_op.get(op_type)
         if found is None:
-            found = [r for r in self.rules if r.ops is None or node.op_type in r.ops]
-            self.by_op[node.op_type] = found
-        return (r for r in found if r.anchors(node))
+            found = [r for r in self.rules if r.ops is None or op_type in r.ops]
+            self.by_op[op_type] = found
+        return found
