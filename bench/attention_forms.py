@@ -55,8 +55,9 @@ def export(model: str, attn: str, layers: int) -> Path:
         return path
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(HERE))
-    import torch
+    from zoo_models import _torch  # torchvision's op schemas, which transformers' imports need
 
+    torch = _torch()
     torch.set_grad_enabled(False)
     if model == "minilm":
         import export_minilm as em
