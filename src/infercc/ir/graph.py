@@ -513,7 +513,7 @@ class Graph:
                     deps[n].add(p)
         order = _stable_kahn(nodes, deps, index)
         if order is None:
-            raise IRError("graph has a cycle")
+            raise cycle_error((d, n) for n, ds in deps.items() for d in ds)
         self._root._prev = self._root._next = self._root
         for n in nodes:
             n._prev = n._next = None
@@ -615,6 +615,32 @@ def _local_producer(value: Value, graph: Graph) -> Node | None:
             return None
         p = g.owner
     return p
+
+
+def cycle_in(edges: Iterable[tuple[Any, Any]]) -> list[Any]:
+    """The nodes on one cycle of the directed graph `edges` (producer, reader), in cycle order;
+    [] when it has none (`networkx.find_cycle`)."""
+    import networkx as nx
+
+    g = edges if isinstance(edges, nx.DiGraph) else nx.DiGraph(edges)
+    try:
+        return [edge[0] for edge in nx.find_cycle(g)]
+    except nx.NetworkXNoCycle:
+        return []
+
+
+def node_label(node: Node) -> str:
+    """A node as an error message names it: its name and op, or its op and first outputs."""
+    if node.name:
+        return f"{node.name!r} ({node.op_type})"
+    outs = [v.name for v in node.outputs if v is not None][:2]
+    return f"({node.op_type} -> {outs})"
+
+
+def cycle_error(edges: Iterable[tuple[Node, Node]], where: str = "graph") -> IRError:
+    """An IRError naming (up to three of) the nodes on one cycle of `edges`."""
+    stuck = [node_label(n) for n in cycle_in(edges)][:3]
+    return IRError(f"{where} has a cycle (involving {', '.join(stuck)})")
 
 
 def _stable_kahn(

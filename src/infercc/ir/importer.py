@@ -14,7 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from infercc.errors import InferccError
-from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn
+from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn, cycle_in
 from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 from infercc.ir.wire import RawSlice, read_model
@@ -292,7 +292,8 @@ class _Importer:
             {k: k.i for k in keys},  # type: ignore[misc]
         )
         if order is None:
-            stuck = [_label(nodes[i]) for i in _cycle(deps)][:3]
+            cycle = cycle_in((j, i) for i, d in enumerate(deps) for j in d)
+            stuck = [_label(nodes[i]) for i in cycle][:3]
             raise InferccError(
                 f"graph has a cycle (involving {', '.join(stuck)})",
                 "the model is malformed; re-export it",
@@ -362,14 +363,6 @@ def sparse_to_dense(sp: onnx.SparseTensorProto, base_dir: Path | None = None):
 def _chain(outer: dict[str, Value] | None, scope: dict[str, Value]) -> dict[str, Value]:
     """The names visible inside a subgraph: the enclosing scopes, innermost last."""
     return {**(outer or {}), **scope}
-
-
-def _cycle(deps: list[set[int]]) -> list[int]:
-    """Indices of the nodes on one cycle of the dependency graph, in cycle order."""
-    import networkx as nx
-
-    g = nx.DiGraph((j, i) for i, d in enumerate(deps) for j in d)
-    return [edge[0] for edge in nx.find_cycle(g)]
 
 
 class _NodeKey:
