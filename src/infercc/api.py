@@ -453,7 +453,8 @@ class _Job:
         if self.plan is not None:
             staged.append(_write_json(stage / build.plan_path.name, self.plan.to_dict()))
         del self.ir
-        gc.collect()  # the IR is a web of cycles: free its arrays before onnxruntime loads
+        if self.cfg.validate:  # the IR is a web of cycles: free its arrays before onnxruntime loads
+            gc.collect()
         return staged
 
     def _validate(self, candidate: Path) -> ValidationReport | None:

@@ -389,6 +389,8 @@ def concrete_types(
         if _as_runtime_reads(skeleton, inferred):
             inferred = _infer(skeleton) or inferred
         _collect(inferred, types)
+        if all(_static(shape) for _, shape in types.values()):
+            break  # inference sized everything: nothing left for the evaluator to resolve
         if not _evaluate_shape_tensors(skeleton, types):
             break
     symbols = _bindings(model, input_shapes)
@@ -418,7 +420,9 @@ def _collect(inferred: onnx.ModelProto, types: dict) -> None:
             probe = Value(vi.name, *types[vi.name])
             probe.shape = None
             apply_type(probe, vi.type)
-            if probe.shape is not None:
+            if probe.shape is not None and not (
+                _static(types[vi.name][1]) and not _static(probe.shape)
+            ):  # a later round never unlearns a size an earlier one found
                 types[vi.name] = (probe.dtype or types[vi.name][0], probe.shape)
     for t in inferred.graph.initializer:
         types[t.name] = (t.data_type, tuple(t.dims))

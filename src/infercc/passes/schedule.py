@@ -48,7 +48,8 @@ import heapq
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import networkx as nx
 
 from infercc.analysis.memory import peak_live, value_sizes
 from infercc.data.signature import resolve_shapes
@@ -56,9 +57,6 @@ from infercc.errors import InferccError
 from infercc.ir.exporter import export_model
 from infercc.ir.graph import Graph, IRError, Node, Value, _free_inputs, _local_producer, cycle_error
 from infercc.passes.manager import PassContext, PassResult, register_pass
-
-if TYPE_CHECKING:
-    import networkx as nx
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +115,6 @@ class Dependencies:
     @classmethod
     def of(cls, graph: Graph) -> Dependencies:
         """The dependencies of `graph`'s nodes; an IRError naming the nodes of a cycle if any."""
-        import networkx as nx
-
         nodes = list(graph)
         index = {n: i for i, n in enumerate(nodes)}
         reads = {n: list(dict.fromkeys(_free_inputs(n))) for n in nodes}
