@@ -374,10 +374,10 @@ def optimize(
     profile: ProfileOpt = None,
     shape_input: ShapeInputOpt = None,
 ) -> None:
-    """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation and
-    Q/K/V projections, attention into onnxruntime's Attention op (cpu target), schedule for
-    memory; validate against the original; write the result atomically, with its memory plan
-    (<stem>.memory_plan.json) beside it.
+    """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation,
+    Q/K/V projections and MatMul+bias (into Gemm), attention into onnxruntime's Attention op
+    (cpu target), schedule for memory; validate against the original; write the result
+    atomically, with its memory plan (<stem>.memory_plan.json) beside it.
 
     `infercc optimize in.onnx out.onnx` (or -o out.onnx) writes the optimized model; an
     OUTPUT not ending in .onnx is an artifact directory built with --backend (model.onnx,
