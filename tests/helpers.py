@@ -1,7 +1,11 @@
-"""Shared helpers for tests: parse ONNX text, run passes, compare under onnxruntime."""
+"""Shared helpers for tests: parse ONNX text, run passes, compare under onnxruntime, run the
+CLI in a subprocess."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterable
 
@@ -17,6 +21,17 @@ from infercc.runtime.ort_support import max_ir_version
 # the installed onnxruntime reads (onnx 1.23 writes IR 14 by default; onnxruntime 1.23, the
 # newest for Python 3.10, reads IR <= 11).
 IR_VERSION = max_ir_version()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m infercc ARGS` in a subprocess, output captured as text, 200 columns wide
+    (tables are not wrapped)."""
+    return subprocess.run(
+        [sys.executable, "-m", "infercc", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def make_model(graph: onnx.GraphProto, **kwargs) -> onnx.ModelProto:

@@ -23,6 +23,7 @@ from infercc import api
 from infercc import outputs as outputs_mod
 from infercc.errors import InferccError
 from infercc.outputs import Staging, publish_files, remove_stale_staging
+from tests.helpers import run_cli
 
 MODEL = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -54,15 +55,6 @@ def write_model(path: Path, data: str | None = None, seed: int = 0) -> Path:
 
 def digest(*paths: Path) -> list[str]:
     return [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def answer(path: Path) -> np.ndarray:

@@ -5,9 +5,7 @@ and the `to_dict` / `from_dict` round trip that artifact manifests rely on."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from infercc import api
 from infercc.config import RULES, BuildConfig, OrtOptions, TrtOptions
 from infercc.data.profiles import parse_profile
 from infercc.errors import InferccError
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_CNN = ROOT / "examples" / "small_cnn.onnx"
@@ -221,15 +220,6 @@ def test_keyword_options_build_the_same_config(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- through the CLI
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
 def one_line(r: subprocess.CompletedProcess) -> str:
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
@@ -241,7 +231,7 @@ def test_tensorrt_flags_on_an_onnx_output_exit_2_naming_the_flag(tmp_path: Path)
     out = tmp_path / "out"
     out.mkdir()
     args = ["--target", "a100", "--int8", "--workspace", "4GiB", "--opt-level", "5"]
-    line = one_line(cli("optimize", str(SMALL_CNN), "-o", str(out / "a.onnx"), *args))
+    line = one_line(run_cli("optimize", str(SMALL_CNN), "-o", str(out / "a.onnx"), *args))
     assert "--workspace has no effect" in line and ".onnx" in line
     assert list(out.iterdir()) == []
 
@@ -259,6 +249,6 @@ def test_tensorrt_flags_on_an_onnx_output_exit_2_naming_the_flag(tmp_path: Path)
     ],
 )
 def test_cli_refuses_flags_without_effect(tmp_path: Path, args: list[str], flag: str) -> None:
-    line = one_line(cli("optimize", str(ENCODER), "-o", str(tmp_path / "o.onnx"), *args))
+    line = one_line(run_cli("optimize", str(ENCODER), "-o", str(tmp_path / "o.onnx"), *args))
     assert flag in line
     assert not (tmp_path / "o.onnx").exists()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from infercc.calib import outliers
 from infercc.calib.calibrate import INT8_FILE, calibrate
 from infercc.ir import export_model, import_model, infer_shapes
 from infercc.passes import split_outliers
-from tests.helpers import make_model
+from tests.helpers import make_model, run_cli
 
 K, N = 96, 32
 OUTLIER = 7  # the channel that is 40x the others
@@ -156,12 +154,7 @@ def test_calibrate_disable_pass_of_an_int8_pass(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", "calibrate", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    return run_cli("calibrate", *args)
 
 
 def test_cli_calibrate_disable_pass(tmp_path):

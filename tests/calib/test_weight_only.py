@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
@@ -17,7 +14,7 @@ from onnx import helper as oh
 from infercc.calib.weight_only import calibrate_int4, perplexity
 from infercc.errors import InferccError
 from tests.decoders import greedy_reference, tiny_decoder
-from tests.helpers import make_model
+from tests.helpers import make_model, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +25,6 @@ def decoder(tmp_path_factory):
     ids = np.random.default_rng(0).integers(0, 50, (20, 1, 24)).astype(np.int64)
     np.savez(root / "samples.npz", input_ids=ids)
     return path, root / "samples.npz"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 def mlp(tmp_path, opset: int = 21):
@@ -231,7 +219,7 @@ def no_weights(tmp_path):
 def test_bad_flags_exit_2_nothing_written(decoder, tmp_path, extra, message):
     path, _ = decoder
     out = tmp_path / "out"
-    done = cli("calibrate", str(path), "--int4", "-o", str(out), *extra)
+    done = run_cli("calibrate", str(path), "--int4", "-o", str(out), *extra)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -240,7 +228,7 @@ def test_bad_flags_exit_2_nothing_written(decoder, tmp_path, extra, message):
 
 def test_int4_flag_on_int8_run_is_refused(decoder, tmp_path):
     path, samples = decoder
-    done = cli(
+    done = run_cli(
         "calibrate",
         str(path),
         "--data",
@@ -254,7 +242,7 @@ def test_int4_flag_on_int8_run_is_refused(decoder, tmp_path):
 
 
 def test_no_matmul_weights(tmp_path):
-    done = cli("calibrate", str(no_weights(tmp_path)), "--int4", "-o", str(tmp_path / "o"))
+    done = run_cli("calibrate", str(no_weights(tmp_path)), "--int4", "-o", str(tmp_path / "o"))
     assert done.returncode == 2
     assert "no MatMul or Gemm with a constant float32 weight" in done.stderr
     assert not (tmp_path / "o").exists()
@@ -267,7 +255,7 @@ def test_api_raises(tmp_path):
 
 def test_cli_json_and_table(decoder, tmp_path):
     path, samples = decoder
-    done = cli(
+    done = run_cli(
         "calibrate",
         str(path),
         "--int4",
@@ -283,7 +271,7 @@ def test_cli_json_and_table(decoder, tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["method"] == "rtn" and data["block_size"] == 32 and not data["symmetric"]
-    done = cli(
+    done = run_cli(
         "calibrate",
         str(path),
         "--int4",

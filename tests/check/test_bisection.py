@@ -18,6 +18,7 @@ from infercc.check.candidates import reference_feeds
 from infercc.ir import export_model, import_model
 from infercc.passes import DEFAULT_PIPELINE, REGISTRY, PassContext, PassResult, run_passes
 from infercc.passes.manager import register_pass
+from tests.helpers import run_cli
 
 MODEL = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -300,27 +301,18 @@ ENCODER = Path(__file__).resolve().parents[2] / "examples" / "tiny_encoder.onnx"
 BUILT_WITH = ["--fp16", "--portable", "--keep-fp32", "Softmax", "--fold-limit", "1MiB"]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
 def test_validate_bisect_rebuilds_with_the_artifacts_recorded_settings(tmp_path: Path) -> None:
     """Built with --portable, --keep-fp32 Softmax and --fold-limit 1MiB (and --fp16, which
     --keep-fp32 needs): `validate --bisect` rebuilds with exactly those, read from
     manifest["build"], not guessed from the model. Tolerances tighter than fp16 can hold make
     the candidate fail, so bisection runs."""
     art = tmp_path / "art"
-    built = _cli("optimize", str(ENCODER), "-o", str(art), "--no-tune", *BUILT_WITH)
+    built = run_cli("optimize", str(ENCODER), "-o", str(art), "--no-tune", *BUILT_WITH)
     assert built.returncode == 0, built.stderr
     recorded = json.loads((art / "manifest.json").read_text())["build"]
     assert recorded["portable"] is True and recorded["keep_fp32"] == ["Softmax"]
     assert recorded["fold_limit"] == 2**20 and recorded["precision"] == "fp16"
-    r = _cli(
+    r = run_cli(
         "validate", str(art), "--reference", str(ENCODER), "--bisect", "--json",
         "--atol", "1e-7", "--rtol", "0",
     )  # fmt: skip

@@ -4,9 +4,6 @@ precision-dependent tolerances, per-output tolerances, exit codes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ from infercc.check.tolerances import (
     parse_tolerances,
 )
 from infercc.errors import InferccError
+from tests.helpers import run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -55,15 +53,6 @@ def add_model(path: Path, offset: float = 0.0, y_offset: float = 0.0) -> Path:
     onnx.checker.check_model(proto, full_check=True)
     onnx.save(proto, path)
     return path
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 # --------------------------------------------------------------------------- precision

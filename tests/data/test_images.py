@@ -4,7 +4,6 @@ numpy), layouts, channel orders, batching, laziness, errors, no Pillow, calibrat
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from infercc.data.images import (
 )
 from infercc.data.samples import load_samples
 from infercc.errors import InferccError
-from tests.helpers import make_model
+from tests.helpers import make_model, run_cli
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow is in the test extra")
 
@@ -423,12 +422,7 @@ def test_cli_calibrate_with_preprocess(tmp_path: Path) -> None:
     write_images(tmp_path / "images", [(10, 10)] * 5)
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "infercc", "calibrate", str(src), "--data", *args],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "COLUMNS": "200"},
-        )
+        return run_cli("calibrate", str(src), "--data", *args)
 
     r = cli(str(tmp_path / "images"), "-o", str(tmp_path / "out"), "--preprocess", "imagenet")
     assert r.returncode == 0, r.stderr

@@ -4,9 +4,6 @@ report saying the model is valid only for those shapes; refusals exit 2."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +13,7 @@ import pytest
 
 import infercc
 from infercc.errors import InferccError
+from tests.helpers import run_cli
 
 HEAD_SPLIT = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -104,28 +102,19 @@ def test_a_shape_that_contradicts_static_shapes_is_refused(tmp_path):
         )
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-
-
 def test_cli_static_shapes_json_and_refusals(tmp_path):
     src = _write(tmp_path)
     out = tmp_path / "o.onnx"
-    done = _cli("optimize", str(src), "-o", str(out), "--static-shapes", "x=1x3x64", "--json")
+    done = run_cli("optimize", str(src), "-o", str(out), "--static-shapes", "x=1x3x64", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["static_shapes"] == {"x": [1, 3, 64]}
     assert data["valid_only_for_static_shapes"] is True
-    shown = _cli(
+    shown = run_cli(
         "optimize", str(src), "-o", str(tmp_path / "p.onnx"), "--static-shapes", "x=1x3x64"
     )
     assert "valid only for the input shapes x=1x3x64" in shown.stdout
-    bad = _cli(
+    bad = run_cli(
         "optimize", str(src), "-o", str(tmp_path / "q.onnx"), "--static-shapes", "x=1x3:2x3:4x3"
     )
     assert bad.returncode == 2 and "range" in bad.stderr

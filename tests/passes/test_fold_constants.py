@@ -616,17 +616,22 @@ g (float[4] x) => (float[4] y) <float[4] w = {1.0, 4.0, 9.0, 16.0}> {
 }"""
 
 
+def _neg_batches_raise(monkeypatch, error: Exception) -> None:
+    """Every onnxruntime batch holding a Neg raises `error` (load or run failure, injected)."""
+    session = evaluate.Evaluator._session
+
+    def patched(self, nodes, known):
+        if any(n.op_type == "Neg" for n in nodes):
+            raise error
+        return session(self, nodes, known)
+
+    monkeypatch.setattr(evaluate.Evaluator, "_session", patched)
+
+
 def test_a_node_onnxruntime_cannot_load_is_split_out_of_its_batch(monkeypatch):
     """The batch fails to load: it is halved until the node at fault is alone, which
     onnx.reference evaluates; the rest stay onnxruntime's."""
-    session = evaluate.Evaluator._session
-
-    def no_neg(self, nodes, known):
-        if any(n.op_type == "Neg" for n in nodes):
-            raise evaluate._LoadError("no kernel for Neg")
-        return session(self, nodes, known)
-
-    monkeypatch.setattr(evaluate.Evaluator, "_session", no_neg)
+    _neg_batches_raise(monkeypatch, evaluate._LoadError("no kernel for Neg"))
     original, out, report = _fold(BATCH)
     counts = _counts(report)
     assert op_counts(out) == {"Add": 1}
@@ -636,14 +641,7 @@ def test_a_node_onnxruntime_cannot_load_is_split_out_of_its_batch(monkeypatch):
 
 
 def test_a_node_onnxruntime_fails_to_run_is_refused_and_its_readers_stay(monkeypatch):
-    session = evaluate.Evaluator._session
-
-    def neg_fails(self, nodes, known):
-        if any(n.op_type == "Neg" for n in nodes):
-            raise evaluate._RunError("Neg failed")
-        return session(self, nodes, known)
-
-    monkeypatch.setattr(evaluate.Evaluator, "_session", neg_fails)
+    _neg_batches_raise(monkeypatch, evaluate._RunError("Neg failed"))
     ctx = PassContext()
     original, out, report = _fold(BATCH, ctx)
     assert op_counts(out) == {"Neg": 1, "Exp": 1, "Sqrt": 1, "Add": 1}
@@ -665,14 +663,7 @@ def test_a_crash_in_onnx_reference_leaves_the_node_unfolded(monkeypatch):
 
     if not isolation.ENABLED:
         pytest.skip("no fork() on this platform")
-    session = evaluate.Evaluator._session
-
-    def no_neg(self, nodes, known):
-        if any(n.op_type == "Neg" for n in nodes):
-            raise evaluate._LoadError("no kernel for Neg")
-        return session(self, nodes, known)
-
-    monkeypatch.setattr(evaluate.Evaluator, "_session", no_neg)
+    _neg_batches_raise(monkeypatch, evaluate._LoadError("no kernel for Neg"))
     monkeypatch.setattr(evaluate, "_evaluate_reference", _segfault)
     isolation.reset()  # the next fork server sees the patched function
     try:

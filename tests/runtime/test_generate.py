@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -17,7 +14,7 @@ from infercc.analysis.decoder import decoder_signature, prefill_feeds
 from infercc.errors import InferccError
 from infercc.runtime.generate import compare_generation, generate, read_prompt
 from tests.decoders import greedy_reference, tiny_decoder
-from tests.helpers import make_model
+from tests.helpers import make_model, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +22,6 @@ def decoder_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("dec") / "decoder.onnx"
     onnx.save(tiny_decoder(), path)
     return path
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 @pytest.mark.parametrize("shape", [(1, 7), (2, 3)])
@@ -111,7 +99,7 @@ def test_not_a_decoder_is_refused(tmp_path):
     )
     path = tmp_path / "relu.onnx"
     onnx.save(make_model(graph), path)
-    done = cli("bench", str(path), "--generate", "4")
+    done = run_cli("bench", str(path), "--generate", "4")
     assert done.returncode == 2
     assert "no KV-cache inputs and outputs" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -135,7 +123,7 @@ def test_prompt_files(tmp_path, decoder_path):
 def test_bad_prompt_files_exit_2(tmp_path, decoder_path, content, message):
     path = tmp_path / "p.txt"
     path.write_text(content)
-    done = cli("bench", str(decoder_path), "--generate", "2", "--prompt", str(path))
+    done = run_cli("bench", str(decoder_path), "--generate", "2", "--prompt", str(path))
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
@@ -157,13 +145,13 @@ def test_prompt_out_of_vocabulary(tmp_path, decoder_path):
     ],
 )
 def test_flag_errors(decoder_path, args, message):
-    done = cli("bench", str(decoder_path), *args)
+    done = run_cli("bench", str(decoder_path), *args)
     assert done.returncode == 2
     assert message in done.stderr
 
 
 def test_cli_json(decoder_path):
-    done = cli(
+    done = run_cli(
         "bench",
         str(decoder_path),
         "--generate",
