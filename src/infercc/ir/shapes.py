@@ -32,6 +32,7 @@ from infercc.errors import InferccError
 from infercc.ir.exporter import export_model, type_proto_of
 from infercc.ir.graph import Model, Value
 from infercc.ir.importer import apply_type
+from infercc.ir.numpy_ops import MOVES, ProtoAttrs
 from infercc.ir.ops import (
     MS_DOMAIN,
     NON_TENSOR_OPS,
@@ -491,46 +492,36 @@ def _shape_node_value(node: onnx.NodeProto, types: dict, data: dict):
     return [np.array(shape[slice(start, end)], np.int64)]
 
 
+_SHARED_MOVES = ("Add", "Sub", "Mul", "Unsqueeze", "Squeeze", "Concat", "Gather")
+
+
 def _integer_value(node: onnx.NodeProto, data: dict, opset: int) -> list | None:
-    """The few integer shape ops numpy computes exactly as onnxruntime does (int64 Add, Sub,
-    Mul wrap alike; Range, Unsqueeze, Squeeze, Concat, Gather with negative indices and Cast
-    between integers are data movement): spares loading onnx.reference for them. None otherwise."""
+    """Integer shape tensors numpy computes exactly as onnxruntime does: fold-constants' data
+    movement and wrapping arithmetic (`infercc.ir.numpy_ops.MOVES`) for Add, Sub, Mul,
+    Unsqueeze, Squeeze, Concat and Gather, and here Range, Squeeze without axes (onnxruntime
+    drops every dimension of 1) and Cast between integers. Spares loading onnx.reference for
+    them; None otherwise."""
     import numpy as np
 
     ins = [data[x] if x else None for x in node.input]
     if not ins or any(a is None or a.dtype.kind not in "iu" for a in ins):
         return None
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = ProtoAttrs(node)
     op = node.op_type
-    if op in ("Add", "Sub", "Mul") and len(ins) == 2 and ins[0].dtype == ins[1].dtype:
-        fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op]
-        return [fn(ins[0], ins[1])]
     if op == "Range" and len(ins) == 3 and all(a.ndim == 0 for a in ins) and ins[2] != 0:
         return [np.arange(ins[0], ins[1], ins[2], dtype=ins[0].dtype)]
-    if op == "Unsqueeze":
-        axes = list(ins[1]) if opset >= 13 and len(ins) > 1 else attrs.get("axes")
-        if axes is None:
-            return None
-        rank = ins[0].ndim + len(axes)
-        return [np.expand_dims(ins[0], tuple(int(a) % rank for a in axes))]
     if op == "Squeeze":
-        axes = list(ins[1]) if opset >= 13 and len(ins) > 1 else attrs.get("axes")
-        if not axes:  # none, or an empty tensor: onnxruntime drops every dimension of 1
-            axes = [i for i, d in enumerate(ins[0].shape) if d == 1]
-        axes = [int(a) % max(ins[0].ndim, 1) for a in axes]
-        if any(ins[0].shape[a] != 1 for a in axes):
+        axes = ins[1] if opset >= 13 and len(ins) > 1 else attrs.attr("axes")
+        if axes is None or len(axes) == 0:  # none, or an empty tensor
+            return [np.squeeze(ins[0], axis=tuple(i for i, d in enumerate(ins[0].shape) if d == 1))]
+    if op in _SHARED_MOVES:
+        try:
+            out = MOVES[op](attrs, ins, opset)
+        except (ValueError, IndexError, TypeError):  # out-of-range axes or indices
             return None
-        return [np.squeeze(ins[0], axis=tuple(axes))]
-    if op == "Concat" and "axis" in attrs and len({a.dtype for a in ins}) == 1:
-        return [np.concatenate(ins, axis=int(attrs["axis"]))]
-    if op == "Gather" and len(ins) == 2 and ins[0].ndim >= 1:
-        axis = int(attrs.get("axis", 0))
-        n = ins[0].shape[axis]
-        if np.any(ins[1] >= n) or np.any(ins[1] < -n):
-            return None
-        return [np.take(ins[0], ins[1], axis=axis)]
+        return None if out is None else [out]
     if op == "Cast" and len(ins) == 1:
-        to = onnx.helper.tensor_dtype_to_np_dtype(int(attrs.get("to", 0)))
+        to = onnx.helper.tensor_dtype_to_np_dtype(int(attrs.attr("to", 0)))
         if np.dtype(to).kind in "iu" and np.can_cast(ins[0].dtype, to, "safe"):
             return [ins[0].astype(to)]
     return None

@@ -45,6 +45,7 @@ import onnx
 from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.numpy_ops import MOVES
 from infercc.isolation import ChildCrashed, call_isolated
 
 log = logging.getLogger(__name__)
@@ -392,79 +393,6 @@ def ir_version_for(opset_imports: dict[str, int], model_ir: int) -> int:
     except Exception:  # an opset newer than onnx's table: the model's own IR version
         needed = int(model_ir)
     return max(int(needed), 4)
-
-
-# -- numpy, for data movement: the same elements in the same places as onnxruntime's --------
-
-
-def _axes(node: Node, a: list, opset: int) -> list[int] | None:
-    if opset >= 13:
-        axes = a[1] if len(a) > 1 else None
-        return None if axes is None else [int(x) for x in axes.reshape(-1)]
-    return node.attr("axes")
-
-
-def _unsqueeze(node: Node, a: list, opset: int) -> np.ndarray | None:
-    axes = _axes(node, a, opset)
-    return None if not axes else np.expand_dims(a[0], tuple(axes))
-
-
-def _squeeze(node: Node, a: list, opset: int) -> np.ndarray | None:
-    axes = _axes(node, a, opset)  # no axes, or an empty axes tensor: onnxruntime's own rules
-    return None if not axes else np.squeeze(a[0], tuple(axes))
-
-
-def _reshape(node: Node, a: list, opset: int) -> np.ndarray | None:
-    if len(a) < 2 or a[1] is None:
-        return None  # opset 1-4 Reshape takes the shape as an attribute
-    shape = [int(d) for d in a[1].reshape(-1)]
-    if not node.attr("allowzero", 0):
-        shape = [a[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
-    return np.reshape(a[0], shape)
-
-
-def _binary(fn: Callable) -> Callable:
-    """Integer (wrapping) and float32/float64 (IEEE, correctly rounded) arithmetic only: the
-    same bits in numpy and onnxruntime. float16 and integer division are left to onnxruntime."""
-
-    def run(node: Node, a: list, opset: int) -> np.ndarray | None:
-        if a[0].dtype != a[1].dtype or not (
-            a[0].dtype.kind in "iu" or a[0].dtype in (np.float32, np.float64)
-        ):
-            return None
-        return np.asarray(fn(a[0], a[1])).astype(a[0].dtype, copy=False)
-
-    return run
-
-
-def _constant_of_shape(node: Node, a: list, opset: int) -> np.ndarray:
-    value = node.attr("value")
-    value = np.zeros(1, np.float32) if value is None else value
-    return np.full(tuple(int(d) for d in a[0].reshape(-1)), value.reshape(-1)[0], value.dtype)
-
-
-def _transpose(node: Node, a: list, opset: int) -> np.ndarray:
-    perm = node.attr("perm")
-    return np.transpose(a[0], None if perm is None else tuple(perm))
-
-
-def _identity(node: Node, a: list, opset: int) -> np.ndarray | None:
-    return a[0] if isinstance(a[0], np.ndarray) else None
-
-
-MOVES: dict[str, Callable[[Node, list, int], np.ndarray | None]] = {
-    "Identity": _identity,
-    "Unsqueeze": _unsqueeze,
-    "Squeeze": _squeeze,
-    "Concat": lambda n, a, o: np.concatenate([x for x in a if x is not None], n.attr("axis")),
-    "Gather": lambda n, a, o: np.take(a[0], a[1], axis=n.attr("axis", 0)),
-    "Reshape": _reshape,
-    "Transpose": _transpose,
-    "ConstantOfShape": _constant_of_shape,
-    "Add": _binary(np.add),
-    "Sub": _binary(np.subtract),
-    "Mul": _binary(np.multiply),
-}
 
 
 # -- onnx.reference, for nodes onnxruntime cannot load ------------------------------------
