@@ -57,13 +57,24 @@ def tiny_decoder(
     positions: int = 256,
     attention: str = "where",
     norm: str = "layer",
+    kv_heads: int | None = None,
+    rotary: bool = False,
+    causal: bool = True,
 ) -> onnx.ModelProto:
     """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
-    additive causal bias; `"where"` (default) masks them with Where. `norm="rms"` writes
-    every LayerNormalization as an RMSNorm the way TorchScript exports Llama's
-    (`x * rsqrt(mean(x ** 2) + eps) * w`: Pow, ReduceMean, Add, Sqrt, Div(1, .), Mul, Mul)."""
+    additive causal bias; `"where"` (default) masks them with Where; `"sdpa"` is the bias form
+    with the scale split as torch.onnx writes scaled_dot_product_attention (Mul(Q, c) and
+    Mul(K^T, c), c = d ** -0.25). `norm="rms"` writes every LayerNormalization as an RMSNorm
+    the way TorchScript exports Llama's (`x * rsqrt(mean(x ** 2) + eps) * w`: Pow,
+    ReduceMean, Add, Sqrt, Div(1, .), Mul, Mul). `kv_heads` (fewer than `heads`): grouped-query
+    attention, the cache holding `kv_heads` heads, each repeated heads / kv_heads times in a row
+    (Unsqueeze, Tile, Reshape: torch's repeat_interleave). `rotary`: Q and K rotated after the
+    head split by com.microsoft.RotaryEmbedding (what fuse-rotary-embedding leaves), from
+    position_ids and cos/sin tables of `positions` rows. `causal=False` writes the bias'
+    causal term the wrong way round (keys at or after the query's position kept)."""
     b = _Builder(seed)
     d = hidden // heads
+    kv = kv_heads or heads
     h = b.op(
         "Add",
         [
@@ -72,6 +83,16 @@ def tiny_decoder(
         ],
     )
     shape_bshd = b.const("shape_bshd", np.array([0, 0, heads, d], np.int64))
+    if kv != heads:
+        shape_kv = b.const("shape_kv", np.array([0, 0, kv, d], np.int64))
+        repeat = b.const("repeat", np.array([1, 1, heads // kv, 1, 1], np.int64))
+        shape_rep = b.const("shape_rep", np.array([0, heads, -1, d], np.int64))
+    if attention == "sdpa":
+        quarter = b.const("quarter", np.array(d**-0.25, np.float32))
+    if rotary:
+        angles = np.arange(positions)[:, None] / 10000 ** (np.arange(0, d, 2) / d)
+        b.const("cos_cache", np.cos(angles).astype(np.float32))
+        b.const("sin_cache", np.sin(angles).astype(np.float32))
     shape_bsc = b.const("shape_bsc", np.array([0, 0, hidden], np.int64))
     scale = b.const("scale", np.array(1.0 / np.sqrt(d), np.float32))
     neg = b.const("neg", np.array(-1e9, np.float32))
@@ -87,33 +108,56 @@ def tiny_decoder(
     for i in range(layers):
         x = _norm(b, norm, h, b.w(f"ln1_g{i}", hidden, 0.1, 1.0), b.w(f"ln1_b{i}", hidden, 0.05))
         qkv = []
-        for part in "qkv":
+        for part, n in zip("qkv", (heads, kv, kv), strict=True):
             y = b.op(
                 "Add",
                 [
-                    b.op("MatMul", [x, b.w(f"w{part}{i}", (hidden, hidden))]),
-                    b.w(f"b{part}{i}", hidden, 0.05),
+                    b.op("MatMul", [x, b.w(f"w{part}{i}", (hidden, n * d))]),
+                    b.w(f"b{part}{i}", n * d, 0.05),
                 ],
             )
-            qkv.append(b.op("Transpose", [b.op("Reshape", [y, shape_bshd])], perm=[0, 2, 1, 3]))
+            split = shape_kv if n != heads else shape_bshd
+            y = b.op("Transpose", [b.op("Reshape", [y, split])], perm=[0, 2, 1, 3])
+            if rotary and part != "v":
+                y = b.op(
+                    "RotaryEmbedding",
+                    [y, "position_ids", "cos_cache", "sin_cache"],
+                    domain="com.microsoft",
+                )
+            qkv.append(y)
         q, k, v = qkv
         k_all = b.named("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
         v_all = b.named("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
-        qk = b.op("MatMul", [q, b.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
-        scores = b.op("Mul", [qk, scale]) if attention == "where" else b.op("Div", [qk, sqrt_d])
+        if kv != heads:
+            k_all, v_all = (
+                b.op(
+                    "Reshape",
+                    [
+                        b.op("Tile", [b.op("Unsqueeze", [t, b.const(f"a2_{i}{t}", [2])]), repeat]),
+                        shape_rep,
+                    ],
+                )
+                for t in (k_all, v_all)
+            )
+        k_t = b.op("Transpose", [k_all], perm=[0, 1, 3, 2])
+        if attention == "sdpa":
+            qk = b.op("MatMul", [b.op("Mul", [q, quarter]), b.op("Mul", [k_t, quarter])])
+        else:
+            qk = b.op("MatMul", [q, k_t])
+        if attention == "where":
+            scores = b.op("Mul", [qk, scale])
+        else:
+            scores = qk if attention == "sdpa" else b.op("Div", [qk, sqrt_d])
         total = b.op("Shape", ["attention_mask"], start=1, end=2)
-        new = b.op("Shape", [q], start=2, end=3)
+        new = b.op("Shape", ["input_ids"], start=1, end=2)
         t = b.op("Squeeze", [total])
         qpos = b.op("Range", [b.op("Sub", [t, b.op("Squeeze", [new])]), t, one])
         kpos = b.op("Range", [zero, t, one])
-        causal = b.op(
-            "LessOrEqual",
-            [
-                b.op("Unsqueeze", [kpos, b.const(f"a0_{i}", [0])]),
-                b.op("Unsqueeze", [qpos, b.const(f"a1_{i}", [1])]),
-            ],
-        )
-        allowed = b.op("And", [causal, mask])
+        keys = b.op("Unsqueeze", [kpos, b.const(f"a0_{i}", [0])])
+        queries = b.op("Unsqueeze", [qpos, b.const(f"a1_{i}", [1])])
+        # causal: key index <= query position; else the comparison the wrong way round
+        term = b.op("LessOrEqual", [keys, queries] if causal else [queries, keys])
+        allowed = b.op("And", [term, mask])
         if attention == "where":
             masked = b.op("Where", [allowed, scores, neg])
         else:
@@ -159,17 +203,18 @@ def tiny_decoder(
     ]
     outputs = [oh.make_tensor_value_info("logits", f, ["batch", "seq", vocab])]
     for i in range(layers):
-        for kv in ("key", "value"):
+        for name in ("key", "value"):
             inputs.append(
                 oh.make_tensor_value_info(
-                    f"past_key_values.{i}.{kv}", f, ["batch", heads, "past", d]
+                    f"past_key_values.{i}.{name}", f, ["batch", kv, "past", d]
                 )
             )
             outputs.append(
-                oh.make_tensor_value_info(f"present.{i}.{kv}", f, ["batch", heads, "total", d])
+                oh.make_tensor_value_info(f"present.{i}.{name}", f, ["batch", kv, "total", d])
             )
     graph = oh.make_graph(b.nodes, "tiny_decoder", inputs, outputs, b.inits)
-    model = make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
+    opsets = [oh.make_opsetid("", 21)] + ([oh.make_opsetid("com.microsoft", 1)] if rotary else [])
+    model = make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
     return model

@@ -174,7 +174,7 @@ def exact_div(a: Dim, b: Dim) -> Dim | None:
     if a == b:
         return 1
     if len(b.terms) != 1:
-        return None
+        return _long_div(a, b)
     ((bm, bc),) = b.terms
     out: dict[Monomial, int] = {}
     for m, c in _terms(a).items():
@@ -183,6 +183,30 @@ def exact_div(a: Dim, b: Dim) -> Dim | None:
             return None
         out[q] = c // bc
     return _make(out)
+
+
+def _leading(terms: dict[Monomial, int]) -> Monomial:
+    return max(terms, key=lambda m: (len(m), m))
+
+
+def _long_div(a: Dim, b: Expr) -> Dim | None:
+    """a / b for a divisor of several terms (768 (p + s) b / 64 (p + s) b = 12): long division
+    by leading terms, exact or None; the quotient is checked by multiplying back."""
+    divisor = _terms(b)
+    lead = _leading(divisor)
+    rest, quotient = _terms(a), 0
+    for _ in range(64):
+        rest = {m: c for m, c in rest.items() if c}
+        if not rest:
+            return quotient if mul(quotient, b) == a else None
+        top = _leading(rest)
+        m = _divide_monomial(top, lead)
+        if m is None or rest[top] % divisor[lead]:
+            return None
+        step = _make({m: rest[top] // divisor[lead]})
+        quotient = add(quotient, step)
+        rest = _terms(sub(_make(rest), mul(step, b)))
+    return None
 
 
 def div(a: Dim, b: Dim) -> Dim | None:

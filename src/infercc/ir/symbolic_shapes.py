@@ -21,7 +21,9 @@ Where each comes from:
   (Equal, Less, Greater, ... when the algebra decides them), Not/And/Or, Where, Cast, the
   broadcasting and shape-preserving ops, MatMul and Gemm, reductions, If (a dimension both
   branches agree on), and onnxruntime's shape-preserving contrib ops (Gelu, FastGelu,
-  SkipLayerNormalization, ...), after which onnx's inference knows nothing.
+  SkipLayerNormalization, RotaryEmbedding, ... and SimplifiedLayerNormalization, which
+  onnxruntime registers in the ONNX domain) and its cached attention ops (GroupQueryAttention,
+  MultiHeadAttention), after which onnx's inference knows nothing.
 
 Everything is computed on demand and memoized: values are never mutated once defined, so an
 info stays true while passes rewrite other nodes. The walk is iterative, so a chain of any
@@ -148,10 +150,33 @@ def _deps(value: Value) -> list[Value]:
 
 def _rule_for(node: Node) -> Rule | None:
     if node.domain in STANDARD_DOMAINS:
+        if node.op_type in ORT_ONNX_DOMAIN_SAME_SHAPE:
+            return _same_as_first
         return RULES.get(node.op_type)
     if node.domain == MS_DOMAIN and node.op_type in MS_SAME_SHAPE:
         return _same_as_first
+    if node.domain == MS_DOMAIN and node.op_type in ("GroupQueryAttention", "MultiHeadAttention"):
+        return _cached_attention
     return None
+
+
+def _cached_attention(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
+    """onnxruntime's attention with a KV cache, unpacked Q, K and V: the output has the query's
+    shape, present_key and present_value the past's with the new length added (GQA's past at
+    3, 4; MultiHeadAttention's at 6, 7)."""
+    query, key = ins[0], ins[1] if len(ins) > 1 else None
+    if query is None or query.rank != 3 or key is None or key.rank != 3:
+        return [UNKNOWN] * len(node.outputs)
+    first = 3 if node.op_type == "GroupQueryAttention" else 6
+    outs: list[SymInfo | None] = [SymInfo(query.shape)]
+    for past in ins[first : first + 2]:
+        if past is None or past.rank != 4:
+            outs.append(UNKNOWN)
+            continue
+        b, n, length, size = past.shape  # type: ignore[misc]
+        total = None if length is None or key.shape[1] is None else S.add(length, key.shape[1])
+        outs.append(SymInfo((b, n, total, size)))
+    return outs
 
 
 # -- leaves and the IR ------------------------------------------------------------------------
@@ -885,8 +910,11 @@ MS_SAME_SHAPE = frozenset(
         "SimplifiedLayerNormalization",
         "SkipSimplifiedLayerNormalization",
         "BiasSoftmax",
+        "RotaryEmbedding",
     }
 )
+# onnxruntime registers these in the ONNX domain, though no ONNX opset defines them
+ORT_ONNX_DOMAIN_SAME_SHAPE = frozenset({"SimplifiedLayerNormalization"})
 
 
 def _constant(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:

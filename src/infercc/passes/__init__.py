@@ -15,6 +15,7 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
     fuse_attention,
     fuse_conv_bn_relu,
     fuse_gemm,
+    fuse_gqa,
     fuse_qkv,
     fuse_rms_norm,
     fuse_rotary,

@@ -76,7 +76,7 @@ def _perm(node: Node | None, perm: list[int]) -> bool:
     return node is not None and list(node.attr("perm", [])) == perm
 
 
-def _split_heads(value: Value, removed: list[Node]) -> Value | None:
+def split_heads(value: Value, removed: list[Node]) -> Value | None:
     """value = Transpose(Reshape(x, [*, *, H, D]), [0, 2, 1, 3]) -> x."""
     t = _producer(value, "Transpose")
     if not _perm(t, [0, 2, 1, 3]):
@@ -95,7 +95,7 @@ def _cache(concat: Node | None, removed: list[Node]) -> tuple[Value, Value, Valu
     past, new = concat.inputs
     if past is None or new is None or not past.is_graph_input:
         return None
-    x = _split_heads(new, removed)
+    x = split_heads(new, removed)
     return None if x is None else (past, x, concat.output)
 
 
@@ -139,18 +139,18 @@ def match(softmax: Node) -> _Match | str:
     if av is None or av.input(0) is not softmax.output:
         return "the probabilities are not multiplied by V alone"
     removed += [qk, kt, av]
-    q = _split_heads(qk.input(0), removed)
+    q = split_heads(qk.input(0), removed)
     key = _cache(key_concat, removed)
     value = _cache(value_concat, removed)
     if q is None or key is None or value is None:
         return "Q, K or V is not Transpose(Reshape(x)) with K, V concatenated to a past input"
-    out = _merge_heads(av.output, removed)
+    out = merge_heads(av.output, removed)
     if out is None:
         return "the attention output is not Transpose [0, 2, 1, 3] then Reshape"
     return _finish(softmax, q, key, value, bias, out, scale, removed)
 
 
-def _merge_heads(value: Value, removed: list[Node]) -> Value | None:
+def merge_heads(value: Value, removed: list[Node]) -> Value | None:
     t = _only_reader(value, "Transpose")
     if not _perm(t, [0, 2, 1, 3]):
         return None
@@ -214,18 +214,18 @@ def _rewrite(graph: Graph, m: _Match) -> None:
     pv.dtype, pv.shape = m.present_value.dtype, m.present_value.shape
     for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
         graph.replace_all_uses_with(old, new)
-    for dead in reversed(_topological(graph, m.removed)):
+    for dead in reversed(in_order(graph, m.removed)):
         if not any(o is not None and (o.uses() or o.is_graph_output) for o in dead.outputs):
             graph.remove(dead)
 
 
-def _topological(graph: Graph, nodes: list[Node]) -> list[Node]:
+def in_order(graph: Graph, nodes: list[Node]) -> list[Node]:
     order = {n: i for i, n in enumerate(graph)}
     return sorted(set(nodes), key=lambda n: order.get(n, -1))
 
 
 def _check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
-    if not _has_cache_inputs(node.graph):
+    if not has_cache_inputs(node.graph):
         return None
     if ctx.portable or ctx.target != "cpu":
         return Refuse("--portable or a GPU target keeps standard ops")
@@ -250,5 +250,5 @@ def fuse_decoder_attention(graph: Graph, ctx: PassContext) -> PassResult:
     return PassResult(changed=fused > 0, stats={"fused": fused})
 
 
-def _has_cache_inputs(graph: Graph | None) -> bool:
+def has_cache_inputs(graph: Graph | None) -> bool:
     return graph is not None and any("past" in v.name.lower() for v in graph.inputs)

@@ -94,6 +94,7 @@ DECODER_FUSIONS = Pipeline(
             "fuse-decoder-attention",
             "fuse-rms-norm",
             "fuse-rotary-embedding",
+            "fuse-group-query-attention",
             "eliminate-dead-code",
         ),
     ),

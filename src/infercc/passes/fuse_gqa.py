@@ -1,0 +1,544 @@
+"""fuse-group-query-attention: a decoder's attention with its KV cache into onnxruntime's
+com.microsoft.GroupQueryAttention, under `--assume nonempty-sequences`.
+
+The pattern (Llama's attention as torch.onnx writes it, after fold-constants and, where the
+model rotates, fuse-rotary-embedding), for one layer with H query heads and KV key/value heads
+(G = H / KV) of size D, new length S and total length T (past + new)::
+
+    Qh = Transpose(Reshape(q, [B, S, H, D]), [0, 2, 1, 3])     or RotaryEmbedding(that, ...)
+    Kh = the same of k with KV heads;  Vh = the same of v, never rotated
+    K  = Concat(past_key, Kh, axis=2)  -> present_key;   V likewise -> present_value
+    Kx = Reshape(Tile(Unsqueeze(K, [2]), [1, 1, G, 1, 1]), [B, H, T, D])
+         (repeat_interleave of the heads; an Expand in place of the Tile; absent when G = 1)
+    A  = MatMul(Mul(Qh, a), Mul(Transpose(Kx, [0, 1, 3, 2]), b))       (SDPA: a split scale)
+      or Div|Mul(MatMul(Qh, Transpose(Kx, [0, 1, 3, 2])), c)            (eager attention)
+    P  = Softmax(Add(A, bias), axis=-1)
+    Y  = Reshape(Transpose(MatMul(P, Vx), [0, 2, 1, 3]), [B, S, H * D])
+    ==>
+    Y, present_key, present_value = GroupQueryAttention(q', k', v, past_key, past_value,
+        seqlens_k, total, attention_bias=bias, query_seqlens; num_heads=H, kv_num_heads=KV,
+        scale=a * b (or 1 / c, c), causal=1)
+
+with q' = RotaryEmbedding(q, ids, cos, sin) on the [B, S, H * D] form where the heads were
+rotated (the same ids and caches), else q. The lengths come from the bias' shape
+[B, 1, S, T], built once per bias and shared by every layer: total = T, seqlens_k = T - 1 and
+query_seqlens = S for every batch row.
+
+Why it is exact on the inputs the assumption allows. GroupQueryAttention computes, for query
+head h (reading key/value head h // G) and query row s at absolute position T - S + s, the
+softmax over the keys j <= T - S + s of (q . k_j) * scale + bias[b, 0, s, j], and returns
+past followed by the new keys and values as present:
+
+- the original's Kx maps head h to cache head h // G (Unsqueeze at axis 2 and Tile or Expand
+  along it: each cache head repeated G times in a row), which is GroupQueryAttention's grouping;
+- the original's softmax runs over every key j < T. The pass proves that the bias is causal:
+  it is Where(C, 0, NEG), NEG <= -1e9, with C an And of conditions one of which is
+  `key index <= query position`, the key index Range(0, T, 1) along the last axis and the
+  query position T - S + s (Range(T - S, T, 1), or Range(0, S, 1) + T - S) along the one
+  before. So every key j > T - S + s adds exp(NEG + ...) = 0 to its row's softmax, provided the
+  row keeps one key whose bias is 0: that is `nonempty-sequences` ("every attention row keeps
+  at least one position"). A decoder's row that keeps none (a padding token before a
+  left-padded prompt's first real one) gives, in the original, a softmax over all T keys, in
+  GroupQueryAttention one over its causal keys; so the fusion fires only under the assumption;
+- RotaryEmbedding rotates each head's D values of a [B, S, H * D] row with that row's position
+  id, the same numbers as on [B, H, S, D] (equal bit for bit in the tests);
+- the split scale a, b becomes one scale a * b (the scores differ by rounding only).
+
+Guards: H, KV and D fixed, H = G * KV; float32; every intermediate read only by the next node
+of the pattern, the presents only by the repeat and the graph outputs; the bias of shape
+[B or 1, 1, S, T]; the installed onnxruntime's GroupQueryAttention takes attention_bias and
+query_seqlens; the cpu target, not `--portable`. A rule of `infercc.passes.rules` anchored on
+Softmax: one rewrite is one layer, named by its Softmax.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import TensorProto
+
+from infercc.assumptions import NONEMPTY_SEQUENCES
+from infercc.ir import symbolic as S
+from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.ops import MS_DOMAIN
+from infercc.ir.symbolic_shapes import SymbolicShapes
+from infercc.passes.fuse_attention import has_cache_inputs, in_order, merge_heads, split_heads
+from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.match import const_ints, const_value, producer, sole_reader
+from infercc.passes.rules import Refuse, Rule, apply_rules
+
+log = logging.getLogger(__name__)
+
+NEG_LIMIT = -1e9  # a masked score at most this: its exp is 0 beside any real score
+_GQA_INPUTS = {"attention_bias": 10, "query_seqlens": 16}
+
+
+@functools.cache
+def runtime_support() -> str | None:
+    """None when the installed onnxruntime's GroupQueryAttention takes attention_bias and
+    query_seqlens at the indexes this pass writes; else why not."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as pybind
+    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
+        return "onnxruntime is not importable"
+    for schema in pybind.get_all_operator_schema():
+        if schema.name == "GroupQueryAttention" and schema.domain == MS_DOMAIN:
+            names = [i.name for i in schema.inputs]
+            for name, index in _GQA_INPUTS.items():
+                if index >= len(names) or names[index] != name:
+                    return f"this onnxruntime's GroupQueryAttention has no input {name}"
+            return None
+    return "this onnxruntime has no GroupQueryAttention"
+
+
+@dataclass
+class _Side:
+    """Q, K or V of one layer: the [B, S, width] value the heads were split from, and the
+    rotation applied to the split heads (a com.microsoft.RotaryEmbedding), if any."""
+
+    flat: Value
+    split: Value
+    rotary: Node | None = None
+
+
+@dataclass
+class _Match:
+    softmax: Node
+    q: _Side
+    k: _Side
+    v: _Side
+    bias: Value
+    past_key: Value
+    past_value: Value
+    present_key: Value
+    present_value: Value
+    out: Value
+    heads: int
+    kv_heads: int
+    scale: float
+    removed: list[Node] = field(default_factory=list)
+
+
+def _perm(node: Node | None, perm: list[int]) -> bool:
+    return node is not None and list(node.attr("perm", [])) == perm
+
+
+def _scalar(value: Value | None) -> float | None:
+    c = const_value(value)
+    return None if c is None or c.size != 1 else float(c.reshape(()))
+
+
+def _side(value: Value, removed: list[Node], may_rotate: bool) -> _Side | None:
+    """value = [RotaryEmbedding](Transpose(Reshape(x, [B, S, N, D]), [0, 2, 1, 3]))."""
+    rotary = value.producer
+    if (
+        may_rotate
+        and rotary is not None
+        and rotary.op_type == "RotaryEmbedding"
+        and rotary.domain == MS_DOMAIN
+        and rotary.attr("interleaved", 0) == 0
+        and not rotary.attr("rotary_embedding_dim", 0)
+        and len(value.uses()) == 1
+    ):
+        flat = split_heads(rotary.input(0), removed)
+        if flat is None:
+            return None
+        removed.append(rotary)
+        return _Side(flat, rotary.input(0), rotary)
+    flat = split_heads(value, removed)
+    return None if flat is None else _Side(flat, value)
+
+
+def _cache(value: Value | None, removed: list[Node], may_rotate: bool):
+    """Concat(past, heads, axis=2) -> (past, the side, present)."""
+    concat = producer(value, "Concat")
+    if concat is None or concat.attr("axis") != 2 or len(concat.inputs) != 2:
+        return None
+    past, new = concat.inputs
+    if past is None or new is None or not past.is_graph_input or len(new.uses()) != 1:
+        return None
+    side = _side(new, removed, may_rotate)
+    return None if side is None else (past, side, concat.output)
+
+
+def _repeated(value: Value, sym: SymbolicShapes, removed: list[Node]) -> tuple[Value, int]:
+    """value = Reshape(Tile|Expand(Unsqueeze(K, [2]), ...), [B, G * KV, T, D]) -> (K, G);
+    anything else is K itself, G = 1."""
+    reshape = producer(value, "Reshape")
+    grow = None if reshape is None else reshape.input(0).producer
+    if grow is None or not grow.is_standard or grow.op_type not in ("Tile", "Expand"):
+        return value, 1
+    unsq = producer(grow.input(0), "Unsqueeze")
+    if unsq is None or const_ints(unsq.input(1)) != [2]:
+        return value, 1
+    cache = unsq.input(0)
+    src, mid, out = sym.shape(cache), sym.shape(grow.output), sym.shape(reshape.output)
+    if src is None or mid is None or out is None or len(src) != 4 or len(mid) != 5:
+        return value, 1
+    groups = mid[2]
+    if not isinstance(groups, int) or len(out) != 4:
+        return value, 1
+    want_mid = (src[0], src[1], groups, src[2], src[3])
+    want_out = (src[0], S.mul(src[1], groups), src[2], src[3])
+    same = all(S.equal(a, b) for a, b in zip(mid, want_mid, strict=True)) and all(
+        S.equal(a, b) for a, b in zip(out, want_out, strict=True)
+    )
+    # the repeat's other readers may only be Shape nodes (the Reshape's target, dead after)
+    others = [u for u in grow.output.users() if u is not reshape]
+    if not same or len(unsq.output.uses()) != 1 or any(u.op_type != "Shape" for u in others):
+        return value, 1
+    removed += [unsq, grow, reshape]
+    return cache, groups
+
+
+def _scores(softmax: Node, removed: list[Node]):
+    """Softmax(Add(scaled scores, bias)) -> (Qh, K^T's input, scale, bias)."""
+    if softmax.attr("axis", -1) not in (-1, 3):
+        return None
+    add = producer(softmax.input(0), "Add")
+    if add is None or len(softmax.input(0).uses()) != 1:
+        return None
+    a, b = add.inputs
+    mm = producer(a, "MatMul") or producer(a, "Div") or producer(a, "Mul")
+    scores, bias = (a, b) if mm is not None else (b, a)
+    removed.append(add)
+    if len(scores.uses()) != 1:
+        return None
+    node = scores.producer
+    scale = 1.0
+    if node is not None and node.is_standard and node.op_type in ("Div", "Mul"):
+        c = _scalar(node.input(1))
+        if c is None or c == 0.0:
+            return None
+        scale = 1.0 / c if node.op_type == "Div" else c
+        removed.append(node)
+        if len(node.input(0).uses()) != 1:
+            return None
+        node = node.input(0).producer
+    if node is None or not node.is_standard or node.op_type != "MatMul":
+        return None
+    removed.append(node)
+    q, kt = node.inputs
+    for operand in (q, kt):  # SDPA's split scale: Mul(x, c) on each operand
+        mul = producer(operand, "Mul")
+        c = None if mul is None else _scalar(mul.input(1))
+        if c is not None and len(operand.uses()) == 1:
+            scale *= c
+            removed.append(mul)
+            if operand is q:
+                q = mul.input(0)
+            else:
+                kt = mul.input(0)
+    t = producer(kt, "Transpose")
+    if not _perm(t, [0, 1, 3, 2]) or len(kt.uses()) != 1:
+        return None
+    removed.append(t)
+    return q, t.input(0), scale, bias
+
+
+def match(softmax: Node, sym: SymbolicShapes) -> _Match | str:
+    """The attention around `softmax`, or why it is not one."""
+    removed: list[Node] = [softmax]
+    found = _scores(softmax, removed)
+    if found is None:
+        return "the Softmax does not read MatMul(Q, K^T) scaled by constants plus a bias"
+    qh, kx, scale, bias = found
+    av = sole_reader(softmax.output)
+    if av is None or av.op_type != "MatMul" or av.input(0) is not softmax.output:
+        return "the probabilities are not multiplied by V alone"
+    removed.append(av)
+    key_cache, groups = _repeated(kx, sym, removed)
+    value_cache, value_groups = _repeated(av.input(1), sym, removed)
+    if groups != value_groups:
+        return "K and V are not repeated the same number of times"
+    q = _side(qh, removed, may_rotate=True)
+    key = _cache(key_cache, removed, may_rotate=True)
+    value = _cache(value_cache, removed, may_rotate=False)
+    if q is None or key is None or value is None:
+        return "Q, K or V is not Transpose(Reshape(x)) with K, V concatenated to a past input"
+    if (q.rotary is None) != (key[1].rotary is None):
+        return "Q and K are not rotated alike"
+    out = merge_heads(av.output, removed)
+    if out is None:
+        return "the attention output is not Transpose [0, 2, 1, 3] then Reshape"
+    return _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym)
+
+
+def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _Match | str:
+    past_key, k, present_key = key
+    past_value, v, present_value = value
+    dims = past_key.shape
+    if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in (dims[1], dims[3])):
+        return "past_key has no fixed [batch, heads, past, head_size] shape"
+    kv_heads, size = int(dims[1]), int(dims[3])
+    heads = kv_heads * groups
+    widths = [sym.shape(x.flat) for x in (q, k, v)]
+    if any(w is None or len(w) != 3 for w in widths):
+        return "Q, K or V is not of rank 3 before its heads are split"
+    if [w[2] for w in widths] != [heads * size, kv_heads * size, kv_heads * size]:
+        return f"Q, K, V widths {[w[2] for w in widths]} are not {heads}, {kv_heads} heads x {size}"
+    for side, n in ((q, heads), (k, kv_heads), (v, kv_heads)):
+        split = sym.shape(side.split)
+        if split is None or len(split) != 4 or (split[1], split[3]) != (n, size):
+            return f"the heads are not split as [batch, {n}, new, {size}]"
+    # Q, K, V share the pasts' type: Concat and MatMul take operands of one type
+    if any(x.dtype != TensorProto.FLOAT for x in (past_key, past_value)):
+        return "not float32"
+    for present in (present_key, present_value):
+        if len(present.uses()) != 1:
+            return f"{present.name} has readers outside the attention"
+    reason = causal_bias(bias, sym, widths[0][1])
+    if reason is not None:
+        return reason
+    return _Match(
+        softmax,
+        q,
+        k,
+        v,
+        bias,
+        past_key,
+        past_value,
+        present_key,
+        present_value,
+        out,
+        heads,
+        kv_heads,
+        scale,
+        removed,
+    )
+
+
+# --------------------------------------------------------------------------- the causal proof
+
+
+def _strip(value: Value, ops: tuple[str, ...]) -> Value:
+    while True:
+        p = producer(value)
+        if p is None or p.op_type not in ops:
+            return value
+        if p.op_type == "Cast" and p.attr("to") != TensorProto.BOOL:
+            return value
+        value = p.input(0)
+
+
+def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> str | None:
+    """None when `bias` [B or 1, 1, S, T] is NEG at every key after its row's query position
+    T - S + s (module docstring), with S = `new`; else why that is not proven."""
+    shape = sym.shape(bias)
+    if shape is None or len(shape) != 4 or shape[1] != 1 or not S.equal(shape[2], new):
+        return "the attention bias is not of shape [batch or 1, 1, new, total]"
+    where = producer(bias, "Where")
+    if where is None:
+        return "the attention bias is not Where(condition, 0, a large negative number)"
+    zero, neg = const_value(where.input(1)), const_value(where.input(2))
+    if zero is None or neg is None or np.any(zero != 0) or neg.size == 0:
+        return "the attention bias is not Where(condition, 0, a large negative number)"
+    if float(np.max(neg)) > NEG_LIMIT:
+        return f"the attention bias masks with {float(np.max(neg)):g}, not at most {NEG_LIMIT:g}"
+    total = shape[3]
+    if _has_causal_term(where.input(0), sym, new, total, depth=0):
+        return None
+    return "the attention bias is not provably causal (no key <= query position term)"
+
+
+def _has_causal_term(cond: Value, sym, new, total, depth: int) -> bool:
+    cond = _strip(cond, ("Unsqueeze", "Expand", "Cast", "Identity"))
+    node = producer(cond)
+    if node is None or depth > 8:
+        return False
+    if node.op_type == "And":
+        return any(_has_causal_term(x, sym, new, total, depth + 1) for x in node.inputs)
+    if node.op_type == "LessOrEqual":
+        keys, queries = node.inputs
+    elif node.op_type == "GreaterOrEqual":
+        queries, keys = node.inputs
+    else:
+        return False
+    return _key_index(keys, sym, total) and _query_position(queries, sym, new, total)
+
+
+def _only_dim(value: Value, sym, axis: int) -> S.Dim | None:
+    """The size of `value` along `axis` when every other dimension is 1."""
+    shape = sym.shape(value)
+    if shape is None or len(shape) < 2:
+        return None
+    rank = len(shape)
+    if any(d != 1 for i, d in enumerate(shape) if i != axis % rank):
+        return None
+    return shape[axis % rank]
+
+
+def _range(value: Value, sym) -> tuple[S.Dim, S.Dim] | None:
+    """value = Unsqueeze*(Range(start, limit, 1)) -> (start, limit)."""
+    r = producer(_strip(value, ("Unsqueeze",)), "Range")
+    if r is None:
+        return None
+    elems = [sym.elems(x) for x in r.inputs]
+    if any(e is None or len(e) != 1 or e[0] is None for e in elems) or elems[2][0] != 1:
+        return None
+    return elems[0][0], elems[1][0]
+
+
+def _key_index(keys: Value, sym, total) -> bool:
+    """keys = Range(0, T, 1) laid along the last axis."""
+    found = _range(keys, sym)
+    size = _only_dim(keys, sym, -1)
+    return (
+        found is not None
+        and found[0] == 0
+        and S.equal(found[1], total) is True
+        and S.equal(size, total) is True
+    )
+
+
+def _query_position(queries: Value, sym, new, total) -> bool:
+    """queries = Range(T - S, T, 1), or Range(0, S, 1) + (T - S), along the last axis but one."""
+    if S.equal(_only_dim(queries, sym, -2), new) is not True:
+        return False
+    offset = S.sub(total, new)
+    found = _range(queries, sym)
+    if found is not None:
+        return S.equal(found[0], offset) is True and S.equal(found[1], total) is True
+    add = producer(queries, "Add")
+    if add is None:
+        return False
+    for a, b in (add.inputs, reversed(add.inputs)):
+        base, shift = _range(a, sym), sym.elems(b)
+        if (
+            base is not None
+            and base[0] == 0
+            and S.equal(base[1], new) is True
+            and shift is not None
+            and len(shift) == 1
+            and S.equal(shift[0], offset) is True
+        ):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- the rewrite
+
+
+class _Lengths:
+    """seqlens_k, total_sequence_length and query_seqlens, built once per bias."""
+
+    def __init__(self) -> None:
+        self.built: dict[int, tuple[Value, Value, Value]] = {}
+
+    def get(self, graph: Graph, m: _Match, before: Node) -> tuple[Value, Value, Value]:
+        if id(m.bias) not in self.built:
+            self.built[id(m.bias)] = _lengths(graph, m.bias, m.past_key, before)
+        return self.built[id(m.bias)]
+
+
+def _lengths(
+    graph: Graph, bias: Value, past_key: Value, before: Node
+) -> tuple[Value, Value, Value]:
+    """From the bias [., 1, S, T] and a past_key [B, ., ., .] (graph inputs both, or computed
+    from them, so readable by every later layer)."""
+
+    def op(op_type: str, inputs, **attrs) -> Value:
+        node = graph.make_node(
+            op_type, inputs, 1, before=before, name=f"gqa_{op_type}", attributes=attrs
+        )
+        return node.output
+
+    def dim(axis: int) -> Value:
+        return op("Shape", [bias], start=axis, end=axis + 1)
+
+    batch = op("Shape", [past_key], start=0, end=1)
+    new, total = dim(2), dim(3)
+    one = graph.make_constant(np.array([1], np.int64), "gqa_one")
+    int32 = TensorProto.INT32
+    seqlens_k = op("Cast", [op("Expand", [op("Sub", [total, one]), batch])], to=int32)
+    scalar = op("Cast", [op("Squeeze", [total])], to=int32)
+    query = op("Cast", [op("Expand", [new, batch])], to=int32)
+    return seqlens_k, scalar, query
+
+
+def _rewrite_with(lengths: _Lengths):
+    def rewrite(node: Node, m: _Match, ctx: PassContext) -> None:
+        graph = node.graph
+        anchor = m.out.producer
+        seqlens_k, total, query = lengths.get(graph, m, anchor)
+        q, k = (_flat_input(graph, side, anchor) for side in (m.q, m.k))
+        inputs: list[Value | None] = [q, k, m.v.flat, m.past_key, m.past_value, seqlens_k, total]
+        inputs += [None] * (_GQA_INPUTS["attention_bias"] - len(inputs)) + [m.bias]
+        inputs += [None] * (_GQA_INPUTS["query_seqlens"] - len(inputs)) + [query]
+        fused = graph.make_node(
+            "GroupQueryAttention",
+            inputs,
+            3,
+            before=anchor,
+            domain=MS_DOMAIN,
+            name=f"GroupQueryAttention_{m.softmax.name}",
+            attributes={
+                "num_heads": m.heads,
+                "kv_num_heads": m.kv_heads,
+                "scale": float(m.scale),
+                "causal": 1,
+            },
+        )
+        graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
+        out, pk, pv = fused.outputs
+        for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
+            new.dtype, new.shape = old.dtype, old.shape
+            graph.replace_all_uses_with(old, new)
+        for dead in reversed(in_order(graph, m.removed)):
+            if not any(o is not None and (o.uses() or o.is_graph_output) for o in dead.outputs):
+                graph.remove(dead)
+
+    return rewrite
+
+
+def _flat_input(graph: Graph, side: _Side, before: Node) -> Value:
+    """The [B, S, N * D] input: the rotation moved onto it where the heads were rotated."""
+    if side.rotary is None:
+        return side.flat
+    _x, *rest = side.rotary.inputs
+    node = graph.make_node(
+        "RotaryEmbedding",
+        [side.flat, *rest],
+        1,
+        before=before,
+        domain=MS_DOMAIN,
+        name="RotaryEmbedding",
+        attributes=dict(side.rotary.attributes),
+    )
+    node.output.dtype, node.output.shape = side.flat.dtype, side.flat.shape
+    return node.output
+
+
+def _check_with(sym: SymbolicShapes):
+    def check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+        if not has_cache_inputs(node.graph):
+            return None
+        if not ctx.fused_ops_allowed or ctx.target != "cpu":
+            return Refuse("--portable or a GPU target keeps standard ops")
+        found = match(node, sym)
+        if isinstance(found, str):
+            return Refuse(found)
+        support = runtime_support()
+        if support is not None:
+            return Refuse(support)
+        if not ctx.assumes(NONEMPTY_SEQUENCES):
+            return Refuse(
+                "GroupQueryAttention differs on a row that keeps no key (a left-padded "
+                "prompt's padding): needs --assume nonempty-sequences"
+            )
+        return found
+
+    return check
+
+
+@register_pass("fuse-group-query-attention")
+def fuse_group_query_attention(graph: Graph, ctx: PassContext) -> PassResult:
+    """A decoder's attention with its KV cache (grouped-query or not) ->
+    com.microsoft.GroupQueryAttention (cpu, under --assume nonempty-sequences)."""
+    rule = Rule("fused", ("Softmax",), _check_with(SymbolicShapes()), _rewrite_with(_Lengths()))
+    run = apply_rules(graph, ctx, [rule], subgraphs=False)
+    fused = run.counts["fused"]
+    return PassResult(changed=fused > 0, stats={"fused": fused} if fused else {})

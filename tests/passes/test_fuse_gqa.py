@@ -1,0 +1,149 @@
+"""fuse-group-query-attention: a decoder's attention into GroupQueryAttention, equal under
+onnxruntime at prefill, decode and chunk shapes, only under --assume nonempty-sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from infercc.assumptions import NONEMPTY_SEQUENCES
+from infercc.ir import export_model, import_model
+from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes
+from infercc.passes.fuse_gqa import runtime_support
+from tests.decoders import tiny_decoder
+from tests.helpers import op_counts, run_ort
+
+PASS = "fuse-group-query-attention"
+# optimize's passes with this one before the memory schedule, which comes last
+PIPELINE = (
+    *(p for p in DEFAULT_PIPELINE if p != "schedule-memory"),
+    PASS,
+    "eliminate-dead-code",
+    "schedule-memory",
+)
+ASSUMED = frozenset({NONEMPTY_SEQUENCES})
+HEADS, SIZE = 4, 16
+# (batch, past, new, right padding of the last row): prefill, decode, a chunk after a past
+# at batch 3 (onnxruntime's kernel needs query_seqlens for it), padded prefill and decode.
+SHAPES = [(1, 0, 7, 0), (2, 9, 1, 0), (3, 5, 4, 0), (2, 0, 6, 2), (2, 6, 1, 3)]
+
+pytestmark = pytest.mark.skipif(runtime_support() is not None, reason=str(runtime_support()))
+
+
+def fused(proto, assumptions=ASSUMED, **ctx):
+    model = import_model(proto)
+    context = PassContext(verify=True, assumptions=assumptions, **ctx)
+    report = run_passes(model, context, PIPELINE)
+    out = export_model(model)
+    onnx.checker.check_model(out)
+    return out, report.passes[PASS].counts.get("fused", 0), context
+
+
+def feeds(proto, batch, past, new, pad, seed=0):
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, past + new), np.int64)
+    if pad:
+        mask[-1, past + new - pad :] = 0
+    f = {
+        "input_ids": rng.integers(0, 50, (batch, new)),
+        "attention_mask": mask,
+        "position_ids": np.tile(np.arange(past, past + new), (batch, 1)),
+    }
+    for vi in proto.graph.input[3:]:
+        kv = vi.type.tensor_type.shape.dim[1].dim_value
+        f[vi.name] = rng.standard_normal((batch, kv, past, SIZE)).astype(np.float32)
+    return f
+
+
+def assert_equal_everywhere(a, b):
+    names = [o.name for o in a.graph.output]
+    assert names == [o.name for o in b.graph.output]
+    for shape in SHAPES:
+        f = feeds(a, *shape)
+        for name, want, got in zip(names, run_ort(a, f), run_ort(b, f), strict=True):
+            assert want.shape == got.shape, (shape, name)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{shape} {name}")
+
+
+def reasons(ctx):
+    return {r.reason for r in ctx.refusals if r.pass_name == PASS}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kv_heads": 2, "rotary": True, "attention": "sdpa"},  # Llama: GQA, RoPE, SDPA scale
+        {"kv_heads": 2, "attention": "bias"},  # grouped, eager scale, no rotation
+        {"attention": "sdpa"},  # as many cache heads as query heads: no repeat
+    ],
+    ids=["llama", "grouped-eager", "no-repeat"],
+)
+def test_every_layer_becomes_one_op_and_computes_the_same(kwargs):
+    proto = tiny_decoder(layers=2, heads=HEADS, hidden=HEADS * SIZE, **kwargs)
+    out, count, ctx = fused(proto)
+    assert count == 2
+    ops = op_counts(out)
+    assert ops["GroupQueryAttention"] == 2
+    assert ops["Softmax"] == ops["Tile"] == ops["Transpose"] == 0
+    assert ops["RotaryEmbedding"] == (4 if kwargs.get("rotary") else 0)
+    attrs = {
+        a.name: onnx.helper.get_attribute_value(a)
+        for n in out.graph.node
+        if n.op_type == "GroupQueryAttention"
+        for a in n.attribute
+    }
+    assert attrs["num_heads"] == HEADS and attrs["kv_num_heads"] == kwargs.get("kv_heads", HEADS)
+    assert attrs["causal"] == 1 and attrs["scale"] == pytest.approx(SIZE**-0.5)
+    assert ctx.assumed[NONEMPTY_SEQUENCES][PASS] == 2
+    assert_equal_everywhere(proto, out)
+
+
+def test_the_lengths_are_built_once_for_every_layer():
+    out, count, _ = fused(tiny_decoder(layers=3, kv_heads=2, rotary=True, attention="sdpa"))
+    assert count == 3
+    gqa = [n for n in out.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len({tuple(n.input[5:7]) + (n.input[16],) for n in gqa}) == 1
+
+
+def test_without_the_assumption_nothing_changes_and_the_refusal_says_why():
+    proto = tiny_decoder(layers=1, kv_heads=2, rotary=True, attention="sdpa")
+    out, count, ctx = fused(proto, assumptions=frozenset())
+    assert count == 0 and op_counts(out)["GroupQueryAttention"] == 0
+    assert any("needs --assume nonempty-sequences" in r for r in reasons(ctx))
+
+
+def test_a_bias_without_a_causal_term_is_refused():
+    proto = tiny_decoder(layers=1, kv_heads=2, rotary=True, attention="sdpa", causal=False)
+    _out, count, ctx = fused(proto)
+    assert count == 0
+    assert any("not provably causal" in r for r in reasons(ctx))
+
+
+def test_a_left_padded_prompt_is_what_the_assumption_rules_out():
+    """The first row of a left-padded prompt keeps no key: the fused model differs there (and
+    only there), which is why the fusion needs the assumption."""
+    proto = tiny_decoder(layers=1, kv_heads=2, rotary=True, attention="sdpa")
+    out, count, _ = fused(proto)
+    assert count == 1
+    f = feeds(proto, 2, 0, 5, 0)
+    f["attention_mask"][1, :2] = 0  # row 1 padded on the left
+    (want, *_), (got, *_) = run_ort(proto, f), run_ort(out, f)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1, 2:], want[1, 2:], rtol=1e-4, atol=1e-4)
+    assert not np.allclose(got[1, :2], want[1, :2], atol=1e-3)
+
+
+@pytest.mark.parametrize("ctx", [{"portable": True}, {"target": "a100"}])
+def test_portable_and_gpu_targets_keep_standard_attention(ctx):
+    out, count, context = fused(tiny_decoder(layers=1, kv_heads=2, attention="sdpa"), **ctx)
+    assert count == 0 and op_counts(out)["GroupQueryAttention"] == 0
+    assert any("keeps standard ops" in r for r in reasons(context))
+
+
+def test_fusing_again_changes_nothing():
+    out, _, _ = fused(tiny_decoder(layers=2, kv_heads=2, rotary=True, attention="sdpa"))
+    again, count, _ = fused(out)
+    assert count == 0
+    assert op_counts(again) == op_counts(out)
+    assert_equal_everywhere(out, again)
