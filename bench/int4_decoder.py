@@ -14,7 +14,8 @@ Models:
 
 Quantizers, each at block 32: infercc `calibrate --int4` with `rtn`, `awq` and `gptq`
 (`--accuracy-level auto`, its default; on the random Llama `rtn` only), `rtn` with
-`--accuracy-level 4`, and onnxruntime's
+`--accuracy-level 4`, the same with `--assume nonempty-sequences` (the attention into
+GroupQueryAttention; every infercc row has the other decoder fusions), and onnxruntime's
 `matmul_nbits_quantizer.MatMulNBitsQuantizer` (its DEFAULT algorithm: RTN, asymmetric, the
 class default; its RTN/GPTQ configs need Intel's neural_compressor, not installed) with
 accuracy_level unset and 4.
@@ -63,6 +64,7 @@ GPT_DIR = CACHE / "tiny_gpt"
 LLAMA_DIR = CACHE / "llama100m"
 OUT = CACHE / "int4_decoder"
 BLOCK = 32
+NONEMPTY = "nonempty-sequences"  # lets a decoder's attention become GroupQueryAttention
 METHODS = ("rtn", "awq", "gptq")
 
 
@@ -98,14 +100,15 @@ def random_calibration(path: Path, vocab: int, count: int = 16) -> Path:
 
 
 def infercc_int4(
-    model: Path, method: str, data: Path | None, out: Path, level: str | int = "auto"
+    model: Path, method: str, data: Path | None, out: Path, level: str | int = "auto",
+    assume: tuple[str, ...] = (),
 ) -> tuple[Path, dict]:
-    dest = out / f"infercc_{method}_{level}"
+    dest = out / f"infercc_{method}_{level}{'_assumed' if assume else ''}"
     shutil.rmtree(dest, ignore_errors=True)
     t0 = time.perf_counter()
     report = calibrate_int4(
         model, dest, data=data, method=method, block_size=BLOCK, speed_check=False,
-        accuracy_level=level,
+        accuracy_level=level, assume=assume,
     )
     seconds = time.perf_counter() - t0
     d = report.to_dict()
@@ -116,6 +119,7 @@ def infercc_int4(
             "ratio_median"
         ),
         "versus_rtn": (d["versus_rtn"] or {}).get("message"),
+        "fusions": d["fusions"],
     }
     return dest / "model_int4.onnx", info
 
@@ -182,6 +186,10 @@ def bench_model(
         (f"infercc {m}", lambda m=m: infercc_int4(fp32, m, calib, out)) for m in methods
     ] + [
         ("infercc rtn, accuracy_level 4", lambda: infercc_int4(fp32, "rtn", calib, out, 4)),
+        (
+            "infercc rtn, accuracy_level 4, --assume nonempty-sequences",
+            lambda: infercc_int4(fp32, "rtn", calib, out, 4, (NONEMPTY,)),
+        ),
         ("onnxruntime MatMulNBitsQuantizer", lambda: ort_int4(fp32, out, None)),
         ("onnxruntime MatMulNBitsQuantizer, accuracy_level 4", lambda: ort_int4(fp32, out, 4)),
     ]

@@ -19,6 +19,11 @@ The assumptions:
   zeros instead of NaN; under this assumption the guard never fires and is removed, and
   onnxruntime's Attention op is emitted without the NaN filter on its output. On an input
   that breaks it (an all-zero attention_mask row) those rows come out NaN instead of zeros.
+  In a causal decoder it also rules out left padding: a padding token before a prompt's
+  first real one keeps no key. Under it a decoder's attention becomes onnxruntime's
+  GroupQueryAttention (`fuse-group-query-attention`), which on such a row computes over its
+  causal keys where the original spreads it over every key; the real tokens' results are the
+  same either way. Validation's feeds keep the first position of every mask row.
 """
 
 from __future__ import annotations
@@ -61,16 +66,15 @@ def _is_mask_like(name: str, array: np.ndarray) -> bool:
 
 
 def _nonempty_rows(feeds: Feeds) -> Feeds:
-    """Every row (last axis) of a mask-like input keeps at least one nonzero: a row that is all
-    zeros (all False) gets its first position set."""
+    """Every row (last axis) of a mask-like input keeps its first position (1, True): no row
+    is all zeros, and no causal query row, which sees the first key, is left without one."""
     out = dict(feeds)
     for name, array in feeds.items():
         if not _is_mask_like(name, array) or array.shape[-1] == 0:
             continue
-        empty = ~np.any(array != 0, axis=-1)
-        if np.any(empty):
+        if np.any(array[..., 0] == 0):
             fixed = array.copy()
-            fixed[..., 0] = np.where(empty, np.ones((), dtype=array.dtype), fixed[..., 0])
+            fixed[..., 0] = 1
             out[name] = fixed
     return out
 
@@ -81,7 +85,8 @@ ASSUMPTIONS: dict[str, Assumption] = {
         "every attention row keeps at least one position: no sequence is all padding",
         "removes the NaN guard Where(IsNaN(p), 0, p) after attention Softmax and the NaN "
         "filter on emitted Attention ops; a sequence whose attention_mask is all zeros then "
-        "gives NaN instead of zeros",
+        "gives NaN instead of zeros. A decoder's attention becomes GroupQueryAttention, which "
+        "differs from the original on a left-padded prompt's padding rows",
         _nonempty_rows,
     ),
 }

@@ -214,6 +214,8 @@ def no_weights(tmp_path):
         (["--accuracy-level", "7"], "bad accuracy level"),
         (["--int8"], "exclude each other"),
         (["--exclude", "nope"], "not in the optimized model"),
+        (["--portable", "--assume", "nonempty-sequences"], "--assume has no effect"),
+        (["--assume", "short-prompts"], "is not an assumption infercc knows"),
     ],
 )
 def test_bad_flags_exit_2_nothing_written(decoder, tmp_path, extra, message):
@@ -287,3 +289,35 @@ def test_cli_json_and_table(decoder, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "int4 rtn (MatMulNBits, block 64, symmetric)" in done.stdout
     assert "perplexity" in done.stdout and "size" in done.stdout
+
+
+def test_decoder_fusions_run_on_the_cpu_form_and_gqa_under_the_assumption(tmp_path):
+    """A Llama-style decoder (RMSNorm, RoPE, grouped-query attention): int4 keeps its
+    fusions, GroupQueryAttention only with --assume nonempty-sequences; the int4 model still
+    generates what a greedy loop over it gives."""
+    path = tmp_path / "llama.onnx"
+    onnx.save(
+        tiny_decoder(hidden=64, kv_heads=2, rotary=True, attention="sdpa", norm="rms"), path
+    )
+    plain = calibrate_int4(path, tmp_path / "plain", speed_check=False, accuracy_level=0)
+    assert "fuse-group-query-attention" not in plain.fusions
+    assert sum(plain.fusions["fuse-rms-norm"].values()) >= 3
+    assumed = calibrate_int4(
+        path,
+        tmp_path / "gqa",
+        speed_check=False,
+        accuracy_level=0,
+        assume=["nonempty-sequences"],
+    )
+    d = assumed.to_dict()
+    assert d["fusions"]["fuse-group-query-attention"] == {"fused": 2}
+    assert d["assumptions"][0]["rewrites"] == {"fuse-group-query-attention": 2}
+    model = onnx.load(tmp_path / "gqa" / "model_int4.onnx")
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["GroupQueryAttention"] == 2 and ops["MatMulNBits"] > 0 and ops["Softmax"] == 0
+    # as close to fp32 as the unfused int4 model (the fusions add rounding only)
+    assert d["top1_agreement"] == pytest.approx(plain.quality.top1_agreement, abs=0.02)
+    prompt = np.random.default_rng(1).integers(0, 50, (2, 5))
+    fused = greedy_reference(tmp_path / "gqa" / "model_int4.onnx", prompt, 8)
+    unfused = greedy_reference(tmp_path / "plain" / "model_int4.onnx", prompt, 8)
+    np.testing.assert_array_equal(fused, unfused)

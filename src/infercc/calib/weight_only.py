@@ -14,7 +14,11 @@
    `data` (RTN only: AWQ and GPTQ need calibration inputs), eight random inputs (decoders: 64
    random token ids each) are the evaluation set, and the report says so.
 3. **fp32 first**: infercc's portable pipeline (constants folded, Q/K/V projections merged),
-   as int8 does; every MatMul/Gemm gets a name.
+   as int8 does; every MatMul/Gemm gets a name. On the cpu form the decoder fusions follow
+   (`decoder-fusions`: RMSNorm into (Skip)SimplifiedLayerNormalization, RoPE into
+   RotaryEmbedding, GPT-2's attention into MultiHeadAttention and, under `assume=
+   ["nonempty-sequences"]`, Llama's into GroupQueryAttention): with int4 weights the rest
+   of a decode step is the larger part of its time. The report lists what each fired.
 4. **Method**: `rtn` rounds to nearest; `awq` (`infercc.calib.awq`) and `gptq`
    (`infercc.calib.gptq`) read the calibration samples' inputs of each weight (one fp32 pass).
    Embedding tables are RTN in every method (a Gather has no input activations to weigh).
@@ -57,6 +61,7 @@ from infercc.analysis.decoder import (
     prefill_feeds,
     step_inputs,
 )
+from infercc.assumptions import check_assumptions, describe
 from infercc.backends.base import MANIFEST
 from infercc.calib.activations import collect_inputs
 from infercc.calib.calibrate import (
@@ -87,7 +92,7 @@ from infercc.data.feeds import make_inputs
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.passes.manager import PassContext, run_passes
-from infercc.passes.pipelines import CALIBRATE_FP32
+from infercc.passes.pipelines import CALIBRATE_FP32, DECODER_FUSIONS
 from infercc.runtime.artifact import publish, staging_dir, write_manifest
 from infercc.util import json_float
 
@@ -185,6 +190,8 @@ class Int4CalibrationReport:
     decoder: dict[str, Any] | None = None
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    fusions: dict[str, dict[str, int]] = field(default_factory=dict)
+    assumptions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         q = self.quantize
@@ -212,6 +219,8 @@ class Int4CalibrationReport:
             "versus_rtn": self.versus_rtn,
             "speed": None if self.speed is None else self.speed.to_dict(),
             "decoder": self.decoder,
+            "fusions": {name: dict(c) for name, c in self.fusions.items()},
+            "assumptions": list(self.assumptions),
             "passed": self.passed,
             "message": self.message,
             "files": list(self.files),
@@ -241,6 +250,7 @@ class Int4Job:
     embeddings: bool = True
     exclude: tuple[str, ...] = ()
     speed_check: bool = True
+    assumptions: tuple[str, ...] = ()
 
     def options(self, level: int = 0) -> Int4Options:
         return Int4Options(
@@ -324,6 +334,7 @@ def calibrate_int4(
     holdout: float = 0.2,
     preprocess: str | None = None,
     speed_check: bool = True,
+    assume: Sequence[str] = (),
     on_step: Step | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Int4CalibrationReport:
@@ -332,10 +343,18 @@ def calibrate_int4(
     form, sym, level = check_int4_options(
         method, block_size, symmetric, portable, target, accuracy_level, data is not None
     )
+    assumptions = check_assumptions(assume)
+    if assumptions and form != "nbits":
+        raise InferccError(
+            "--assume has no effect on the standard DequantizeLinear form: only the cpu "
+            "target's decoder fusions use it",
+            "drop --assume, or quantize for the cpu target without --portable",
+        )
     if not 0.0 <= holdout < 1.0:
         raise InferccError(f"holdout must be in [0, 1), got {holdout}", "e.g. 0.2")
     job = Int4Job(method, int(block_size), sym, form, level, lm_head, embeddings, tuple(exclude))
     job.speed_check = speed_check
+    job.assumptions = assumptions
     src, dest = Path(model), Path(out_dir)
     check_calibration_destination(dest, src)
     step = on_step or (lambda _text: None)
@@ -462,10 +481,14 @@ class _Run:
         self.step = step
         self.fp32_path = stage / _FP32_FILE
         self.reference: list[dict[str, np.ndarray]] = []
+        self.fusions: dict[str, dict[str, int]] = {}
+        self.assumed: list[dict[str, Any]] = []
 
     def prepare_fp32(self, ir: Model) -> None:
         self.step("optimizing fp32")
         run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes)
+        if self.job.form == "nbits":
+            self.fuse_decoder(ir)
         _name_targets(ir)
         names = {n.name for n in ir.graph}
         unknown = [name for name in self.job.exclude if name not in names]
@@ -481,6 +504,19 @@ class _Run:
                 "int4 weight-only quantization takes MatMul/Gemm weights (and embeddings)",
             )
         save_model(ir, self.fp32_path)
+
+    def fuse_decoder(self, ir: Model) -> None:
+        """The decoder fusions (the `decoder-fusions` pipeline) on the cpu form: once the
+        weights are int4 the rest of a decode step is the larger part of its time, and these
+        take most of it away (bench/int4_decoder.py)."""
+        ctx = PassContext(assumptions=frozenset(self.job.assumptions))
+        ran = run_passes(ir, ctx, DECODER_FUSIONS.passes)
+        self.fusions = {
+            name: dict(ran.passes[name].counts)
+            for name in DECODER_FUSIONS.passes
+            if name.startswith("fuse-") and ran.passes[name].counts
+        }
+        self.assumed = describe(self.job.assumptions, ctx.assumed)
 
     def execute(
         self, src: Path, dest: Path, calib: Samples, on_progress: ProgressFn | None
@@ -507,6 +543,7 @@ class _Run:
             "",
             decoder=None if self.sig is None else self.sig.to_dict(),
         )
+        result.fusions, result.assumptions = self.fusions, self.assumed
         if job.method != "rtn":
             result.versus_rtn = self.versus_rtn(quality)
         result.accuracy_level = self.choose_level(quality, result)

@@ -37,7 +37,7 @@ def calibrate(
             "name) or <input>.npy files, or one .npz of stacked samples (every array with "
             "one more axis than the input: N samples on axis 0), or a directory of images "
             "(jpg, png, bmp, webp; needs --preprocess). A decoder's samples hold input_ids "
-            "only. Required for int8, and for --int4 with --method awq or gptq."
+            "only. Required for int8, and for --int4 with --method awq or gptq.",
         ),
     ] = None,
     int8: Annotated[
@@ -59,7 +59,7 @@ def calibrate(
             "calibrator) or percentile [default: chosen from the model: percentile for a "
             "transformer (Softmax over a MatMul of two activations), minmax otherwise; the "
             "report says which and why]. --int4: rtn (default; round to nearest, no data), awq "
-            "(activation-aware scales) or gptq (error-compensating rounding)."
+            "(activation-aware scales) or gptq (error-compensating rounding).",
         ),
     ] = None,
     block_size: Annotated[
@@ -110,6 +110,17 @@ def calibrate(
             show_default=False,
         ),
     ] = None,
+    assume: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--assume",
+            metavar="NAME",
+            help="--int4 MatMulNBits: state an assumption about the inputs (repeatable). "
+            "nonempty-sequences: no sequence is all padding and no prompt is padded on the "
+            "left, under which a decoder's attention becomes onnxruntime's GroupQueryAttention "
+            "(listed in the report).",
+        ),
+    ] = None,
     percentile: Annotated[
         float | None,
         typer.Option(
@@ -142,7 +153,7 @@ def calibrate(
             "most sensitive layers move back to float until it holds. 0 turns it off "
             "[default: 0.99 for a transformer unless --max-top1-drop is given, none "
             "otherwise; a default target missed at the --max-trials cap is reported, not a "
-            "failure]."
+            "failure].",
         ),
     ] = None,
     max_top1_drop: Annotated[
@@ -183,7 +194,7 @@ def calibrate(
             metavar="TYPE",
             help="Activation quantization: int8 (symmetric; the form TensorRT takes), uint8 "
             "(asymmetric; onnxruntime's fast CPU form, twice the resolution on one-sided "
-            "tensors), or auto (uint8 for cpu, int8 for GPU targets)."
+            "tensors), or auto (uint8 for cpu, int8 for GPU targets).",
         ),
     ] = "auto",
     activation_matmuls: Annotated[
@@ -258,6 +269,7 @@ def calibrate(
         accuracy_level=accuracy_level,
         lm_head=lm_head,
         embeddings=embeddings,
+        assume=assume or None,
     )
     if int4:
         check_int8_only_flags(

@@ -15,6 +15,7 @@ _INT4_FLAGS = {
     "accuracy_level": "--accuracy-level",
     "lm_head": "--lm-head/--no-lm-head",
     "embeddings": "--embeddings/--no-embeddings",
+    "assume": "--assume",
 }
 _INT8_FLAGS = {
     "percentile": "--percentile",
@@ -86,6 +87,7 @@ def run_int4(
         holdout=holdout,
         preprocess=preprocess,
         speed_check=speed_check,
+        assume=flags.get("assume") or (),
         on_step=step,
         on_progress=tick,
     )

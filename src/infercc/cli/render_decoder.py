@@ -111,6 +111,12 @@ def render_int4(report, console: Console) -> None:
             highlight=False,
         )
     _render_int4_choices(d, console)
+    for name, counts in d["fusions"].items():
+        fired = ", ".join(f"{k} {v}" for k, v in counts.items())
+        console.print(f"fused: {name} ({fired})", highlight=False)
+    for a in d["assumptions"]:
+        used = ", ".join(f"{k} {v}" for k, v in a["rewrites"].items()) or "no rewrite"
+        console.print(f"assumed: {a['name']} ({used})", highlight=False)
     for k in d["kept_float"]:
         console.print(f"kept float: {k['node']}: {k['reason']}", highlight=False)
 
