@@ -514,7 +514,7 @@ class _Run:
         self.fusions = {
             name: dict(ran.passes[name].counts)
             for name in DECODER_FUSIONS.passes
-            if name.startswith("fuse-") and ran.passes[name].counts
+            if name.startswith("fuse-") and any(ran.passes[name].counts.values())
         }
         self.assumed = describe(self.job.assumptions, ctx.assumed)
 
