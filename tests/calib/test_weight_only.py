@@ -296,9 +296,7 @@ def test_decoder_fusions_run_on_the_cpu_form_and_gqa_under_the_assumption(tmp_pa
     fusions, GroupQueryAttention only with --assume nonempty-sequences; the int4 model still
     generates what a greedy loop over it gives."""
     path = tmp_path / "llama.onnx"
-    onnx.save(
-        tiny_decoder(hidden=64, kv_heads=2, rotary=True, attention="sdpa", norm="rms"), path
-    )
+    onnx.save(tiny_decoder(hidden=64, kv_heads=2, rotary=True, attention="sdpa", norm="rms"), path)
     plain = calibrate_int4(path, tmp_path / "plain", speed_check=False, accuracy_level=0)
     assert "fuse-group-query-attention" not in plain.fusions
     assert sum(plain.fusions["fuse-rms-norm"].values()) >= 3

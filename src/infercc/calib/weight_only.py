@@ -18,7 +18,8 @@
    (`decoder-fusions`: RMSNorm into (Skip)SimplifiedLayerNormalization, RoPE into
    RotaryEmbedding, GPT-2's attention into MultiHeadAttention and, under `assume=
    ["nonempty-sequences"]`, Llama's into GroupQueryAttention): with int4 weights the rest
-   of a decode step is the larger part of its time. The report lists what each fired.
+   of a decode step is the larger part of its time. The report lists what each fired;
+   `disable_passes` skips any of these passes (and of the fp32 pipeline).
 4. **Method**: `rtn` rounds to nearest; `awq` (`infercc.calib.awq`) and `gptq`
    (`infercc.calib.gptq`) read the calibration samples' inputs of each weight (one fp32 pass).
    Embedding tables are RTN in every method (a Gather has no input activations to weigh).
@@ -91,8 +92,8 @@ from infercc.check.compare import run_model
 from infercc.data.feeds import make_inputs
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
-from infercc.passes.manager import PassContext, run_passes
-from infercc.passes.pipelines import CALIBRATE_FP32, DECODER_FUSIONS
+from infercc.passes.manager import PassContext, check_pass_names, run_passes
+from infercc.passes.pipelines import CALIBRATE_FP32, DECODER_FUSIONS, check_disabled
 from infercc.runtime.artifact import publish, staging_dir, write_manifest
 from infercc.util import json_float
 
@@ -251,6 +252,7 @@ class Int4Job:
     exclude: tuple[str, ...] = ()
     speed_check: bool = True
     assumptions: tuple[str, ...] = ()
+    disabled: tuple[str, ...] = ()
 
     def options(self, level: int = 0) -> Int4Options:
         return Int4Options(
@@ -335,6 +337,7 @@ def calibrate_int4(
     preprocess: str | None = None,
     speed_check: bool = True,
     assume: Sequence[str] = (),
+    disable_passes: Sequence[str] = (),
     on_step: Step | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Int4CalibrationReport:
@@ -344,6 +347,10 @@ def calibrate_int4(
         method, block_size, symmetric, portable, target, accuracy_level, data is not None
     )
     assumptions = check_assumptions(assume)
+    disabled = tuple(disable_passes)
+    check_pass_names(disabled)
+    stages = [CALIBRATE_FP32, DECODER_FUSIONS] if form == "nbits" else [CALIBRATE_FP32]
+    check_disabled(disabled, stages, "calibrate --int4" + (" --portable" if portable else ""))
     if assumptions and form != "nbits":
         raise InferccError(
             "--assume has no effect on the standard DequantizeLinear form: only the cpu "
@@ -355,6 +362,7 @@ def calibrate_int4(
     job = Int4Job(method, int(block_size), sym, form, level, lm_head, embeddings, tuple(exclude))
     job.speed_check = speed_check
     job.assumptions = assumptions
+    job.disabled = disabled
     src, dest = Path(model), Path(out_dir)
     check_calibration_destination(dest, src)
     step = on_step or (lambda _text: None)
@@ -486,7 +494,7 @@ class _Run:
 
     def prepare_fp32(self, ir: Model) -> None:
         self.step("optimizing fp32")
-        run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes)
+        run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes, self.job.disabled)
         if self.job.form == "nbits":
             self.fuse_decoder(ir)
         _name_targets(ir)
@@ -510,11 +518,12 @@ class _Run:
         weights are int4 the rest of a decode step is the larger part of its time, and these
         take most of it away (bench/int4_decoder.py)."""
         ctx = PassContext(assumptions=frozenset(self.job.assumptions))
-        ran = run_passes(ir, ctx, DECODER_FUSIONS.passes)
+        ran = run_passes(ir, ctx, DECODER_FUSIONS.passes, self.job.disabled)
+        counts = {name: ran.passes[name].counts for name in ran.passes}
         self.fusions = {
-            name: dict(ran.passes[name].counts)
-            for name in DECODER_FUSIONS.passes
-            if name.startswith("fuse-") and any(ran.passes[name].counts.values())
+            name: dict(c)
+            for name, c in counts.items()
+            if name.startswith("fuse-") and any(c.values())
         }
         self.assumed = describe(self.job.assumptions, ctx.assumed)
 

@@ -238,7 +238,8 @@ def calibrate(
         typer.Option(
             "--disable-pass",
             metavar="PASS",
-            help="Skip a pass of the calibrate-fp32 or int8 pipeline by name (repeatable); "
+            help="Skip a pass of the calibrate-fp32 or int8 pipeline (with --int4: of "
+            "calibrate-fp32 or, for MatMulNBits, decoder-fusions) by name (repeatable); "
             "`infercc passes` lists them.",
         ),
     ] = None,
@@ -270,6 +271,7 @@ def calibrate(
         lm_head=lm_head,
         embeddings=embeddings,
         assume=assume or None,
+        disable_pass=disable_pass or None,
     )
     if int4:
         check_int8_only_flags(
@@ -280,7 +282,6 @@ def calibrate(
             activation_matmuls=activation_matmuls or None,
             max_trials=None if max_trials == 64 else max_trials,
             outlier_channels=None if outlier_channels else False,
-            disable_pass=disable_pass or None,
             verify=verify or None,
         )
         with Progress(as_json) as progress:
@@ -303,7 +304,7 @@ def calibrate(
 
         finish(report, as_json, render_int4)
         return
-    int4_only_flags(int4_flags)
+    int4_only_flags({k: v for k, v in int4_flags.items() if k != "disable_pass"})
     if data is None:
         raise InferccError("int8 calibration needs samples", "pass --data DIR")
     with Progress(as_json) as progress:

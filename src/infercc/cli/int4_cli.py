@@ -25,7 +25,6 @@ _INT8_FLAGS = {
     "activation_matmuls": "--activation-matmuls",
     "max_trials": "--max-trials",
     "outlier_channels": "--no-outlier-channels",
-    "disable_pass": "--disable-pass",
     "verify": "--verify",
 }
 
@@ -88,6 +87,7 @@ def run_int4(
         preprocess=preprocess,
         speed_check=speed_check,
         assume=flags.get("assume") or (),
+        disable_passes=flags.get("disable_pass") or (),
         on_step=step,
         on_progress=tick,
     )
