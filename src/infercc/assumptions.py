@@ -82,7 +82,8 @@ def _nonempty_rows(feeds: Feeds) -> Feeds:
 ASSUMPTIONS: dict[str, Assumption] = {
     NONEMPTY_SEQUENCES: Assumption(
         NONEMPTY_SEQUENCES,
-        "every attention row keeps at least one position: no sequence is all padding",
+        "every attention row keeps at least one position: no sequence is all padding, and "
+        "no decoder prompt is padded on the left",
         "removes the NaN guard Where(IsNaN(p), 0, p) after attention Softmax and the NaN "
         "filter on emitted Attention ops; a sequence whose attention_mask is all zeros then "
         "gives NaN instead of zeros. A decoder's attention becomes GroupQueryAttention, which "

@@ -12,6 +12,12 @@ is the profile, and a note says which it is and why the default failed. When non
 error says that it is the original that fails, shows the inputs used, and names `--shape`,
 `--data` and `--no-validate`.
 
+**A decoder** (KV-cache inputs and outputs, `infercc.analysis.decoder`, every input in its
+signature), without `--data` or `--shape`: a prefill (batch 1, 8 tokens, empty cache) and a
+chunk after a past (batch 3, 7 cached + 5 new tokens), the mask as long as cache and new tokens
+together and the positions following the cache, which random dimensions never are. Where the
+original fails on them, the search below runs.
+
 **The second profile** exists whenever an input has a symbolic dimension: a dimension baked
 into a constant by a wrong rewrite passes at one shape and fails at another. Each symbolic
 dimension takes a second value: from `second_shapes` where the user pinned it (`--shape
@@ -38,12 +44,19 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infercc.analysis.decoder import decoder_signature, step_inputs
 from infercc.assumptions import honour
 from infercc.check.compare import ModelRunError, ModelSource, Runner
 from infercc.data.feeds import describe_feeds, feed_bytes, make_inputs
 from infercc.data.hints import compared_sizes, compared_values
 from infercc.data.samples import load_samples
-from infercc.data.signature import DEFAULT_DIM, SymbolKey, free_symbols, symbol_values
+from infercc.data.signature import (
+    DEFAULT_DIM,
+    SymbolKey,
+    free_symbols,
+    real_inputs,
+    symbol_values,
+)
 from infercc.errors import InferccError
 
 logger = logging.getLogger(__name__)
@@ -130,9 +143,18 @@ def plan_feeds(
                 logger.warning("--shape is ignored when --data gives the samples")
             first = _from_data(runner, model, data)
         else:
+            if not (shapes or second_shapes or fixed_shapes):
+                decoder = search.decoder(notes)
+                if decoder is not None:
+                    return FeedPlan(decoder, notes)
             first = search.first(shapes, constants, notes, skip_hint)
         second = search.second(first, second_shapes, fixed_shapes, notes)
     return FeedPlan([first] if second is None else [first, second], notes)
+
+
+# (batch, cached tokens, new tokens) of a decoder's two profiles: a prefill, and a chunk
+# after a past at a batch above 1, which no decode loop at batch 1 reaches
+DECODER_PROFILES = (("decoder prefill", 1, 0, 8), ("decoder chunk after a past", 3, 7, 5))
 
 
 # --------------------------------------------------------------------------- the first profile
@@ -292,6 +314,40 @@ class _Search:
                 notes.append(_ladder_note(failures[0], profile, len(tried)))
             return profile
         raise _original_fails(failures, _tried_text(self.model, shapes, tried), skip_hint)
+
+    # -- a decoder --------------------------------------------------------------------------
+
+    def decoder(self, notes: list[str]) -> list[Profile] | None:
+        """A decoder with KV-cache I/O (`infercc.analysis.decoder`) whose inputs are all in its
+        signature: its two profiles (DECODER_PROFILES), the attention mask as long as the
+        cache and the new tokens together and the positions following the cache, which
+        random dims never are; None where it is no such decoder or the original fails on
+        them (the generic search follows)."""
+        sig = decoder_signature(self.model)
+        if sig is None:
+            return None
+        profiles = []
+        for source, batch, past, new in DECODER_PROFILES:
+            rng = np.random.default_rng(self.seed + batch)
+            feeds = step_inputs(sig, rng.integers(0, sig.vocab or 2, (batch, new)), past)
+            for cache in sig.caches:
+                values = rng.standard_normal(cache.shape(batch, past)) * 0.5
+                feeds[cache.past] = values.astype(cache.dtype)
+            if set(feeds) != {i.name for i in real_inputs(self.model)}:
+                return None
+            feeds = honour(feeds, self.assumptions)
+            try:
+                expected = self.runner.run(feeds)
+            except ModelRunError as exc:
+                if exc.stage == "load":
+                    raise
+                return None
+            profiles.append(Profile(source, [feeds], [expected]))
+        notes.append(
+            "a decoder (KV-cache inputs and outputs): validated at a prefill (batch 1, 8 new "
+            "tokens, empty cache) and a chunk after a past (batch 3, 7 cached + 5 new tokens)"
+        )
+        return profiles
 
     # -- the second profile ---------------------------------------------------------------
 

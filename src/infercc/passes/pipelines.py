@@ -9,7 +9,10 @@ stage made before the next stage can use them.
   constants, and of shape arithmetic with symbolic dimensions), no-op and duplicate
   elimination, dead code, the Conv/BatchNormalization, Conv/activation and QKV fusions,
   onnxruntime's Attention op on the cpu target and the attention Softmax NaN guard where no
-  row can be empty (or `--assume nonempty-sequences`), and last the memory schedule.
+  row can be empty (or `--assume nonempty-sequences`), MatMul + bias into Gemm, RoPE into
+  RotaryEmbedding and, under `--assume nonempty-sequences`, a decoder's attention with its KV
+  cache into GroupQueryAttention (cpu target: faster in generation, bench/decoder_fusions.py),
+  and last the memory schedule.
 - `fp16`: after `optimize`, with `--fp16`: float32 compute to float16, then the Conv/activation
   fusion and dead code. The fusion waits for the precision decision: its FusedConv runs float32
   only, so fused first every Conv of a CNN would have kept float32; optimize runs without it
@@ -17,11 +20,12 @@ stage made before the next stage can use them.
 - `calibrate-fp32`: the fp32 reference `infercc calibrate` quantizes and compares against: the
   optimize passes with `portable` set (no onnxruntime contrib op, so the int8 model stays
   standard ONNX that TensorRT reads too).
-- `decoder-fusions`: decoder fusions (attention with its KV cache into onnxruntime's
+- `decoder-fusions`: decoder fusions (GPT-2's attention with its KV cache into onnxruntime's
   MultiHeadAttention; RMSNorm, with its residual Add, into (Skip)SimplifiedLayerNormalization,
-  or the standard RMSNormalization at opset 23 under `--portable`; RoPE into RotaryEmbedding),
-  run after `optimize` by `bench/decoder_fusions.py`; `optimize` does not
-  run them until that benchmark shows them faster.
+  or the standard RMSNormalization at opset 23 under `--portable`; RoPE into RotaryEmbedding;
+  Llama's attention into GroupQueryAttention), run by `calibrate --int4` on the cpu form and
+  raced by `bench/decoder_fusions.py`; `optimize` runs the RoPE and GroupQueryAttention ones,
+  the only ones that benchmark shows faster on fp32.
 - `int8`: `infercc calibrate`'s rewrites, in two stages: the outlier split runs on the fp32
   reference (its ranges are measured on the split graph), then each quantization trial runs
   QDQ quantization and dead code on a fresh copy of it.
@@ -64,6 +68,8 @@ OPTIMIZE = Pipeline(
             "emit-attention",
             "remove-nan-guard",
             "fuse-gemm",
+            "fuse-rotary-embedding",
+            "fuse-group-query-attention",
             "schedule-memory",
         ),
     ),
