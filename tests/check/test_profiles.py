@@ -4,6 +4,7 @@ original model fails on the default inputs, a ladder of sizes and values before 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ from infercc.data.hints import compared_sizes, compared_values
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.passes.manager import REGISTRY, PassResult, register_pass
+from tests.decoders import tiny_decoder
+from tests.helpers import run_cli
 
 BAKE = "test-bake-batch"
 
@@ -301,3 +304,26 @@ def test_the_plan_runs_the_original_once_per_attempt(tmp_path) -> None:
     assert [p.shapes["x"] for p in plan.profiles] == [(1, 64), (3, 93)]
     pairs = zip(plan.expected, plan.feeds, strict=True)
     assert all(e["y"].shape[1] == f["x"].shape[1] + 64 for e, f in pairs)
+
+
+def test_a_decoder_is_validated_at_a_prefill_and_a_chunk_after_a_past(tmp_path) -> None:
+    """Random dims never make the mask as long as cache + new tokens: a KV-cache decoder gets
+    its own two profiles, and `optimize --assume nonempty-sequences` validates its
+    GroupQueryAttention build at both (batch 3 after a past: the kernel's chunk path)."""
+    proto = tiny_decoder(layers=2, kv_heads=2, rotary=True, attention="sdpa")
+    plan = plan_feeds(proto, proto)
+    assert [p.source for p in plan.profiles] == ["decoder prefill", "decoder chunk after a past"]
+    chunk = plan.profiles[1].shapes
+    assert chunk["input_ids"] == (3, 5) and chunk["attention_mask"] == (3, 12)
+    assert chunk["past_key_values.0.key"] == (3, 2, 7, 16)
+    assert any("a decoder" in n for n in plan.notes)
+    src = tmp_path / "decoder.onnx"
+    onnx.save(proto, src)
+    out = tmp_path / "out.onnx"
+    done = run_cli("optimize", str(src), "-o", str(out), "--assume", "nonempty-sequences", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["passes"]["fuse-group-query-attention"]["fused"] == 2
+    sources = [p["source"] for p in report["validation"]["profiles"]]
+    assert sources == ["decoder prefill", "decoder chunk after a past"]
+    assert report["validation"]["passed"] is True
