@@ -13,6 +13,7 @@ from onnx import helper as oh
 
 from infercc.calib.weight_only import calibrate_int4, perplexity
 from infercc.errors import InferccError
+from infercc.passes.fuse_gqa import runtime_support
 from tests.decoders import greedy_reference, tiny_decoder
 from tests.helpers import make_model, run_cli
 
@@ -291,6 +292,7 @@ def test_cli_json_and_table(decoder, tmp_path):
     assert "perplexity" in done.stdout and "size" in done.stdout
 
 
+@pytest.mark.skipif(runtime_support() is not None, reason=str(runtime_support()))
 def test_decoder_fusions_run_on_the_cpu_form_and_gqa_under_the_assumption(tmp_path):
     """A Llama-style decoder (RMSNorm, RoPE, grouped-query attention): int4 keeps its
     fusions, GroupQueryAttention only with --assume nonempty-sequences; the int4 model still

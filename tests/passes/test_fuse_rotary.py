@@ -24,13 +24,15 @@ def rope_model(
     sin_reader=False,
     shared=False,
     split=False,
+    outer=False,
 ):
     """q, k [batch, H, seq, D] rotated as Llama's export does: angles f = positions x inverse
     frequencies [batch, seq, D/2], e = Unsqueeze(Concat(f, f), [1]), y = x cos(e) +
     rotate_half(x) sin(e), for q and k of `layers` layers (one shared f). `neg_first=False`
     writes a wrong rotate_half (Concat(x[h:], Neg(x[:h]))); `shared`: position ids [1, seq],
     one row of angles broadcast over the batch; `split`: the halves as the dynamo exporter
-    writes x.chunk(2, dim=-1), one Split (opset 18's num_outputs)."""
+    writes x.chunk(2, dim=-1), one Split (opset 18's num_outputs); `outer`: cos and sin as
+    transformers' Llama writes them, Unsqueeze(Cos(Concat(f, f)), [1])."""
     h = D // 2
     inv = (1.0 / 10000 ** (np.arange(0, D, 2) / D)).astype(np.float32)
     inits = [
@@ -47,10 +49,20 @@ def rope_model(
         oh.make_node("Cast", ["p3"], ["pf"], to=TensorProto.FLOAT),
         oh.make_node("Mul", ["pf", "inv_freq"], ["f"]),
         oh.make_node("Concat", ["f", "f"], ["ff"], axis=-1),
-        oh.make_node("Unsqueeze", ["ff", "ax1"], ["e"]),
-        oh.make_node("Cos", ["e"], ["cos"]),
-        oh.make_node("Sin", ["e"], ["sin"]),
     ]
+    if outer:  # transformers' Llama: the head axis added after Cos and Sin
+        nodes += [
+            oh.make_node("Cos", ["ff"], ["cos3"]),
+            oh.make_node("Sin", ["ff"], ["sin3"]),
+            oh.make_node("Unsqueeze", ["cos3", "ax1"], ["cos"]),
+            oh.make_node("Unsqueeze", ["sin3", "ax1"], ["sin"]),
+        ]
+    else:
+        nodes += [
+            oh.make_node("Unsqueeze", ["ff", "ax1"], ["e"]),
+            oh.make_node("Cos", ["e"], ["cos"]),
+            oh.make_node("Sin", ["e"], ["sin"]),
+        ]
     pos_batch = 1 if shared else "batch"
     inputs = [oh.make_tensor_value_info("position_ids", TensorProto.INT64, [pos_batch, "seq"])]
     outputs = []
@@ -167,7 +179,6 @@ def test_below_opset_23_standard_targets_keep_the_pattern(ctx):
     [
         ({"neg_first": False}, "the sine term is not rotate_half(x)"),
         ({"sin_reader": True}, "a product of the rotation has readers outside it"),
-        ({"shared": True}, "the angles' batch and sequence are not proven equal to x's"),
     ],
 )
 def test_refusals_say_why(kwargs, reason):
@@ -183,3 +194,13 @@ def test_fusing_again_changes_nothing():
     twice, counts, _ = fused(once)
     assert counts == {}
     assert twice.SerializeToString() == once.SerializeToString()
+
+
+def test_angles_of_one_batch_row_broadcast_over_the_batch():
+    """Position ids [1, seq] and the head axis added after Cos and Sin, as transformers' Llama
+    computes them: one cache row per position, position s in every batch row."""
+    proto = rope_model(layers=2, shared=True, outer=True)
+    out, counts, _ = fused(proto)
+    assert counts == {"contrib": 4}
+    assert op_counts(out)["Neg"] == 0 and op_counts(out)["Expand"] == 1
+    assert_equal_at_two_shapes(proto, out)

@@ -97,9 +97,10 @@ AssumeOpt = Annotated[
         metavar="NAME",
         help="State an assumption about the inputs (repeatable) under which more rewrites are "
         "exact; the model is then exact only on inputs that satisfy it. nonempty-sequences: no "
-        "sequence is all padding (its attention_mask is not all zeros), which removes the NaN "
-        "guard after attention Softmax. Recorded in the manifest and the report; validation's "
-        "random inputs satisfy it.",
+        "sequence is all padding (its attention_mask is not all zeros) and no decoder prompt is "
+        "padded on the left, which removes the NaN guard after attention Softmax and turns a "
+        "decoder's attention with its KV cache into GroupQueryAttention. Recorded in the "
+        "manifest and the report; validation's random inputs satisfy it.",
     ),
 ]
 PortableOpt = Annotated[
@@ -376,8 +377,10 @@ def optimize(
 ) -> None:
     """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation,
     Q/K/V projections and MatMul+bias (into Gemm), attention into onnxruntime's Attention op
-    (cpu target), schedule for memory; validate against the original; write the result
-    atomically, with its memory plan (<stem>.memory_plan.json) beside it.
+    and RoPE into RotaryEmbedding (cpu target; a decoder's attention with its KV cache into
+    GroupQueryAttention with --assume nonempty-sequences), schedule for memory; validate
+    against the original; write the result atomically, with its memory plan
+    (<stem>.memory_plan.json) beside it.
 
     `infercc optimize in.onnx out.onnx` (or -o out.onnx) writes the optimized model; an
     OUTPUT not ending in .onnx is an artifact directory built with --backend (model.onnx,
@@ -389,6 +392,7 @@ def optimize(
     shape profile too when an input has a symbolic dimension (a range --shape NAME=MIN:OPT:MAX
     pins the second at MAX), and reports whether the inputs ran each rewritten If/Loop body.
     When the original fails on the generated inputs, other sizes and values are tried first.
+    A decoder with KV-cache inputs is validated at a prefill and at a chunk after a past.
 
     Exit codes: 0 success, 1 validation failed or the optimized model does not run (nothing
     written; infercc's failure), 2 bad input.

@@ -45,10 +45,12 @@ past followed by the new keys and values as present:
 - the split scale a, b becomes one scale a * b (the scores differ by rounding only).
 
 Guards: H, KV and D fixed, H = G * KV; float32; every intermediate read only by the next node
-of the pattern, the presents only by the repeat and the graph outputs; the bias of shape
-[B or 1, 1, S, T]; the installed onnxruntime's GroupQueryAttention takes attention_bias and
-query_seqlens; the cpu target, not `--portable`. A rule of `infercc.passes.rules` anchored on
-Softmax: one rewrite is one layer, named by its Softmax.
+of the pattern, the presents only by the repeat, Shape nodes and the graph outputs; the bias
+of shape [B or 1, 1, S, T]; the cache Concats along axis 2 (or -2); the installed
+onnxruntime's GroupQueryAttention takes attention_bias and query_seqlens; the cpu target, not
+`--portable`. A rule of `infercc.passes.rules` anchored on Softmax: one rewrite is one layer,
+named by its Softmax. transformers' Llama export (its NaN guard removed first, by the same
+assumption) fuses as torch's SDPA export does.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def _side(value: Value, removed: list[Node], may_rotate: bool) -> _Side | None:
 def _cache(value: Value | None, removed: list[Node], may_rotate: bool):
     """Concat(past, heads, axis=2) -> (past, the side, present)."""
     concat = producer(value, "Concat")
-    if concat is None or concat.attr("axis") != 2 or len(concat.inputs) != 2:
+    if concat is None or concat.attr("axis") not in (2, -2) or len(concat.inputs) != 2:
         return None
     past, new = concat.inputs
     if past is None or new is None or not past.is_graph_input or len(new.uses()) != 1:
@@ -287,8 +289,8 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
     # Q, K, V share the pasts' type: Concat and MatMul take operands of one type
     if any(x.dtype != TensorProto.FLOAT for x in (past_key, past_value)):
         return "not float32"
-    for present in (present_key, present_value):
-        if len(present.uses()) != 1:
+    for present in (present_key, present_value):  # Shape readers go on reading the new one
+        if len([u for u in present.users() if u.op_type != "Shape"]) != 1:
             return f"{present.name} has readers outside the attention"
     reason = causal_bias(bias, sym, widths[0][1])
     if reason is not None:
@@ -402,7 +404,7 @@ def _query_position(queries: Value, sym, new, total) -> bool:
     found = _range(queries, sym)
     if found is not None:
         return S.equal(found[0], offset) is True and S.equal(found[1], total) is True
-    add = producer(queries, "Add")
+    add = producer(_strip(queries, ("Unsqueeze",)), "Add")
     if add is None:
         return False
     for a, b in (add.inputs, reversed(add.inputs)):

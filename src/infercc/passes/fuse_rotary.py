@@ -6,6 +6,7 @@ x [B, N, S, D] (heads split, D static and even, h = D / 2), with f [B, S, h] the
 
     e   = Unsqueeze(Concat(f, f, axis=-1), [1])           [B, 1, S, D]
     cos = Cos(e);  sin = Sin(e)
+          (or transformers' Llama: cos = Unsqueeze(Cos(Concat(f, f)), [1]), sin alike)
     rot = Concat(Neg(x[..., h:]), x[..., :h], axis=-1)
           (the halves as Slices of the last axis, TorchScript, or the two outputs of one
            Split of it, the dynamo exporter's x.chunk(2, dim=-1))
@@ -21,8 +22,10 @@ position id. The pattern's first half is `x[i] cos(f[i]) + (-x[i + h]) sin(f[i])
 is exact) and its second `x[i + h] cos(f[i]) + x[i] sin(f[i])`, since both halves of e are f.
 The cache passed is the graph's own Cos(f) and Sin(f), one row per (batch, position), and P
 indexes row b * S + s for batch b and position s: the same numbers, whatever the positions
-(no table of a maximum length, so nothing the graph does not compute). The cache is built
-once per f and shared by every layer.
+(no table of a maximum length, so nothing the graph does not compute). Angles of one batch
+row broadcast over x's batch (f [1, S, h]: position ids [1, S], as transformers' Llama
+computes them) give a cache of S rows and P = s in every batch row (Expand of Range(0, S)
+to x's [B, S]). The cache is built once per f and shared by every layer.
 
 Under `--portable` or a GPU target, the standard opset-23 RotaryEmbedding where the model's
 opset allows: `RotaryEmbedding(x, Cos(f), Sin(f))` (without position ids its caches are
@@ -31,8 +34,9 @@ opset allows: `RotaryEmbedding(x, Cos(f), Sin(f))` (without position ids its cac
 Guards: the Slices are of the last axis (starts and ends constant, steps 1), the Neg, the
 Concat and the two Muls read only by the next node of the pattern; e is Cos'd and Sin'd from
 one value; f's batch and sequence dimensions are x's (the same static size or symbol: the
-kernel wants a cache row per batch row and position); x float32, rank 4, D static. A rule
-anchored on Add: one rewrite is one rotation (of q or of k), named by its Add.
+kernel wants a cache row per batch row and position), or f's batch 1; x float32, rank 4,
+D static. A rule anchored on Add: one rewrite is one rotation (of q or of k), named by its
+Add.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
+from infercc.ir import symbolic as S
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
+from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_ints, default_opset, producer, sole_reader
 from infercc.passes.rules import Refuse, Rule, apply_rules
@@ -62,26 +68,41 @@ class _Match:
     half: int
     add: Node
     removed: list[Node]
+    shared: bool = False  # f is [1, S, h], broadcast over x's batch
 
 
-def _mul_by(node: Node | None, op: str) -> tuple[Value, Node] | None:
-    """Mul(v, op(e)) in either order -> (v, the op node)."""
+def _head_axis(value: Value | None) -> Node | None:
+    """The Unsqueeze(., [1]) producing `value` (the axis of heads), if that is what it is."""
+    unsq = producer(value, "Unsqueeze")
+    axes = None if unsq is None else (const_ints(unsq.input(1)) or unsq.attr("axes"))
+    return unsq if unsq is not None and list(axes or []) == [1] else None
+
+
+def _mul_by(node: Node | None, op: str) -> tuple[Value, Node, bool] | None:
+    """Mul(v, op(e)) or Mul(v, Unsqueeze(op(e), [1])) in either order -> (v, the op node,
+    whether the Unsqueeze comes after it)."""
     if node is None or node.op_type != "Mul" or len(node.inputs) != 2:
         return None
     for i in (0, 1):
-        trig = producer(node.input(1 - i), op)
+        other = node.input(1 - i)
+        trig = producer(other, op)
         if trig is not None:
-            return node.input(i), trig
+            return node.input(i), trig, False
+        unsq = _head_axis(other)
+        trig = None if unsq is None else producer(unsq.input(0), op)
+        if trig is not None:
+            return node.input(i), trig, True
     return None
 
 
-def _terms(add: Node) -> tuple[Value, Value, Node, Node, Node, Node] | None:
-    """Add(Mul(x, Cos(e)), Mul(rot, Sin(e))) -> (x, rot, cos, sin, the two Muls)."""
+def _terms(add: Node) -> tuple[Value, Value, Node, Node, bool, Node, Node] | None:
+    """Add(Mul(x, Cos(e)), Mul(rot, Sin(e))) -> (x, rot, cos, sin, whether the head axis is
+    added after Cos and Sin, the two Muls)."""
     a, b = (producer(v, "Mul") for v in add.inputs)
     for m_cos, m_sin in ((a, b), (b, a)):
         c, s = _mul_by(m_cos, "Cos"), _mul_by(m_sin, "Sin")
-        if c is not None and s is not None:
-            return c[0], s[0], c[1], s[1], m_cos, m_sin  # type: ignore[return-value]
+        if c is not None and s is not None and c[2] == s[2]:
+            return c[0], s[0], c[1], s[1], c[2], m_cos, m_sin  # type: ignore[return-value]
     return None
 
 
@@ -144,16 +165,18 @@ def _halves(x: Value, d: int) -> tuple[Node, Value, Value] | None:
     return None
 
 
-def _angles(cos: Node, sin: Node) -> Value | None:
-    """Cos(e), Sin(e) of e = Unsqueeze(Concat(f, f, axis=-1), [1]) -> f."""
+def _angles(cos: Node, sin: Node, outer: bool) -> Value | None:
+    """Cos(e), Sin(e) of e = Unsqueeze(Concat(f, f, axis=-1), [1]) -> f; with `outer` (the
+    head axis added after Cos and Sin, as transformers' Llama writes it) e = Concat(f, f)."""
     e = cos.input(0)
     if e is None or sin.input(0) is not e:
         return None
-    unsq = producer(e, "Unsqueeze")
-    axes = None if unsq is None else (const_ints(unsq.input(1)) or unsq.attr("axes"))
-    if unsq is None or list(axes or []) != [1]:
-        return None
-    cat = producer(unsq.input(0), "Concat")
+    if not outer:
+        unsq = _head_axis(e)
+        if unsq is None:
+            return None
+        e = unsq.input(0)
+    cat = producer(e, "Concat")
     if cat is None or cat.attr("axis") not in (-1, 2) or len(cat.inputs) != 2:
         return None
     f = cat.input(0)
@@ -162,45 +185,53 @@ def _angles(cos: Node, sin: Node) -> Value | None:
     return f
 
 
-def match(add: Node) -> _Match | str | None:
+def match(add: Node, sym: SymbolicShapes) -> _Match | str | None:
     found = _terms(add)
     if found is None:
         return None
-    x, rot, cos, sin, m_cos, m_sin = found
-    d = x.shape[-1] if x.shape else None
-    if x.rank != 4 or not isinstance(d, int) or d % 2:
+    x, rot, cos, sin, outer, m_cos, m_sin = found
+    xs = sym.shape(x)
+    d = xs[-1] if xs else None
+    if xs is None or len(xs) != 4 or not isinstance(d, int) or d % 2:
         return "x is not [batch, heads, sequence, head_size] with a static even head_size"
     if x.dtype != TensorProto.FLOAT:
         return "not float32"
     removed = [add, m_cos, m_sin]
     if not _rotated(rot, x, d, removed):
         return "the sine term is not rotate_half(x): Concat(Neg(x[..., h:]), x[..., :h])"
-    f = _angles(cos, sin)
+    f = _angles(cos, sin, outer)
     if f is None:
         return "cos and sin are not of Unsqueeze(Concat(f, f, axis=-1), [1]) of one f [B, S, h]"
-    width = f.shape[-1] if f.shape else None
+    fs = sym.shape(f)
+    width = fs[-1] if fs else None
     if isinstance(width, int) and width != d // 2:
         return f"the angles' width {width} is not head_size / 2 = {d // 2}"
-    if (
-        f.shape is None
-        or None in (f.shape[0], f.shape[1])
-        or (x.shape[0], x.shape[2]) != tuple(f.shape[:2])
-    ):
-        # The kernel wants one cache row per (batch row, position) of x: a batch of angles
-        # broadcast over x's batch (position ids [1, S]) would not run.
-        return "the angles' batch and sequence are not proven equal to x's"
+    if fs is None or len(fs) != 3 or S.equal(fs[1], xs[2]) is not True:
+        return "the angles' sequence is not proven equal to x's"
+    shared = fs[0] == 1 and xs[0] != 1
+    if not shared and S.equal(fs[0], xs[0]) is not True:
+        # The kernel wants a cache row per (batch row, position) of x: angles of one batch row
+        # broadcast over x's (position ids [1, S]) get position ids s in every row instead.
+        return "the angles' batch is neither x's nor 1"
     for node in (m_cos, m_sin):
         if sole_reader(node.output) is not add:
             return "a product of the rotation has readers outside it"
-    return _Match("contrib", x, f, d // 2, add, removed)
+    return _Match("contrib", x, f, d // 2, add, removed, shared)
 
 
 def _contrib(ctx: PassContext) -> bool:
     return ctx.fused_ops_allowed and ctx.target == "cpu"
 
 
-def _check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
-    found = match(node)
+def _check_with(sym: SymbolicShapes):
+    def check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+        return _check(node, ctx, sym)
+
+    return check
+
+
+def _check(node: Node, ctx: PassContext, sym: SymbolicShapes) -> _Match | Refuse | None:
+    found = match(node, sym)
     if found is None or isinstance(found, str):
         return None if found is None else Refuse(found)
     if _contrib(ctx):
@@ -222,7 +253,7 @@ class _Caches:
         self.built: dict[tuple[int, str], tuple[Value, ...]] = {}
 
     def get(self, graph: Graph, m: _Match) -> tuple[Value, ...]:
-        key = (id(m.angles), m.key)
+        key = (id(m.angles), m.key, m.shared)
         if key not in self.built:
             self.built[key] = _build(graph, m)
         return self.built[key]
@@ -245,10 +276,22 @@ def _build(graph: Graph, m: _Match) -> tuple[Value, ...]:
     rows = graph.make_constant(np.array([-1, m.half], np.int64), "rotary_rows")
     zero = graph.make_constant(np.array(0, np.int64), "rotary_zero")
     one = graph.make_constant(np.array(1, np.int64), "rotary_one")
-    shape = op("Shape", [f], start=0, end=2)
-    count = op("ReduceProd", [shape], keepdims=0)
-    ids = op("Reshape", [op("Range", [zero, count, one]), shape])
+    if m.shared:  # row s of the cache for position s of every batch row of x
+        length = op("Squeeze", [op("Shape", [f], start=1, end=2)])
+        row = op("Unsqueeze", [op("Range", [zero, length, one]), zero_axis(graph)])
+        batch_and_length = op(
+            "Concat", [op("Shape", [m.x], start=0, end=1), op("Shape", [f], start=1, end=2)], axis=0
+        )
+        ids = op("Expand", [row, batch_and_length])
+    else:
+        shape = op("Shape", [f], start=0, end=2)
+        count = op("ReduceProd", [shape], keepdims=0)
+        ids = op("Reshape", [op("Range", [zero, count, one]), shape])
     return ids, op("Reshape", [cos, rows]), op("Reshape", [sin, rows])
+
+
+def zero_axis(graph: Graph) -> Value:
+    return graph.make_constant(np.array([0], np.int64), "rotary_axis0")
 
 
 def _rewrite_with(caches: _Caches):
@@ -284,7 +327,7 @@ def _rewrite_with(caches: _Caches):
 def fuse_rotary_embedding(graph: Graph, ctx: PassContext) -> PassResult:
     """RoPE (rotate_half, cos/sin multiply-add) -> com.microsoft.RotaryEmbedding (cpu), or
     the standard RotaryEmbedding (opset >= 23)."""
-    rule = Rule("rotary", ("Add",), _check, _rewrite_with(_Caches()))
+    rule = Rule("rotary", ("Add",), _check_with(SymbolicShapes()), _rewrite_with(_Caches()))
     run = apply_rules(graph, ctx, [rule], subgraphs=False)
     counts = {k: run.counts[k] for k in ("contrib", "standard") if run.counts[k]}
     return PassResult(changed=bool(counts), stats=counts)
