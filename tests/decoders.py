@@ -58,8 +58,9 @@ def tiny_decoder(
     attention: str = "where",
     norm: str = "layer",
     kv_heads: int | None = None,
-    rotary: bool = False,
+    rotary: bool | str = False,
     causal: bool = True,
+    opset: int = 21,
 ) -> onnx.ModelProto:
     """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
     additive causal bias; `"where"` (default) masks them with Where; `"sdpa"` is the bias form
@@ -70,7 +71,9 @@ def tiny_decoder(
     attention, the cache holding `kv_heads` heads, each repeated heads / kv_heads times in a row
     (Unsqueeze, Tile, Reshape: torch's repeat_interleave). `rotary`: Q and K rotated after the
     head split by com.microsoft.RotaryEmbedding (what fuse-rotary-embedding leaves), from
-    position_ids and cos/sin tables of `positions` rows. `causal=False` writes the bias'
+    position_ids and cos/sin tables of `positions` rows; `rotary="standard"`: by the standard
+    opset-23 RotaryEmbedding (pass `opset=23`), its caches the tables' rows gathered by
+    position_ids. `causal=False` writes the bias'
     causal term the wrong way round (keys at or after the query's position kept)."""
     b = _Builder(seed)
     d = hidden // heads
@@ -93,6 +96,8 @@ def tiny_decoder(
         angles = np.arange(positions)[:, None] / 10000 ** (np.arange(0, d, 2) / d)
         b.const("cos_cache", np.cos(angles).astype(np.float32))
         b.const("sin_cache", np.sin(angles).astype(np.float32))
+        if rotary == "standard":  # [batch, seq, D / 2] rows, no position ids
+            rows = [b.op("Gather", [t, "position_ids"]) for t in ("cos_cache", "sin_cache")]
     shape_bsc = b.const("shape_bsc", np.array([0, 0, hidden], np.int64))
     scale = b.const("scale", np.array(1.0 / np.sqrt(d), np.float32))
     neg = b.const("neg", np.array(-1e9, np.float32))
@@ -118,7 +123,9 @@ def tiny_decoder(
             )
             split = shape_kv if n != heads else shape_bshd
             y = b.op("Transpose", [b.op("Reshape", [y, split])], perm=[0, 2, 1, 3])
-            if rotary and part != "v":
+            if rotary == "standard" and part != "v":
+                y = b.op("RotaryEmbedding", [y, *rows])
+            elif rotary and part != "v":
                 y = b.op(
                     "RotaryEmbedding",
                     [y, "position_ids", "cos_cache", "sin_cache"],
@@ -213,7 +220,10 @@ def tiny_decoder(
                 oh.make_tensor_value_info(f"present.{i}.{name}", f, ["batch", kv, "total", d])
             )
     graph = oh.make_graph(b.nodes, "tiny_decoder", inputs, outputs, b.inits)
-    opsets = [oh.make_opsetid("", 21)] + ([oh.make_opsetid("com.microsoft", 1)] if rotary else [])
+    contrib = rotary and rotary != "standard"
+    opsets = [oh.make_opsetid("", opset)] + (
+        [oh.make_opsetid("com.microsoft", 1)] if contrib else []
+    )
     model = make_model(graph, opset_imports=opsets)
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)

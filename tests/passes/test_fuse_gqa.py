@@ -147,3 +147,18 @@ def test_fusing_again_changes_nothing():
     assert count == 0
     assert op_counts(again) == op_counts(out)
     assert_equal_everywhere(out, again)
+
+
+@pytest.mark.parametrize("rotary", [False, "standard"], ids=["unrotated", "rotated"])
+def test_portable_at_opset_23_is_the_standard_attention(rotary):
+    """The opset-23 Attention: grouped heads, past and present, the bias as attn_mask; the
+    standard RotaryEmbedding moved onto the [B, S, N * D] form."""
+    proto = tiny_decoder(layers=2, kv_heads=2, rotary=rotary, attention="sdpa", opset=23)
+    out, count, ctx = fused(proto, portable=True)
+    assert count == 2
+    ops = op_counts(out)
+    assert ops["Attention"] == 2 and ops["Softmax"] == ops["Tile"] == 0
+    assert {n.domain for n in out.graph.node} == {""}
+    assert ops["RotaryEmbedding"] == (4 if rotary else 0)
+    assert ctx.assumed[NONEMPTY_SEQUENCES][PASS] == 2
+    assert_equal_everywhere(proto, out)

@@ -22,8 +22,8 @@ Where each comes from:
   broadcasting and shape-preserving ops, MatMul and Gemm, reductions, If (a dimension both
   branches agree on), and onnxruntime's shape-preserving contrib ops (Gelu, FastGelu,
   SkipLayerNormalization, RotaryEmbedding, ... and SimplifiedLayerNormalization, which
-  onnxruntime registers in the ONNX domain) and its cached attention ops (GroupQueryAttention,
-  MultiHeadAttention), after which onnx's inference knows nothing.
+  onnxruntime registers in the ONNX domain) and attention with a KV cache (GroupQueryAttention,
+  MultiHeadAttention, the standard Attention), after which onnx's inference knows nothing.
 
 Everything is computed on demand and memoized: values are never mutated once defined, so an
 info stays true while passes rewrite other nodes. The walk is iterative, so a chain of any
@@ -152,6 +152,8 @@ def _rule_for(node: Node) -> Rule | None:
     if node.domain in STANDARD_DOMAINS:
         if node.op_type in ORT_ONNX_DOMAIN_SAME_SHAPE:
             return _same_as_first
+        if node.op_type == "Attention":
+            return _cached_attention
         return RULES.get(node.op_type)
     if node.domain == MS_DOMAIN and node.op_type in MS_SAME_SHAPE:
         return _same_as_first
@@ -161,13 +163,14 @@ def _rule_for(node: Node) -> Rule | None:
 
 
 def _cached_attention(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
-    """onnxruntime's attention with a KV cache, unpacked Q, K and V: the output has the query's
-    shape, present_key and present_value the past's with the new length added (GQA's past at
-    3, 4; MultiHeadAttention's at 6, 7)."""
+    """Attention with a KV cache on unpacked [B, S, width] Q, K and V (onnxruntime's
+    GroupQueryAttention and MultiHeadAttention, the standard opset-23 Attention): the output
+    has the query's shape, present_key and present_value the past's with the new length added
+    (the pasts at inputs 3, 4 of GQA, 4, 5 of Attention, 6, 7 of MultiHeadAttention)."""
     query, key = ins[0], ins[1] if len(ins) > 1 else None
     if query is None or query.rank != 3 or key is None or key.rank != 3:
         return [UNKNOWN] * len(node.outputs)
-    first = 3 if node.op_type == "GroupQueryAttention" else 6
+    first = {"GroupQueryAttention": 3, "Attention": 4}.get(node.op_type, 6)
     outs: list[SymInfo | None] = [SymInfo(query.shape)]
     for past in ins[first : first + 2]:
         if past is None or past.rank != 4:

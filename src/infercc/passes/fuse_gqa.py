@@ -44,6 +44,14 @@ past followed by the new keys and values as present:
   id, the same numbers as on [B, H, S, D] (equal bit for bit in the tests);
 - the split scale a, b becomes one scale a * b (the scores differ by rounding only).
 
+Under `--portable` or a GPU target, where the model's opset is 23 or more, the standard
+Attention instead: Attention(q', k', v, attn_mask=bias, past_key, past_value; q_num_heads=H,
+kv_num_heads=KV, scale), is_causal=0, the rotation (if any) the standard RotaryEmbedding on
+the [B, S, N * D] form (num_heads=N). It computes the softmax over every key with the bias
+added, the original's arithmetic, so the bias need not be causal; onnxruntime's kernel
+differs from the original on a row that keeps no key too (measured), so it also needs the
+assumption. Below opset 23 nothing, and the refusal says so.
+
 Guards: H, KV and D fixed, H = G * KV; float32; every intermediate read only by the next node
 of the pattern, the presents only by the repeat, Shape nodes and the graph outputs; the bias
 of shape [B or 1, 1, S, T]; the cache Concats along axis 2 (or -2); the installed
@@ -69,12 +77,13 @@ from infercc.ir.ops import MS_DOMAIN
 from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.fuse_attention import has_cache_inputs, in_order, merge_heads, split_heads
 from infercc.passes.manager import PassContext, PassResult, register_pass
-from infercc.passes.match import const_ints, const_value, producer, sole_reader
+from infercc.passes.match import const_ints, const_value, default_opset, producer, sole_reader
 from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
 NEG_LIMIT = -1e9  # a masked score at most this: its exp is 0 beside any real score
+ATTENTION_OPSET = 23  # the standard Attention, with past and present and grouped heads
 _GQA_INPUTS = {"attention_bias": 10, "query_seqlens": 16}
 
 
@@ -121,7 +130,9 @@ class _Match:
     heads: int
     kv_heads: int
     scale: float
+    new: S.Dim | None = None  # S, the new tokens' length
     removed: list[Node] = field(default_factory=list)
+    form: str = "contrib"  # or "standard": the opset-23 Attention
 
 
 def _perm(node: Node | None, perm: list[int]) -> bool:
@@ -140,7 +151,7 @@ def _side(value: Value, removed: list[Node], may_rotate: bool) -> _Side | None:
         may_rotate
         and rotary is not None
         and rotary.op_type == "RotaryEmbedding"
-        and rotary.domain == MS_DOMAIN
+        and (rotary.domain == MS_DOMAIN or (rotary.is_standard and len(rotary.inputs) == 3))
         and rotary.attr("interleaved", 0) == 0
         and not rotary.attr("rotary_embedding_dim", 0)
         and len(value.uses()) == 1
@@ -292,7 +303,7 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
     for present in (present_key, present_value):  # Shape readers go on reading the new one
         if len([u for u in present.users() if u.op_type != "Shape"]) != 1:
             return f"{present.name} has readers outside the attention"
-    reason = causal_bias(bias, sym, widths[0][1])
+    reason = bias_shape(bias, sym, widths[0][1])
     if reason is not None:
         return reason
     return _Match(
@@ -309,6 +320,7 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
         heads,
         kv_heads,
         scale,
+        widths[0][1],
         removed,
     )
 
@@ -326,12 +338,21 @@ def _strip(value: Value, ops: tuple[str, ...]) -> Value:
         value = p.input(0)
 
 
-def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> str | None:
-    """None when `bias` [B or 1, 1, S, T] is NEG at every key after its row's query position
-    T - S + s (module docstring), with S = `new`; else why that is not proven."""
+def bias_shape(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> str | None:
+    """None when `bias` is [B or 1, 1, S, T] with S = `new`; else why not."""
     shape = sym.shape(bias)
     if shape is None or len(shape) != 4 or shape[1] != 1 or not S.equal(shape[2], new):
         return "the attention bias is not of shape [batch or 1, 1, new, total]"
+    return None
+
+
+def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> str | None:
+    """None when `bias` [B or 1, 1, S, T] is NEG at every key after its row's query position
+    T - S + s (module docstring), with S = `new`; else why that is not proven."""
+    reason = bias_shape(bias, sym, new)
+    if reason is not None:
+        return reason
+    shape = sym.shape(bias)
     where = producer(bias, "Where")
     if where is None:
         return "the attention bias is not Where(condition, 0, a large negative number)"
@@ -465,26 +486,42 @@ def _rewrite_with(lengths: _Lengths):
     def rewrite(node: Node, m: _Match, ctx: PassContext) -> None:
         graph = node.graph
         anchor = m.out.producer
-        seqlens_k, total, query = lengths.get(graph, m, anchor)
-        q, k = (_flat_input(graph, side, anchor) for side in (m.q, m.k))
-        inputs: list[Value | None] = [q, k, m.v.flat, m.past_key, m.past_value, seqlens_k, total]
-        inputs += [None] * (_GQA_INPUTS["attention_bias"] - len(inputs)) + [m.bias]
-        inputs += [None] * (_GQA_INPUTS["query_seqlens"] - len(inputs)) + [query]
-        fused = graph.make_node(
-            "GroupQueryAttention",
-            inputs,
-            3,
-            before=anchor,
-            domain=MS_DOMAIN,
-            name=f"GroupQueryAttention_{m.softmax.name}",
-            attributes={
-                "num_heads": m.heads,
-                "kv_num_heads": m.kv_heads,
-                "scale": float(m.scale),
-                "causal": 1,
-            },
-        )
-        graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
+        q = _flat_input(graph, m.q, m.heads, anchor)
+        k = _flat_input(graph, m.k, m.kv_heads, anchor)
+        if m.form == "standard":
+            fused = graph.make_node(
+                "Attention",
+                [q, k, m.v.flat, m.bias, m.past_key, m.past_value],
+                3,
+                before=anchor,
+                name=f"Attention_{m.softmax.name}",
+                attributes={
+                    "q_num_heads": m.heads,
+                    "kv_num_heads": m.kv_heads,
+                    "scale": float(m.scale),
+                },
+            )
+        else:
+            seqlens_k, total, query = lengths.get(graph, m, anchor)
+            inputs: list[Value | None] = [q, k, m.v.flat, m.past_key, m.past_value]
+            inputs += [seqlens_k, total]
+            inputs += [None] * (_GQA_INPUTS["attention_bias"] - len(inputs)) + [m.bias]
+            inputs += [None] * (_GQA_INPUTS["query_seqlens"] - len(inputs)) + [query]
+            fused = graph.make_node(
+                "GroupQueryAttention",
+                inputs,
+                3,
+                before=anchor,
+                domain=MS_DOMAIN,
+                name=f"GroupQueryAttention_{m.softmax.name}",
+                attributes={
+                    "num_heads": m.heads,
+                    "kv_num_heads": m.kv_heads,
+                    "scale": float(m.scale),
+                    "causal": 1,
+                },
+            )
+            graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
         out, pk, pv = fused.outputs
         for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
             new.dtype, new.shape = old.dtype, old.shape
@@ -496,19 +533,23 @@ def _rewrite_with(lengths: _Lengths):
     return rewrite
 
 
-def _flat_input(graph: Graph, side: _Side, before: Node) -> Value:
-    """The [B, S, N * D] input: the rotation moved onto it where the heads were rotated."""
+def _flat_input(graph: Graph, side: _Side, heads: int, before: Node) -> Value:
+    """The [B, S, N * D] input: the rotation moved onto it where the heads were rotated (the
+    standard op on 3-D input takes its number of heads as an attribute)."""
     if side.rotary is None:
         return side.flat
     _x, *rest = side.rotary.inputs
+    attributes = dict(side.rotary.attributes)
+    if side.rotary.is_standard:
+        attributes["num_heads"] = heads
     node = graph.make_node(
         "RotaryEmbedding",
         [side.flat, *rest],
         1,
         before=before,
-        domain=MS_DOMAIN,
+        domain=side.rotary.domain,
         name="RotaryEmbedding",
-        attributes=dict(side.rotary.attributes),
+        attributes=attributes,
     )
     node.output.dtype, node.output.shape = side.flat.dtype, side.flat.shape
     return node.output
@@ -518,14 +559,24 @@ def _check_with(sym: SymbolicShapes):
     def check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
         if not has_cache_inputs(node.graph):
             return None
-        if not ctx.fused_ops_allowed or ctx.target != "cpu":
-            return Refuse("--portable or a GPU target keeps standard ops")
+        contrib = ctx.fused_ops_allowed and ctx.target == "cpu"
+        opset = default_opset(node)
+        if not contrib and opset < ATTENTION_OPSET:
+            return Refuse(
+                f"--portable or a GPU target keeps standard ops, and Attention needs opset "
+                f"{ATTENTION_OPSET} (the model has {opset})"
+            )
         found = match(node, sym)
         if isinstance(found, str):
             return Refuse(found)
-        support = runtime_support()
-        if support is not None:
-            return Refuse(support)
+        if contrib:
+            support = runtime_support() or causal_bias(found.bias, sym, found.new)
+            if support is not None:
+                return Refuse(support)
+        elif any(s.rotary is not None and not s.rotary.is_standard for s in (found.q, found.k)):
+            return Refuse("the heads are rotated by a contrib op; the standard form keeps them")
+        else:
+            found.form = "standard"
         if not ctx.assumes(NONEMPTY_SEQUENCES):
             return Refuse(
                 "GroupQueryAttention differs on a row that keeps no key (a left-padded "
