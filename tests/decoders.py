@@ -61,6 +61,7 @@ def tiny_decoder(
     rotary: bool | str = False,
     causal: bool = True,
     opset: int = 21,
+    dynamo_kt: bool = False,
 ) -> onnx.ModelProto:
     """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
     additive causal bias; `"where"` (default) masks them with Where; `"sdpa"` is the bias form
@@ -73,8 +74,10 @@ def tiny_decoder(
     head split by com.microsoft.RotaryEmbedding (what fuse-rotary-embedding leaves), from
     position_ids and cos/sin tables of `positions` rows; `rotary="standard"`: by the standard
     opset-23 RotaryEmbedding (pass `opset=23`), its caches the tables' rows gathered by
-    position_ids. `causal=False` writes the bias'
-    causal term the wrong way round (keys at or after the query's position kept)."""
+    position_ids. `dynamo_kt`: K^T written as the dynamo exporter writes it,
+    Reshape(Transpose(Reshape(K, [B H, T, D]), [0, 2, 1]), [B, H, D, T]). `causal=False`
+    writes the bias' causal term the wrong way round (keys at or after the query's position
+    kept)."""
     b = _Builder(seed)
     d = hidden // heads
     kv = kv_heads or heads
@@ -146,7 +149,23 @@ def tiny_decoder(
                 )
                 for t in (k_all, v_all)
             )
-        k_t = b.op("Transpose", [k_all], perm=[0, 1, 3, 2])
+        if dynamo_kt:  # Reshape(Transpose(Reshape(K, [B H, T, D]), [0, 2, 1]), [B, H, D, T])
+            dims = b.op("Shape", [k_all])
+            part = {
+                (lo, hi): b.op(
+                    "Slice",
+                    [dims, b.const(f"s{lo}{hi}_{i}", [lo]), b.const(f"e{lo}{hi}_{i}", [hi])],
+                )
+                for lo, hi in ((0, 2), (2, 4), (2, 3))
+            }
+            flat = b.op("Concat", [b.const(f"m1_{i}", [-1]), part[2, 4]], axis=0)
+            back = b.op("Concat", [part[0, 2], b.const(f"d_{i}", [d]), part[2, 3]], axis=0)
+            k_t = b.op(
+                "Reshape",
+                [b.op("Transpose", [b.op("Reshape", [k_all, flat])], perm=[0, 2, 1]), back],
+            )
+        else:
+            k_t = b.op("Transpose", [k_all], perm=[0, 1, 3, 2])
         if attention == "sdpa":
             qk = b.op("MatMul", [b.op("Mul", [q, quarter]), b.op("Mul", [k_t, quarter])])
         else:

@@ -76,8 +76,9 @@ def reasons(ctx):
         {"kv_heads": 2, "rotary": True, "attention": "sdpa"},  # Llama: GQA, RoPE, SDPA scale
         {"kv_heads": 2, "attention": "bias"},  # grouped, eager scale, no rotation
         {"attention": "sdpa"},  # as many cache heads as query heads: no repeat
+        {"kv_heads": 2, "rotary": True, "attention": "sdpa", "dynamo_kt": True},
     ],
-    ids=["llama", "grouped-eager", "no-repeat"],
+    ids=["llama", "grouped-eager", "no-repeat", "dynamo-transpose"],
 )
 def test_every_layer_becomes_one_op_and_computes_the_same(kwargs):
     proto = tiny_decoder(layers=2, heads=HEADS, hidden=HEADS * SIZE, **kwargs)

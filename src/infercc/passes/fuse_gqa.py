@@ -10,7 +10,9 @@ model rotates, fuse-rotary-embedding), for one layer with H query heads and KV k
     K  = Concat(past_key, Kh, axis=2)  -> present_key;   V likewise -> present_value
     Kx = Reshape(Tile(Unsqueeze(K, [2]), [1, 1, G, 1, 1]), [B, H, T, D])
          (repeat_interleave of the heads; an Expand in place of the Tile; absent when G = 1)
-    A  = MatMul(Mul(Qh, a), Mul(Transpose(Kx, [0, 1, 3, 2]), b))       (SDPA: a split scale)
+    A  = MatMul(Mul(Qh, a), Mul(Transpose(Kx, [0, 1, 3, 2]), b))       (SDPA: a split scale;
+         the dynamo exporter transposes as Reshape(Transpose(Reshape(Kx, [B H, T, D]),
+         [0, 2, 1]), [B, H, D, T]), the same elements)
       or Div|Mul(MatMul(Qh, Transpose(Kx, [0, 1, 3, 2])), c)            (eager attention)
     P  = Softmax(Add(A, bias), axis=-1)
     Y  = Reshape(Transpose(MatMul(P, Vx), [0, 2, 1, 3]), [B, S, H * D])
@@ -207,7 +209,7 @@ def _repeated(value: Value, sym: SymbolicShapes, removed: list[Node]) -> tuple[V
     return cache, groups
 
 
-def _scores(softmax: Node, removed: list[Node]):
+def _scores(softmax: Node, removed: list[Node], sym: SymbolicShapes):
     """Softmax(Add(scaled scores, bias)) -> (Qh, K^T's input, scale, bias)."""
     if softmax.attr("axis", -1) not in (-1, 3):
         return None
@@ -245,17 +247,43 @@ def _scores(softmax: Node, removed: list[Node]):
                 q = mul.input(0)
             else:
                 kt = mul.input(0)
-    t = producer(kt, "Transpose")
-    if not _perm(t, [0, 1, 3, 2]) or len(kt.uses()) != 1:
+    if len(kt.uses()) != 1:
         return None
-    removed.append(t)
-    return q, t.input(0), scale, bias
+    keys = _untransposed(kt, sym, removed)
+    return None if keys is None else (q, keys, scale, bias)
+
+
+def _untransposed(kt: Value, sym: SymbolicShapes, removed: list[Node]) -> Value | None:
+    """kt = Transpose(x, [0, 1, 3, 2]), or the dynamo exporter's form of it,
+    Reshape(Transpose(Reshape(x, [B * H, T, D]), [0, 2, 1]), [B, H, D, T]) -> x."""
+    t = producer(kt, "Transpose")
+    if _perm(t, [0, 1, 3, 2]):
+        removed.append(t)
+        return t.input(0)
+    outer = producer(kt, "Reshape")
+    t = None if outer is None else producer(outer.input(0), "Transpose")
+    inner = None if not _perm(t, [0, 2, 1]) else producer(t.input(0), "Reshape")
+    if inner is None or len(t.output.uses()) != 1:
+        return None
+    x = inner.input(0)
+    dims = [sym.shape(v) for v in (x, inner.output, outer.output)]
+    if any(d is None for d in dims) or [len(d) for d in dims] != [4, 3, 4]:
+        return None
+    (b, h, n, d), merged, back = dims
+    want = [(S.mul(b, h), n, d), (b, h, d, n)]
+    for got, expected in zip((merged, back), want, strict=True):
+        if not all(S.equal(u, w) is True for u, w in zip(got, expected, strict=True)):
+            return None
+    if any(u.op_type != "Shape" for u in inner.output.users() if u is not t):
+        return None
+    removed += [outer, t, inner]
+    return x
 
 
 def match(softmax: Node, sym: SymbolicShapes) -> _Match | str:
     """The attention around `softmax`, or why it is not one."""
     removed: list[Node] = [softmax]
-    found = _scores(softmax, removed)
+    found = _scores(softmax, removed, sym)
     if found is None:
         return "the Softmax does not read MatMul(Q, K^T) scaled by constants plus a bias"
     qh, kx, scale, bias = found
@@ -300,8 +328,11 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
     # Q, K, V share the pasts' type: Concat and MatMul take operands of one type
     if any(x.dtype != TensorProto.FLOAT for x in (past_key, past_value)):
         return "not float32"
-    for present in (present_key, present_value):  # Shape readers go on reading the new one
-        if len([u for u in present.users() if u.op_type != "Shape"]) != 1:
+    kept = {q.flat, k.flat, v.flat, past_key, past_value, bias}
+    kept |= {x for side in (q, k) if side.rotary for x in side.rotary.inputs[1:] if x is not None}
+    removed[:] = list(dead_with(removed, kept))
+    for present in (present_key, present_value):
+        if any(u not in removed for u in present.users()):
             return f"{present.name} has readers outside the attention"
     reason = bias_shape(bias, sym, widths[0][1])
     if reason is not None:
@@ -323,6 +354,25 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
         widths[0][1],
         removed,
     )
+
+
+def dead_with(pattern: list[Node], kept: set[Value]) -> set[Node]:
+    """The pattern's nodes and every node whose outputs only they read, transitively: the
+    shape arithmetic of the pattern's Reshape targets and the Shape readers of its values;
+    never the producer of a value in `kept` (what the fused node reads)."""
+    dead = set(pattern)
+    work = [v.producer for n in pattern for v in n.inputs if v is not None and v.producer]
+    while work:
+        node = work.pop()
+        if node in dead or any(o in kept for o in node.outputs):
+            continue
+        if all(
+            o is None or (not o.is_graph_output and all(u in dead for u in o.users()))
+            for o in node.outputs
+        ):
+            dead.add(node)
+            work += [v.producer for v in node.inputs if v is not None and v.producer]
+    return dead
 
 
 # --------------------------------------------------------------------------- the causal proof
@@ -526,9 +576,11 @@ def _rewrite_with(lengths: _Lengths):
         for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
             new.dtype, new.shape = old.dtype, old.shape
             graph.replace_all_uses_with(old, new)
-        for dead in reversed(in_order(graph, m.removed)):
-            if not any(o is not None and (o.uses() or o.is_graph_output) for o in dead.outputs):
-                graph.remove(dead)
+        for old in (m.present_key, m.present_value):  # the cache Concats, read by nothing now
+            if old.producer is not None and not old.uses() and not old.is_graph_output:
+                graph.remove(old.producer)
+        for dead in reversed(in_order(graph, m.removed)):  # every reader is removed first
+            graph.remove(dead)
 
     return rewrite
 
