@@ -152,7 +152,7 @@ def plan_feeds(
     return FeedPlan([first] if second is None else [first, second], notes)
 
 
-# (batch, cached tokens, new tokens) of a decoder's two profiles: a prefill, and a chunk
+# (source, batch, cached tokens, new tokens) of a decoder's two profiles: a prefill, and a chunk
 # after a past at a batch above 1, which no decode loop at batch 1 reaches
 DECODER_PROFILES = (("decoder prefill", 1, 0, 8), ("decoder chunk after a past", 3, 7, 5))
 
