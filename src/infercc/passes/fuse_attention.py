@@ -36,7 +36,7 @@ from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
 from infercc.passes.manager import PassContext, PassResult, register_pass
-from infercc.passes.match import const_value, producer, sole_reader
+from infercc.passes.match import const_scalar, has_perm, producer, sole_reader
 from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
@@ -68,18 +68,13 @@ def _only_reader(value: Value | None, op: str) -> Node | None:
     return reader
 
 
-_const = const_value
 _producer = producer
-
-
-def _perm(node: Node | None, perm: list[int]) -> bool:
-    return node is not None and list(node.attr("perm", [])) == perm
 
 
 def split_heads(value: Value, removed: list[Node]) -> Value | None:
     """value = Transpose(Reshape(x, [*, *, H, D]), [0, 2, 1, 3]) -> x."""
     t = _producer(value, "Transpose")
-    if not _perm(t, [0, 2, 1, 3]):
+    if not has_perm(t, [0, 2, 1, 3]):
         return None
     r = _producer(t.input(0), "Reshape")
     if r is None or len(t.input(0).uses()) != 1:
@@ -113,11 +108,10 @@ def _scores(softmax: Node, removed: list[Node]) -> tuple[Node, float, Value | No
     op = _producer(x, "Div") or _producer(x, "Mul")
     if op is None or len(x.uses()) != 1:
         return None
-    c = _const(op.input(1))
+    c = const_scalar(op.input(1))
     mm = _producer(op.input(0), "MatMul")
-    if c is None or c.size != 1 or mm is None or len(op.input(0).uses()) != 1:
+    if c is None or mm is None or len(op.input(0).uses()) != 1:
         return None
-    c = float(c.reshape(()))
     scale = 1.0 / c if op.op_type == "Div" else c
     removed += [op]
     return mm, scale, bias
@@ -131,7 +125,7 @@ def match(softmax: Node) -> _Match | str:
         return "the Softmax does not read MatMul(Q, K^T) scaled by a constant (+ a bias)"
     qk, scale, bias = found
     kt = _producer(qk.input(1), "Transpose")
-    if not _perm(kt, [0, 1, 3, 2]):
+    if not has_perm(kt, [0, 1, 3, 2]):
         return "K is not transposed [0, 1, 3, 2] before the score MatMul"
     key_concat = _producer(kt.input(0), "Concat")
     av = _only_reader(softmax.output, "MatMul")
@@ -152,7 +146,7 @@ def match(softmax: Node) -> _Match | str:
 
 def merge_heads(value: Value, removed: list[Node]) -> Value | None:
     t = _only_reader(value, "Transpose")
-    if not _perm(t, [0, 2, 1, 3]):
+    if not has_perm(t, [0, 2, 1, 3]):
         return None
     r = _only_reader(t.output, "Reshape")
     if r is None:

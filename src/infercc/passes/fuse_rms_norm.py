@@ -51,7 +51,14 @@ from onnx import TensorProto
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
 from infercc.passes.manager import PassContext, PassResult, register_pass
-from infercc.passes.match import const_ints, const_value, default_opset, producer, sole_reader
+from infercc.passes.match import (
+    const_ints,
+    const_scalar,
+    const_value,
+    default_opset,
+    producer,
+    sole_reader,
+)
 from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
@@ -95,8 +102,7 @@ def _squared(mean: Node) -> tuple[Value, Node] | str:
     if sq.op_type == "Mul" and sq.input(1) is not x:
         return "the mean is not of a square Pow(x, 2) or Mul(x, x) read only by it"
     if sq.op_type == "Pow":
-        e = const_value(sq.input(1))
-        if e is None or e.size != 1 or float(e.reshape(())) != 2.0:
+        if const_scalar(sq.input(1)) != 2.0:
             return "the Pow's exponent is not the constant 2"
     return x, sq
 
@@ -111,10 +117,9 @@ def _last_axis(mean: Node, x: Value) -> bool:
 def _root(mean: Node, removed: list[Node]) -> tuple[Value, float] | str:
     """Sqrt(Add(mean, eps)) -> (the root, eps)."""
     add = _next(mean.output, "Add")
-    eps = None if add is None else const_value(_other(add, mean.output))
-    if eps is None or eps.size != 1:
+    eps = None if add is None else const_scalar(_other(add, mean.output))
+    if eps is None:
         return "the mean is not read by one Add of a constant epsilon alone"
-    eps = float(eps.reshape(()))
     if not math.isfinite(eps) or eps < 0:
         return f"epsilon {eps} is not finite and non-negative"
     sqrt = _next(add.output, "Sqrt")
@@ -143,8 +148,7 @@ def _normalized(root: Value, x: Value, removed: list[Node]) -> Value | str:
 
 
 def _is_one(value: Value | None) -> bool:
-    c = const_value(value)
-    return c is not None and c.size == 1 and float(c.reshape(())) == 1.0
+    return const_scalar(value) == 1.0
 
 
 def _upcast(x: Value) -> tuple[Value, Node | None]:

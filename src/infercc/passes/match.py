@@ -61,6 +61,17 @@ def const_value(value: Value | None) -> np.ndarray | None:
     return None if tensor is None else tensor.numpy()
 
 
+def const_scalar(value: Value | None) -> float | None:
+    """The constant `value` holds as a float, when it has exactly one element."""
+    data = const_value(value)
+    return None if data is None or data.size != 1 else float(data.reshape(()))
+
+
+def has_perm(node: Node | None, perm: list[int]) -> bool:
+    """Whether `node` (a Transpose) has exactly the permutation `perm`."""
+    return node is not None and list(node.attr("perm", [])) == perm
+
+
 def const_ints(value: Value | None) -> list[int] | None:
     """The constant as a list of ints, when it is an integer scalar or 1-D tensor."""
     data = const_value(value)
