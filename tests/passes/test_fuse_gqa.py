@@ -163,3 +163,18 @@ def test_portable_at_opset_23_is_the_standard_attention(rotary):
     assert ops["RotaryEmbedding"] == (4 if rotary else 0)
     assert ctx.assumed[NONEMPTY_SEQUENCES][PASS] == 2
     assert_equal_everywhere(proto, out)
+
+
+def test_a_pattern_value_read_outside_the_attention_is_refused():
+    """The heads of Q also read by a Shape that outlives the attention: the layer keeps its
+    form (the graph stays valid), the other layer fuses."""
+    proto = tiny_decoder(layers=2, kv_heads=2, rotary=True, attention="sdpa")
+    heads = next(n for n in proto.graph.node if n.op_type == "RotaryEmbedding").input[0]
+    proto.graph.node.append(onnx.helper.make_node("Shape", [heads], ["heads_shape"]))
+    proto.graph.output.append(
+        onnx.helper.make_tensor_value_info("heads_shape", onnx.TensorProto.INT64, [4])
+    )
+    out, count, ctx = fused(proto)
+    assert count == 1
+    assert any("has readers outside the attention" in r for r in reasons(ctx))
+    assert_equal_everywhere(proto, out)

@@ -79,7 +79,15 @@ from infercc.ir.ops import MS_DOMAIN
 from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.fuse_attention import has_cache_inputs, in_order, merge_heads, split_heads
 from infercc.passes.manager import PassContext, PassResult, register_pass
-from infercc.passes.match import const_ints, const_value, default_opset, producer, sole_reader
+from infercc.passes.match import (
+    const_ints,
+    const_scalar,
+    const_value,
+    default_opset,
+    has_perm,
+    producer,
+    sole_reader,
+)
 from infercc.passes.rules import Refuse, Rule, apply_rules
 
 log = logging.getLogger(__name__)
@@ -135,15 +143,6 @@ class _Match:
     new: S.Dim | None = None  # S, the new tokens' length
     removed: list[Node] = field(default_factory=list)
     form: str = "contrib"  # or "standard": the opset-23 Attention
-
-
-def _perm(node: Node | None, perm: list[int]) -> bool:
-    return node is not None and list(node.attr("perm", [])) == perm
-
-
-def _scalar(value: Value | None) -> float | None:
-    c = const_value(value)
-    return None if c is None or c.size != 1 else float(c.reshape(()))
 
 
 def _side(value: Value, removed: list[Node], may_rotate: bool) -> _Side | None:
@@ -225,7 +224,7 @@ def _scores(softmax: Node, removed: list[Node], sym: SymbolicShapes):
     node = scores.producer
     scale = 1.0
     if node is not None and node.is_standard and node.op_type in ("Div", "Mul"):
-        c = _scalar(node.input(1))
+        c = const_scalar(node.input(1))
         if c is None or c == 0.0:
             return None
         scale = 1.0 / c if node.op_type == "Div" else c
@@ -239,7 +238,7 @@ def _scores(softmax: Node, removed: list[Node], sym: SymbolicShapes):
     q, kt = node.inputs
     for operand in (q, kt):  # SDPA's split scale: Mul(x, c) on each operand
         mul = producer(operand, "Mul")
-        c = None if mul is None else _scalar(mul.input(1))
+        c = None if mul is None else const_scalar(mul.input(1))
         if c is not None and len(operand.uses()) == 1:
             scale *= c
             removed.append(mul)
@@ -257,12 +256,12 @@ def _untransposed(kt: Value, sym: SymbolicShapes, removed: list[Node]) -> Value 
     """kt = Transpose(x, [0, 1, 3, 2]), or the dynamo exporter's form of it,
     Reshape(Transpose(Reshape(x, [B * H, T, D]), [0, 2, 1]), [B, H, D, T]) -> x."""
     t = producer(kt, "Transpose")
-    if _perm(t, [0, 1, 3, 2]):
+    if has_perm(t, [0, 1, 3, 2]):
         removed.append(t)
         return t.input(0)
     outer = producer(kt, "Reshape")
     t = None if outer is None else producer(outer.input(0), "Transpose")
-    inner = None if not _perm(t, [0, 2, 1]) else producer(t.input(0), "Reshape")
+    inner = None if not has_perm(t, [0, 2, 1]) else producer(t.input(0), "Reshape")
     if inner is None or len(t.output.uses()) != 1:
         return None
     x = inner.input(0)
@@ -330,10 +329,17 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
         return "not float32"
     kept = {q.flat, k.flat, v.flat, past_key, past_value, bias}
     kept |= {x for side in (q, k) if side.rotary for x in side.rotary.inputs[1:] if x is not None}
-    removed[:] = list(dead_with(removed, kept))
+    caches = [present_key.producer, present_value.producer]  # replaced, as `out` is
+    dead = dead_with([*removed, *caches], kept)
+    replaced = {out, present_key, present_value}
+    for node in dead:  # every value but the replaced ones dies with its readers
+        for value in node.outputs:
+            if value is not None and value not in replaced and not _dies(value, dead):
+                return f"{value.name} has readers outside the attention"
     for present in (present_key, present_value):
-        if any(u not in removed for u in present.users()):
+        if any(u not in dead for u in present.users()):
             return f"{present.name} has readers outside the attention"
+    removed[:] = list(dead)
     reason = bias_shape(bias, sym, widths[0][1])
     if reason is not None:
         return reason
@@ -356,6 +362,10 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
     )
 
 
+def _dies(value: Value, dead: set[Node]) -> bool:
+    return not value.is_graph_output and all(u in dead for u in value.users())
+
+
 def dead_with(pattern: list[Node], kept: set[Value]) -> set[Node]:
     """The pattern's nodes and every node whose outputs only they read, transitively: the
     shape arithmetic of the pattern's Reshape targets and the Shape readers of its values;
@@ -366,10 +376,7 @@ def dead_with(pattern: list[Node], kept: set[Value]) -> set[Node]:
         node = work.pop()
         if node in dead or any(o in kept for o in node.outputs):
             continue
-        if all(
-            o is None or (not o.is_graph_output and all(u in dead for u in o.users()))
-            for o in node.outputs
-        ):
+        if all(o is None or _dies(o, dead) for o in node.outputs):
             dead.add(node)
             work += [v.producer for v in node.inputs if v is not None and v.producer]
     return dead
@@ -538,47 +545,32 @@ def _rewrite_with(lengths: _Lengths):
         anchor = m.out.producer
         q = _flat_input(graph, m.q, m.heads, anchor)
         k = _flat_input(graph, m.k, m.kv_heads, anchor)
+        heads = {"kv_num_heads": m.kv_heads, "scale": float(m.scale)}
         if m.form == "standard":
-            fused = graph.make_node(
-                "Attention",
-                [q, k, m.v.flat, m.bias, m.past_key, m.past_value],
-                3,
-                before=anchor,
-                name=f"Attention_{m.softmax.name}",
-                attributes={
-                    "q_num_heads": m.heads,
-                    "kv_num_heads": m.kv_heads,
-                    "scale": float(m.scale),
-                },
-            )
+            op, domain = "Attention", ""
+            inputs: list[Value | None] = [q, k, m.v.flat, m.bias, m.past_key, m.past_value]
+            attributes: dict[str, object] = {"q_num_heads": m.heads, **heads}
         else:
+            op, domain = "GroupQueryAttention", MS_DOMAIN
             seqlens_k, total, query = lengths.get(graph, m, anchor)
-            inputs: list[Value | None] = [q, k, m.v.flat, m.past_key, m.past_value]
-            inputs += [seqlens_k, total]
+            inputs = [q, k, m.v.flat, m.past_key, m.past_value, seqlens_k, total]
             inputs += [None] * (_GQA_INPUTS["attention_bias"] - len(inputs)) + [m.bias]
             inputs += [None] * (_GQA_INPUTS["query_seqlens"] - len(inputs)) + [query]
-            fused = graph.make_node(
-                "GroupQueryAttention",
-                inputs,
-                3,
-                before=anchor,
-                domain=MS_DOMAIN,
-                name=f"GroupQueryAttention_{m.softmax.name}",
-                attributes={
-                    "num_heads": m.heads,
-                    "kv_num_heads": m.kv_heads,
-                    "scale": float(m.scale),
-                    "causal": 1,
-                },
-            )
+            attributes = {"num_heads": m.heads, **heads, "causal": 1}
             graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
+        fused = graph.make_node(
+            op,
+            inputs,
+            3,
+            before=anchor,
+            domain=domain,
+            name=f"{op}_{m.softmax.name}",
+            attributes=attributes,
+        )
         out, pk, pv = fused.outputs
         for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
             new.dtype, new.shape = old.dtype, old.shape
             graph.replace_all_uses_with(old, new)
-        for old in (m.present_key, m.present_value):  # the cache Concats, read by nothing now
-            if old.producer is not None and not old.uses() and not old.is_graph_output:
-                graph.remove(old.producer)
         for dead in reversed(in_order(graph, m.removed)):  # every reader is removed first
             graph.remove(dead)
 

@@ -24,8 +24,9 @@ The cache passed is the graph's own Cos(f) and Sin(f), one row per (batch, posit
 indexes row b * S + s for batch b and position s: the same numbers, whatever the positions
 (no table of a maximum length, so nothing the graph does not compute). Angles of one batch
 row broadcast over x's batch (f [1, S, h]: position ids [1, S], as transformers' Llama
-computes them) give a cache of S rows and P = s in every batch row (Expand of Range(0, S)
-to x's [B, S]). The cache is built once per f and shared by every layer.
+computes them) give a cache of S rows and P = [0], which the kernel reads as position s for
+row s of every batch row (nothing read from x, whose heads a later fusion may take away).
+The cache is built once per f and shared by every layer.
 
 Under `--portable` or a GPU target, the standard opset-23 RotaryEmbedding where the model's
 opset allows: `RotaryEmbedding(x, Cos(f), Sin(f))` (without position ids its caches are
@@ -261,7 +262,8 @@ class _Caches:
 
 def _build(graph: Graph, m: _Match) -> tuple[Value, ...]:
     """Before the first rotation of f (later ones come after it): Cos(f), Sin(f), reshaped
-    to [B * S, h] with position ids 0 .. B * S - 1 as [B, S] for the contrib op."""
+    to [B * S, h] with position ids 0 .. B * S - 1 as [B, S] for the contrib op (f shared
+    over the batch: [S, h], and the one position id [0], the kernel's start for every row)."""
 
     def op(op_type: str, inputs, **attrs) -> Value:
         node = graph.make_node(
@@ -276,22 +278,13 @@ def _build(graph: Graph, m: _Match) -> tuple[Value, ...]:
     rows = graph.make_constant(np.array([-1, m.half], np.int64), "rotary_rows")
     zero = graph.make_constant(np.array(0, np.int64), "rotary_zero")
     one = graph.make_constant(np.array(1, np.int64), "rotary_one")
-    if m.shared:  # row s of the cache for position s of every batch row of x
-        length = op("Squeeze", [op("Shape", [f], start=1, end=2)])
-        row = op("Unsqueeze", [op("Range", [zero, length, one]), zero_axis(graph)])
-        batch_and_length = op(
-            "Concat", [op("Shape", [m.x], start=0, end=1), op("Shape", [f], start=1, end=2)], axis=0
-        )
-        ids = op("Expand", [row, batch_and_length])
+    if m.shared:  # one position id, 0: row s of the cache for position s of every batch row
+        ids = graph.make_constant(np.array([0], np.int64), "rotary_start")
     else:
         shape = op("Shape", [f], start=0, end=2)
         count = op("ReduceProd", [shape], keepdims=0)
         ids = op("Reshape", [op("Range", [zero, count, one]), shape])
     return ids, op("Reshape", [cos, rows]), op("Reshape", [sin, rows])
-
-
-def zero_axis(graph: Graph) -> Value:
-    return graph.make_constant(np.array([0], np.int64), "rotary_axis0")
 
 
 def _rewrite_with(caches: _Caches):
