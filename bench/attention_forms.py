@@ -6,21 +6,25 @@ with trained-like biases and LayerNorm parameters (bench/export_bert.py). Each m
 exported twice with the TorchScript exporter: SDPA attention (with torch.onnx's NaN guard)
 and eager attention.
 
-For each model, batch and export, the candidates, each timed against the original SDPA export
-in interleaved blocks (A B A B ...), the ratio of their times per round:
+For each model, batch and export, the candidates, each in its own process, timed in turn
+(A B C ... A B C ...; each one's median over `--block` runs per round, after one untimed run):
 
-- `original`: the export itself (the eager export's ratio is to the SDPA original);
+- `original`: the export itself (the eager export's ratios are to the SDPA original);
+- `sdpa original (A/A)`: a second process running the SDPA original, the race's own noise;
 - `ort-transformers`: onnxruntime.transformers.optimizer.optimize_model on the export;
-- `original, SLN off`: the export with onnxruntime's SkipLayerNormFusion disabled;
-- `infercc`: `infercc.optimize` (exact), under onnxruntime's defaults and with the
-  SkipLayerNormFusion disabled (what the ort backend's tuner may choose);
-- `infercc --assume`: with `--assume nonempty-sequences`, the same two sessions.
+- `infercc`: `infercc.optimize` (exact);
+- `infercc --assume`: with `--assume nonempty-sequences`;
+- with `--sln`, each export and infercc build again with onnxruntime's SkipLayerNormFusion
+  disabled (what the ort backend's tuner may choose).
 
 Outputs are compared with the original on an input with padded (never empty) sequences, and
 the rows of a fully padded sequence are reported (what changes under the assumption).
-Ratios are of the process's CPU time per run (every thread's; idle threads do not spin), which
-a shared, busy machine disturbs far less than the wall clock; the wall-clock ratio is printed
-beside. On a quiet machine the two agree.
+Ratios are per round, to the SDPA original's time in the same round, by the wall clock and
+by the candidate process's CPU time (every thread's). onnxruntime's idle threads do not spin
+(`session.intra_op.allow_spinning` 0, as a server sharing its cores runs it) unless `--spin`
+(onnxruntime's default): spinning hides the cost of waking the thread pool for each node, so
+there the ratios follow the work removed more than the nodes removed. A process per
+candidate keeps one candidate's threads off the cores of the next.
 
     python bench/attention_forms.py                       # both models, batch 1 and 8, seq 128
     python bench/attention_forms.py --models minilm --batches 1 --rounds 10
@@ -101,12 +105,12 @@ def ort_transformers(src: Path, heads: int, hidden: int) -> Path:
     return out
 
 
-def session(path: Path, sln_off: bool):
+def session(path: Path, sln_off: bool, spin: bool = False):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     disabled = ["SkipLayerNormFusion"] if sln_off else []
     return ort.InferenceSession(
         str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
@@ -129,29 +133,57 @@ def feeds(sess, batch: int, seq: int, vocab: int, empty_row: bool, seed: int = 0
 # --------------------------------------------------------------------------- the race
 
 
-def race(sessions: dict, feed: dict, rounds: int, block: int) -> dict[str, dict[str, list]]:
-    """Per round, each session's median over `block` runs, in turn (A B C ... A B C ...), by
-    the wall clock and by the process's CPU time (all its threads; idle threads do not spin),
-    which other processes on a shared machine disturb far less."""
-    for s in sessions.values():
-        for _ in range(2):
+def _worker(path: str, sln_off: bool, spin: bool, shape: tuple, conn) -> None:
+    """One candidate's process: its own session (so no other session's threads share its
+    cores, spinning or not), timing `n` runs after one untimed run each time it is asked."""
+    batch, seq, vocab = shape
+    s = session(Path(path), sln_off, spin)
+    feed = feeds(s, batch, seq, vocab, empty_row=False)
+    for _ in range(2):
+        s.run(None, feed)
+    conn.send("ready")
+    while (n := conn.recv()) is not None:
+        s.run(None, feed)  # wakes the thread pool and the caches after the other candidates
+        wall, cpu = [], []
+        for _ in range(n):
+            w0, c0 = time.perf_counter(), time.process_time()
             s.run(None, feed)
-    times: dict[str, dict[str, list]] = {k: {"wall": [], "cpu": []} for k in sessions}
-    gc.disable()
+            wall.append(time.perf_counter() - w0)
+            cpu.append(time.process_time() - c0)
+        conn.send((statistics.median(wall), statistics.median(cpu)))
+
+
+def race(
+    candidates: dict[str, tuple[Path, bool]], shape: tuple, spin: bool, rounds: int, block: int
+) -> dict[str, dict[str, list]]:
+    """Each candidate in its own process; per round, each one's median over `block` runs, in
+    turn (A B C ... A B C ...), by the wall clock and by its process's CPU time (all its
+    threads), while the others wait idle."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    workers = {}
     try:
+        for name, (path, sln) in candidates.items():
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(str(path), sln, spin, shape, child))
+            proc.start()
+            workers[name] = (proc, parent)
+        for _, conn in workers.values():
+            conn.recv()
+        times: dict[str, dict[str, list]] = {k: {"wall": [], "cpu": []} for k in candidates}
         for _ in range(rounds):
-            for name, s in sessions.items():
-                wall, cpu = [], []
-                for _ in range(block):
-                    w0, c0 = time.perf_counter(), time.process_time()
-                    s.run(None, feed)
-                    wall.append(time.perf_counter() - w0)
-                    cpu.append(time.process_time() - c0)
-                times[name]["wall"].append(statistics.median(wall))
-                times[name]["cpu"].append(statistics.median(cpu))
+            for name, (_, conn) in workers.items():
+                conn.send(block)
+                wall, cpu = conn.recv()
+                times[name]["wall"].append(wall)
+                times[name]["cpu"].append(cpu)
+        return times
     finally:
-        gc.enable()
-    return times
+        for proc, conn in workers.values():
+            if proc.is_alive():
+                conn.send(None)
+            proc.join(timeout=30)
 
 
 def ratios(times: dict, base: str, clock: str) -> dict[str, tuple[float, float, float]]:
@@ -175,73 +207,84 @@ def empty_row_effect(ref, cand, feed) -> str:
     return f"max abs {float(np.max(np.abs(a - b))):.1e}"
 
 
-def run_model(model: str, args) -> list[dict]:
+def candidates_of(model: str, args) -> dict[str, tuple[Path, bool]]:
+    """name -> (model file, SkipLayerNormFusion off) for every candidate of the race."""
     heads, hidden = MODELS[model]
+    out: dict[str, tuple[Path, bool]] = {}
+    for attn in ("sdpa", "eager"):
+        src = export(model, attn, args.layers)
+        out[f"{attn} original"] = (src, False)
+        if attn == "sdpa":
+            out["sdpa original (A/A)"] = (src, False)  # the race's own noise
+        out[f"{attn} ort-transformers"] = (ort_transformers(src, heads, hidden), False)
+        out[f"{attn} infercc"] = (infercc_model(src, False), False)
+        out[f"{attn} infercc --assume"] = (infercc_model(src, True), False)
+        if args.sln:
+            out[f"{attn} original, SLN off"] = (src, True)
+            out[f"{attn} infercc, SLN off"] = (infercc_model(src, False), True)
+            out[f"{attn} infercc --assume, SLN off"] = (infercc_model(src, True), True)
+    keep = {"sdpa original", "eager original"}
+    return {
+        k: v for k, v in out.items() if k in keep or not args.only or any(o in k for o in args.only)
+    }
+
+
+def run_model(model: str, args) -> list[dict]:
     vocab = 30522
-    srcs = {attn: export(model, attn, args.layers) for attn in ("sdpa", "eager")}
+    candidates = candidates_of(model, args)
     rows = []
     for batch in args.batches:
-        sessions, paths = {}, {}
-        for attn, src in srcs.items():
-            paths[f"{attn} original"] = (src, False)
-            paths[f"{attn} ort-transformers"] = (ort_transformers(src, heads, hidden), False)
-            paths[f"{attn} original, SLN off"] = (src, True)
-            paths[f"{attn} infercc"] = (infercc_model(src, False), False)
-            paths[f"{attn} infercc, SLN off"] = (infercc_model(src, False), True)
-            paths[f"{attn} infercc --assume"] = (infercc_model(src, True), False)
-            paths[f"{attn} infercc --assume, SLN off"] = (infercc_model(src, True), True)
-        keep = {"sdpa original", "eager original"}
-        paths = {
-            k: v
-            for k, v in paths.items()
-            if k in keep or not args.only or any(o in k for o in args.only)
-        }
-        for name, (p, sln) in paths.items():
-            sessions[name] = session(p, sln)
-        print(f"{model} batch {batch}: racing {len(sessions)} sessions", flush=True)
-        feed = feeds(sessions["sdpa original"], batch, args.seq, vocab, empty_row=False)
-        empty = feeds(sessions["sdpa original"], batch, args.seq, vocab, empty_row=True)
-        times = race(sessions, feed, args.rounds, args.block)
+        print(f"{model} batch {batch}: racing {len(candidates)} candidates", flush=True)
+        times = race(candidates, (batch, args.seq, vocab), args.spin, args.rounds, args.block)
         vs_sdpa = ratios(times, "sdpa original", "cpu")
         vs_eager = ratios(times, "eager original", "cpu")
         wall = ratios(times, "sdpa original", "wall")
-        for name, s in sessions.items():
+        wall_eager = ratios(times, "eager original", "wall")
+        refs = {a: session(candidates[f"{a} original"][0], False) for a in ("sdpa", "eager")}
+        feed = feeds(refs["sdpa"], batch, args.seq, vocab, empty_row=False)
+        empty = feeds(refs["sdpa"], batch, args.seq, vocab, empty_row=True)
+        for name, (path, sln) in candidates.items():
             attn = name.split()[0]
-            ref = sessions[f"{attn} original"]
+            s = session(path, sln)
             rows.append(
                 {
                     "model": model,
                     "batch": batch,
                     "candidate": name,
+                    "spin": args.spin,
                     "vs_sdpa": vs_sdpa[name],
                     "vs_own": (vs_sdpa if attn == "sdpa" else vs_eager)[name],
                     "wall_vs_sdpa": wall[name],
+                    "wall_vs_own": (wall if attn == "sdpa" else wall_eager)[name],
                     "cpu_ms": statistics.median(times[name]["cpu"]) * 1e3,
                     "wall_ms": statistics.median(times[name]["wall"]) * 1e3,
-                    "equal": outputs_equal(ref, s, feed),
-                    "empty_row": empty_row_effect(ref, s, empty),
+                    "equal": outputs_equal(refs[attn], s, feed),
+                    "empty_row": empty_row_effect(refs[attn], s, empty),
                 }
             )
-        del sessions
+            del s
+        del refs
         gc.collect()
     return rows
 
 
 def print_rows(rows: list[dict]) -> None:
+    spin = "on" if rows and rows[0]["spin"] else "off"
     print(
-        "\nratios of CPU time (p10 median p90 over rounds) to the SDPA original and to the same "
-        "export's original; wall-clock median ratio beside"
+        f"\nratios to the SDPA original (p10 median p90 over rounds), by the wall clock and by "
+        f"CPU time; 'own': the median wall ratio to the same export's original; spinning {spin}"
     )
     print(
-        f"{'model':10s} {'b':>2s} {'candidate':34s} {'vs SDPA original':>23s} "
-        f"{'vs own':>7s} {'wall':>6s} {'cpu ms':>8s} {'max abs':>8s}  fully padded row"
+        f"{'model':10s} {'b':>2s} {'candidate':34s} {'wall vs SDPA original':>23s} "
+        f"{'cpu vs SDPA original':>23s} {'own':>6s} {'wall ms':>8s} {'cpu ms':>8s} "
+        f"{'max abs':>8s}  fully padded row"
     )
     for r in rows:
-        p10, med, p90 = r["vs_sdpa"]
+        wall, cpu = r["wall_vs_sdpa"], r["vs_sdpa"]
         print(
             f"{r['model']:10s} {r['batch']:2d} {r['candidate']:34s} "
-            f"{p10:7.3f} {med:7.3f} {p90:7.3f} {r['vs_own'][1]:7.3f} "
-            f"{r['wall_vs_sdpa'][1]:6.3f} {r['cpu_ms']:8.1f} "
+            f"{wall[0]:7.3f} {wall[1]:7.3f} {wall[2]:7.3f} {cpu[0]:7.3f} {cpu[1]:7.3f} "
+            f"{cpu[2]:7.3f} {r['wall_vs_own'][1]:6.3f} {r['wall_ms']:8.1f} {r['cpu_ms']:8.1f} "
             f"{r['equal']['max_abs']:8.1e}  {r['empty_row']}"
         )
 
@@ -252,14 +295,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--layers", type=int, default=12, help="BERT layers (default 12)")
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--block", type=int, default=3, help="runs per session per round")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--block", type=int, default=3, help="timed runs per candidate per round")
+    ap.add_argument(
+        "--spin",
+        action="store_true",
+        help="let onnxruntime's idle threads spin (its default; off by default here, as a "
+        "server sharing its cores sets it, and as the goals were measured)",
+    )
+    ap.add_argument(
+        "--sln",
+        action="store_true",
+        help="also race each export and infercc build with onnxruntime's SkipLayerNormFusion "
+        "disabled (the ort backend tuner's knob)",
+    )
     ap.add_argument(
         "--only",
         nargs="+",
         default=[],
         help="race only the candidates whose name contains one of these (the two originals "
-        "always run), e.g. --only 'SLN off' ort-transformers",
+        "always run), e.g. --only 'A/A' infercc",
     )
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
