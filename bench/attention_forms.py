@@ -24,7 +24,9 @@ by the candidate process's CPU time (every thread's). onnxruntime's idle threads
 (`session.intra_op.allow_spinning` 0, as a server sharing its cores runs it) unless `--spin`
 (onnxruntime's default): spinning hides the cost of waking the thread pool for each node, so
 there the ratios follow the work removed more than the nodes removed. A process per
-candidate keeps one candidate's threads off the cores of the next.
+candidate keeps one candidate's thread pool out of the next one's runs; under `--spin` an
+idle process's threads still spin on for a while after its turn, so short runs (MiniLM at
+batch 1) are not measurable there: watch the A/A control.
 
     python bench/attention_forms.py                       # both models, batch 1 and 8, seq 128
     python bench/attention_forms.py --models minilm --batches 1 --rounds 10
