@@ -238,15 +238,17 @@ def run_model(model: str, args) -> list[dict]:
     for batch in args.batches:
         print(f"{model} batch {batch}: racing {len(candidates)} candidates", flush=True)
         times = race(candidates, (batch, args.seq, vocab), args.spin, args.rounds, args.block)
-        vs_sdpa = ratios(times, "sdpa original", "cpu")
-        vs_eager = ratios(times, "eager original", "cpu")
-        wall = ratios(times, "sdpa original", "wall")
-        wall_eager = ratios(times, "eager original", "wall")
+        to = {  # (base, clock) -> name -> (p10, median, p90)
+            (base, clock): ratios(times, base, clock)
+            for base in ("sdpa original", "eager original")
+            for clock in ("wall", "cpu")
+        }
         refs = {a: session(candidates[f"{a} original"][0], False) for a in ("sdpa", "eager")}
         feed = feeds(refs["sdpa"], batch, args.seq, vocab, empty_row=False)
         empty = feeds(refs["sdpa"], batch, args.seq, vocab, empty_row=True)
         for name, (path, sln) in candidates.items():
             attn = name.split()[0]
+            own = f"{attn} original"
             s = session(path, sln)
             rows.append(
                 {
@@ -254,10 +256,10 @@ def run_model(model: str, args) -> list[dict]:
                     "batch": batch,
                     "candidate": name,
                     "spin": args.spin,
-                    "vs_sdpa": vs_sdpa[name],
-                    "vs_own": (vs_sdpa if attn == "sdpa" else vs_eager)[name],
-                    "wall_vs_sdpa": wall[name],
-                    "wall_vs_own": (wall if attn == "sdpa" else wall_eager)[name],
+                    "vs_sdpa": to["sdpa original", "cpu"][name],
+                    "vs_own": to[own, "cpu"][name],
+                    "wall_vs_sdpa": to["sdpa original", "wall"][name],
+                    "wall_vs_own": to[own, "wall"][name],
                     "cpu_ms": statistics.median(times[name]["cpu"]) * 1e3,
                     "wall_ms": statistics.median(times[name]["wall"]) * 1e3,
                     "equal": outputs_equal(refs[attn], s, feed),
