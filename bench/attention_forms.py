@@ -15,7 +15,14 @@ For each model, batch and export, the candidates, each in its own process, timed
 - `infercc`: `infercc.optimize` (exact);
 - `infercc --assume`: with `--assume nonempty-sequences`;
 - with `--sln`, each export and infercc build again with onnxruntime's SkipLayerNormFusion
-  disabled (what the ort backend's tuner may choose).
+  disabled (what the ort backend's tuner may choose);
+- `floor (products alone)`: the model's matrix products and nothing else: each Attention of
+  the assumed infercc build without its mask (the Q/K/V projection, Q K^T, the softmax and
+  the product with V) and each MatMul by a weight, on random inputs of their widths, with
+  random weights of the same shapes. No exact fp32 graph rewrite computes the model in less;
+  what it leaves out (embeddings, masks, bias Adds outside attention, GELU, residual Adds,
+  LayerNorms, pooling) is all a rewrite can remove. Its ratio says how far this machine's
+  GEMM speed lets any graph rewriting go.
 
 Outputs are compared with the original on an input with padded (never empty) sequences, and
 the rows of a fully padded sequence are reported (what changes under the assumption).
@@ -48,6 +55,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 OUT_DIR = HERE / ".cache" / "attention_forms"
 ASSUME = "nonempty-sequences"
+FLOOR = "sdpa floor (products alone)"
 MODELS = {"minilm": (12, 384), "bert_base": (12, 768)}  # heads, hidden
 
 
@@ -107,6 +115,56 @@ def ort_transformers(src: Path, heads: int, hidden: int) -> Path:
     return out
 
 
+def floor_model(build: Path) -> Path:
+    """The matrix products of an infercc build alone (module docstring): each com.microsoft
+    Attention without its mask and each MatMul by a 2-D weight, each reading a graph input
+    `x<width>` [batch, sequence, width] and written as a graph output, so that none of them
+    feeds another (a chain of products would shrink its activations into denormals)."""
+    out = build.with_name(build.name.split(".")[0] + ".floor.onnx")
+    if out.exists():
+        return out
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(build)
+    weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    rng = np.random.default_rng(0)
+    nodes, inits, widths = [], [], set()
+
+    def weight(shape: tuple) -> str:
+        name = f"w{len(inits)}"
+        scale = 1.0 / np.sqrt(shape[0]) if len(shape) == 2 else 0.1
+        data = (rng.standard_normal(shape) * scale).astype(np.float32)
+        inits.append(numpy_helper.from_array(data, name))
+        return name
+
+    for node in model.graph.node:
+        shape = weights.get(node.input[1]) if len(node.input) > 1 else None
+        if shape is None or len(shape) != 2:
+            continue
+        x = f"x{shape[0]}"
+        if node.op_type == "Attention" and node.domain == "com.microsoft":
+            bias = node.input[2] if len(node.input) > 2 else ""
+            ins = [x, weight(shape), weight(weights[bias]) if bias else ""]
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            nodes.append(helper.make_node("Attention", ins, [f"y{len(nodes)}"], **attrs))
+            nodes[-1].domain = "com.microsoft"
+        elif node.op_type == "MatMul" and node.domain == "":
+            nodes.append(helper.make_node("MatMul", [x, weight(shape)], [f"y{len(nodes)}"]))
+        else:
+            continue
+        widths.add(shape[0])
+    inputs = [
+        helper.make_tensor_value_info(f"x{w}", 1, ["batch", "sequence", w]) for w in sorted(widths)
+    ]
+    outputs = [helper.make_tensor_value_info(n.output[0], 1, None) for n in nodes]
+    graph = helper.make_graph(nodes, "products", inputs, outputs, inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), out)
+    print(f"{out.name}: {len(nodes)} products of {build.name}")
+    return out
+
+
 def session(path: Path, sln_off: bool, spin: bool = False):
     import onnxruntime as ort
 
@@ -129,6 +187,9 @@ def feeds(sess, batch: int, seq: int, vocab: int, empty_row: bool, seed: int = 0
     ids = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
     types = np.zeros((batch, seq), np.int64)
     all_ = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    for i in sess.get_inputs():  # the floor model's activations
+        if i.name not in all_:
+            all_[i.name] = rng.standard_normal((batch, seq, i.shape[2]), dtype=np.float32)
     return {i.name: all_[i.name] for i in sess.get_inputs()}
 
 
@@ -197,6 +258,39 @@ def ratios(times: dict, base: str, clock: str) -> dict[str, tuple[float, float, 
     return out
 
 
+def gemm_rate(m: int = 1024, k: int = 768, n: int = 3072, runs: int = 20) -> float:
+    """This machine's fp32 GEMM rate under onnxruntime (GFLOP/s, median of `runs`): one MatMul
+    by a constant [k, n] weight, the session's default threads, idle threads not spinning. The
+    race's ratios depend on it: the faster the GEMMs against everything else, the more of a
+    transformer's time a graph rewrite can remove."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["c"])],
+        "gemm",
+        [helper.make_tensor_value_info("a", 1, [m, k])],
+        [helper.make_tensor_value_info("c", 1, [m, n])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = OUT_DIR / "gemm.onnx"
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    s = session(path, sln_off=False)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    for _ in range(3):
+        s.run(None, {"a": a})
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        s.run(None, {"a": a})
+        times.append(time.perf_counter() - t0)
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
 def outputs_equal(ref, cand, feed) -> dict:
     a, b = ref.run(None, feed), cand.run(None, feed)
     return {"max_abs": float(max(np.max(np.abs(x - y)) for x, y in zip(a, b, strict=True)))}
@@ -221,6 +315,8 @@ def candidates_of(model: str, args) -> dict[str, tuple[Path, bool]]:
         out[f"{attn} ort-transformers"] = (ort_transformers(src, heads, hidden), False)
         out[f"{attn} infercc"] = (infercc_model(src, False), False)
         out[f"{attn} infercc --assume"] = (infercc_model(src, True), False)
+        if attn == "sdpa":
+            out[FLOOR] = (floor_model(infercc_model(src, True)), False)
         if args.sln:
             out[f"{attn} original, SLN off"] = (src, True)
             out[f"{attn} infercc, SLN off"] = (infercc_model(src, False), True)
@@ -262,8 +358,8 @@ def run_model(model: str, args) -> list[dict]:
                     "wall_vs_own": to[own, "wall"][name],
                     "cpu_ms": statistics.median(times[name]["cpu"]) * 1e3,
                     "wall_ms": statistics.median(times[name]["wall"]) * 1e3,
-                    "equal": outputs_equal(refs[attn], s, feed),
-                    "empty_row": empty_row_effect(refs[attn], s, empty),
+                    "equal": None if name == FLOOR else outputs_equal(refs[attn], s, feed),
+                    "empty_row": "" if name == FLOOR else empty_row_effect(refs[attn], s, empty),
                 }
             )
             del s
@@ -289,7 +385,7 @@ def print_rows(rows: list[dict]) -> None:
             f"{r['model']:10s} {r['batch']:2d} {r['candidate']:34s} "
             f"{wall[0]:7.3f} {wall[1]:7.3f} {wall[2]:7.3f} {cpu[0]:7.3f} {cpu[1]:7.3f} "
             f"{cpu[2]:7.3f} {r['wall_vs_own'][1]:6.3f} {r['wall_ms']:8.1f} {r['cpu_ms']:8.1f} "
-            f"{r['equal']['max_abs']:8.1e}  {r['empty_row']}"
+            f"{r['equal']['max_abs'] if r['equal'] else float('nan'):8.1e}  {r['empty_row']}"
         )
 
 
@@ -323,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"fp32 GEMM under onnxruntime: {gemm_rate():.0f} GFLOP/s ([1024, 768] x [768, 3072])")
     rows = []
     for model in args.models:
         rows += run_model(model, args)
