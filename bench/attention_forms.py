@@ -315,16 +315,19 @@ def candidates_of(model: str, args) -> dict[str, tuple[Path, bool]]:
         out[f"{attn} ort-transformers"] = (ort_transformers(src, heads, hidden), False)
         out[f"{attn} infercc"] = (infercc_model(src, False), False)
         out[f"{attn} infercc --assume"] = (infercc_model(src, True), False)
-        if attn == "sdpa":
+        if attn == "sdpa" and _wanted(FLOOR, args):  # as large as the build: made if raced
             out[FLOOR] = (floor_model(infercc_model(src, True)), False)
         if args.sln:
             out[f"{attn} original, SLN off"] = (src, True)
             out[f"{attn} infercc, SLN off"] = (infercc_model(src, False), True)
             out[f"{attn} infercc --assume, SLN off"] = (infercc_model(src, True), True)
+    return {k: v for k, v in out.items() if _wanted(k, args)}
+
+
+def _wanted(name: str, args) -> bool:
+    """Whether `--only` races the candidate `name` (the two originals always run)."""
     keep = {"sdpa original", "eager original"}
-    return {
-        k: v for k, v in out.items() if k in keep or not args.only or any(o in k for o in args.only)
-    }
+    return name in keep or not args.only or any(o in name for o in args.only)
 
 
 def run_model(model: str, args) -> list[dict]:
