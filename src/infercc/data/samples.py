@@ -279,6 +279,40 @@ def _check_array(source: Path, vi: onnx.ValueInfoProto, array: np.ndarray) -> No
     dims = declared_dims(vi)
     if dims is not None:
         _check_dims(source, vi.name, dims, array.shape)
+    _check_contents(source, vi.name, array)
+
+
+def _check_contents(source: Path, name: str, array: np.ndarray) -> None:
+    """Refuse a sample that measures nothing: no rows on the batch axis, or NaN/infinity.
+
+    An empty batch makes every metric trivially perfect (cosine 1.0 of nothing), and a
+    non-finite value poisons ranges, GPTQ's Hessian and AWQ's scales; either way the numbers a
+    build is judged by would describe no real input. (A zero-length axis after the first, such
+    as an empty past of a decoder's cache, is a real input and stays allowed.)
+    """
+    if array.ndim > 0 and array.shape[0] == 0:
+        raise InferccError(
+            f"{str(source)!r}: input {name!r} has 0 rows along the batch axis (shape "
+            f"{list(array.shape)}), so it measures nothing",
+            "give samples with at least one row on axis 0",
+        )
+    if array.dtype.kind in "fc":
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if bad:
+            kinds = _non_finite_kinds(array)
+            raise InferccError(
+                f"{str(source)!r}: input {name!r} holds {kinds} ({bad} of {array.size} elements)",
+                "samples must be finite: replace or drop those values",
+            )
+
+
+def _non_finite_kinds(array: np.ndarray) -> str:
+    kinds = [
+        word
+        for word, present in (("NaN", np.isnan(array).any()), ("infinity", np.isinf(array).any()))
+        if present
+    ]
+    return " and ".join(kinds)
 
 
 def _check_dims(
