@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import time
@@ -37,6 +36,7 @@ from infercc.precisions import tolerance
 from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.runtime.ort_support import check_ir_version, warn_ir_version
+from infercc.util import json_text
 
 log = logging.getLogger(__name__)
 
@@ -722,5 +722,5 @@ def _memory_summary(
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> Path:
-    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    path.write_text(json_text(data, indent=1, sort_keys=False) + "\n")
     return path

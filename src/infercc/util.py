@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from infercc.errors import InferccError
 
 
@@ -28,16 +30,33 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def json_float(value: float | None) -> float | str | None:
-    """A float for JSON: NaN and infinities as the strings "nan", "inf" and "-inf"."""
+def json_float(value: float | None) -> float | None:
+    """A float for JSON: a number or null. NaN and infinities (a metric of no data, or of
+    non-finite outputs) are null, never a string a reader would have to special-case; the
+    report's reason or message says what happened."""
     if value is None:
         return None
     value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
+    return value if math.isfinite(value) else None
+
+
+def json_safe(data: Any) -> Any:
+    """`data` with every non-finite float (numpy's too) replaced by None, recursively through
+    dicts, lists and tuples: what `json.dumps(..., allow_nan=False)` accepts."""
+    if isinstance(data, bool | int | str) or data is None:
+        return data
+    if isinstance(data, float | np.floating):
+        return json_float(data)
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [json_safe(v) for v in data]
+    return data
+
+
+def json_text(data: Any, **kwargs: Any) -> str:
+    """`json.dumps` of `json_safe(data)`: numbers or null, never NaN or Infinity tokens."""
+    return json.dumps(json_safe(data), allow_nan=False, **kwargs)
 
 
 def first_line(exc: BaseException, limit: int | None = None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import xml.etree.ElementTree as ET
@@ -11,7 +10,7 @@ from typing import Any
 
 from infercc.ci.results import CiReport, ModelResult
 from infercc.outputs import write_text_atomic
-from infercc.util import json_float
+from infercc.util import json_float, json_text
 
 # --------------------------------------------------------------------------- reports
 
@@ -27,7 +26,7 @@ def write_reports(
     if junit is not None:
         write_text_atomic(junit, junit_xml(report))
     if json_report is not None:
-        write_text_atomic(json_report, json.dumps(report.to_dict(), indent=1) + "\n")
+        write_text_atomic(json_report, json_text(report.to_dict(), indent=1) + "\n")
     text = None
     if markdown is not None or (step_summary and os.environ.get("GITHUB_STEP_SUMMARY")):
         text = ci_markdown(report)
@@ -65,7 +64,7 @@ def junit_xml(report: CiReport) -> str:
         if not m.passed:
             kind = "error" if m.error else "failure"
             element = ET.SubElement(case, kind, message=m.reason or "failed", type=m.stage)
-            element.text = json.dumps(m.to_dict(), indent=1)
+            element.text = json_text(m.to_dict(), indent=1)
         ET.SubElement(case, "system-out").text = _summary_line(m)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
@@ -77,9 +76,9 @@ def _summary_line(m: ModelResult) -> str:
         parts.append(f"nodes {m.nodes_before} -> {m.nodes_after}")
     cosine = _worst_cosine(m.validation)
     if cosine is not None:
-        parts.append(f"worst cosine {cosine:.6f}")
+        parts.append(f"worst cosine {metric_cell(cosine, '.6f')}")
     if m.latency and m.latency.get("p50_ms") is not None:
-        parts.append(f"p50 {m.latency['p50_ms']:.3f} ms")
+        parts.append(f"p50 {metric_cell(m.latency['p50_ms'], '.3f')} ms")
     placed = placement_text(m.placement)
     if placed:
         parts.append(placed)
@@ -92,7 +91,8 @@ def placement_text(placement: Mapping[str, Any] | None) -> str | None:
     if p.get("host") is None:
         return None
     where = p["host"] + (f" ({p['accelerator']})" if p.get("accelerator") else "")
-    text = f"built on {where}, queued {p['queued_s']:.1f} s, ran {p['running_s']:.1f} s"
+    queued, ran = metric_cell(p.get("queued_s"), ".1f"), metric_cell(p.get("running_s"), ".1f")
+    text = f"built on {where}, queued {queued} s, ran {ran} s"
     if p.get("attempts", 1) > 1:
         first = p.get("first_attempt") or {}
         text += f", attempt {p['attempts']}"
@@ -180,7 +180,7 @@ def _md_cell(text: str) -> str:
 
 
 def metric_cell(x, fmt: str) -> str:
-    """A JSON-safe metric ("nan"/"inf" strings pass through) for a table cell."""
-    if x is None:
-        return "-"
-    return x if isinstance(x, str) else format(x, fmt)
+    """A metric for a table cell: `-` for a missing one, nan/inf for a non-finite one."""
+    from infercc.cli.units import num
+
+    return num(x, fmt)

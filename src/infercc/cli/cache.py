@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 from infercc.cli.app import app, make_typer, out
 from infercc.cli.common import CacheDirOpt, JsonOpt, finish
 from infercc.errors import InferccError
+from infercc.util import json_text
 
 cache_app = make_typer(help="The tuning cache: what was tuned, for which model, shapes and host.")
 app.add_typer(
@@ -54,7 +54,7 @@ def cache_show(
         found = cache.show(digest)
     if not found:
         raise InferccError(f"no cache entry starts with {digest!r}", "infercc cache ls lists them")
-    out.print_json(json.dumps(found))
+    out.print_json(json_text(found))
 
 
 @cache_app.command("clear")

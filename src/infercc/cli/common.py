@@ -7,7 +7,6 @@ what ran (`infercc optimize --config REPORT.json` replays an optimize)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from enum import Enum
@@ -20,6 +19,7 @@ from rich.markup import escape
 
 from infercc.cli.app import err, out, settings, silence_stdout
 from infercc.errors import EXIT_VALIDATION_FAILED
+from infercc.util import json_text
 from infercc.version import __version__
 
 # --------------------------------------------------------------------------- option types
@@ -178,7 +178,7 @@ def finish(
             record = run_record()
             if isinstance(payload, dict) and record is not None:
                 payload = {**payload, "run": record}
-            out.print_json(json.dumps(payload))
+            out.print_json(json_text(payload))
         else:
             render(report, out)
         out.file.flush()

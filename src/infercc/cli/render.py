@@ -21,7 +21,9 @@ from infercc.cli.units import (
     accuracy_table,
     human_bytes,
     human_count,
+    num,
     number_column,
+    scaled,
     shape_text,
     shapes_text,
     table,
@@ -40,7 +42,7 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
         f"nodes {report.nodes_before} -> {report.nodes_after}   "
         f"size {human_bytes(report.size_before)} -> {human_bytes(report.size_after)}   "
         f"{report.iterations} round(s){'' if report.reached_fixpoint else ' (step cap reached)'}"
-        f"   {report.seconds:.2f} s"
+        f"   {num(report.seconds, '.2f')} s"
     )
     if report.static_shapes:
         fixed = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in report.static_shapes.items())
@@ -105,7 +107,7 @@ def _render_artifact(artifact: dict, console: Console) -> None:
     backend = artifact["backend"]
     console.print(
         f"artifact [bold]{artifact['path']}[/] built with {backend['name']} "
-        f"{backend.get('version', '')} in {artifact.get('compile_seconds', 0):.2f} s",
+        f"{backend.get('version', '')} in {num(artifact.get('compile_seconds', 0), '.2f')} s",
         highlight=False,
     )
     for p in backend.get("points", []):
@@ -115,7 +117,7 @@ def _render_artifact(artifact: dict, console: Console) -> None:
             f"  {p['name']}: {shapes or 'default shapes'} -> {p.get('provider', '')}, "
             f"{so.get('graph_optimization_level', '')}, {so.get('intra_op_num_threads', '')} "
             f"intra-op threads, {so.get('execution_mode', '')}: "
-            f"{p.get('median_ms') or 0:.3f} ms (cache {p.get('cache', '')})",
+            f"{num(p.get('median_ms') or 0, '.3f')} ms (cache {p.get('cache', '')})",
             highlight=False,
         )
 
@@ -128,7 +130,7 @@ def _passes_table(report: OptimizeReport) -> Table:
     for name, st in report.passes.items():
         counts = {k: v for k, v in st.items() if k not in ("runs", "changed", "time_s") and v}
         text = ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
-        t.add_row(name, text, f"{st['time_s'] * 1000:.1f} ms")
+        t.add_row(name, text, f"{num(scaled(st['time_s'], 1000), '.1f')} ms")
     return t
 
 
@@ -172,7 +174,7 @@ def render_validation(v: ValidationReport, console: Console) -> None:
     status = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
     console.print(
         f"validation {status} on {v.samples} sample(s) "
-        f"(atol {v.atol:g}, rtol {v.rtol:g}, cosine >= {v.min_cosine})"
+        f"(atol {num(v.atol, 'g')}, rtol {num(v.rtol, 'g')}, cosine >= {v.min_cosine})"
     )
     for i, p in enumerate(v.profiles, 1):
         shapes = ", ".join(f"{k}=[{', '.join(map(str, s))}]" for k, s in p["shapes"].items())
@@ -240,8 +242,7 @@ def _tail(text: str, width: int, console: Console) -> str:
     return "…" + text[-(width - 1) :]
 
 
-def _num(x: float | None, fmt: str = ".3g") -> str:
-    return "-" if x is None else format(x, fmt)
+_num = num
 
 
 def render_inspect(r: InspectReport, console: Console) -> None:
@@ -295,11 +296,12 @@ def _render_roofline(r: InspectReport, console: Console) -> None:
             _num(n["intensity"], ".1f"),
             _num(n["ridge_point"], ".1f"),
             n["bound"],
-            f"{n['time_s'] * 1e6:.2f} us",
+            f"{num(scaled(n['time_s'], 1e6), '.2f')} us",
         )
     console.print(t)
     console.print(
-        f"roofline latency {roof['total_time_s'] * 1e3:.3f} ms (a lower bound for one inference; "
+        f"roofline latency {num(scaled(roof['total_time_s'], 1e3), '.3f')} ms "
+        "(a lower bound for one inference; "
         f"{roof['main_precision']}, {len(roof['nodes'])} nodes)"
     )
     batch = mem.get("largest_batch")
@@ -325,13 +327,13 @@ def render_targets(targets, console: Console) -> None:
         number_column(t, col)
     for tg in targets:
         peaks = [
-            f"{tg.peak_flops[p] / 1e12:.1f}" if p in tg.peak_flops else "-"
+            num(scaled(tg.peak_flops[p], 1e-12), ".1f") if p in tg.peak_flops else "-"
             for p in TARGET_PRECISIONS
         ]
         t.add_row(
             tg.name,
-            f"{tg.memory_bytes / 1e9:.0f}",
-            f"{tg.memory_bandwidth / 1e9:.0f}",
+            num(scaled(tg.memory_bytes, 1e-9), ".0f"),
+            num(scaled(tg.memory_bandwidth, 1e-9), ".0f"),
             *peaks,
             tg.compute_capability or "-",
         )
@@ -356,7 +358,7 @@ def render_cache_entries(path, entries: list[dict], console: Console) -> None:
             e["provider"],
             e["shapes"],
             str(e["hits"]),
-            f"{e['tuning_seconds']:.2f}",
+            f"{num(e['tuning_seconds'], '.2f')}",
         )
     console.print(t)
 
@@ -373,11 +375,11 @@ def render_bench(report, console: Console) -> None:
             str(r.batch),
             shapes_text(r.shapes),
             str(r.iters),
-            f"{r.p50_ms:.3f}",
-            f"{r.p90_ms:.3f}",
-            f"{r.p99_ms:.3f}",
-            f"{r.mean_ms:.3f}",
-            f"{r.throughput:,.1f}",
+            f"{num(r.p50_ms, '.3f')}",
+            f"{num(r.p90_ms, '.3f')}",
+            f"{num(r.p99_ms, '.3f')}",
+            f"{num(r.mean_ms, '.3f')}",
+            f"{num(r.throughput, ',.1f')}",
         )
     console.print(t)
     for r in report.results:
@@ -391,14 +393,14 @@ def render_bench(report, console: Console) -> None:
 def _render_profile(batch: int, p: Any, console: Console, top: int = 10) -> None:
     """The op types that take the time, then the slowest nodes (onnxruntime's names)."""
     t = table(
-        f"profile, batch {batch}: kernel time {p.kernel_ms:.3f} ms per run ({p.runs} runs, "
+        f"profile, batch {batch}: kernel time {num(p.kernel_ms, '.3f')} ms per run ({p.runs} runs, "
         "onnxruntime's profiler)"
     )
     text_column(t, "op")
     for col in ("calls/run", "ms/run", "share"):
         number_column(t, col)
     for o in p.ops[:top]:
-        t.add_row(escape(o.name), f"{o.calls:g}", f"{o.ms:.4f}", f"{o.share:.1%}")
+        t.add_row(escape(o.name), num(o.calls, "g"), num(o.ms, ".4f"), num(o.share, ".1%"))
     console.print(t)
     if len(p.ops) > top:
         console.print(f"{len(p.ops) - top} more op type(s) in --json", highlight=False)
@@ -408,7 +410,7 @@ def _render_profile(batch: int, p: Any, console: Console, top: int = 10) -> None
     for col in ("ms/run", "share"):
         number_column(n, col)
     for o in p.nodes:
-        n.add_row(escape(o.name), o.op_type, f"{o.ms:.4f}", f"{o.share:.1%}")
+        n.add_row(escape(o.name), o.op_type, f"{num(o.ms, '.4f')}", f"{num(o.share, '.1%')}")
     console.print(n)
 
 
@@ -425,15 +427,15 @@ def render_compare(report, console: Console) -> None:
         t.add_row(
             str(r.batch),
             str(r.a.iters),
-            f"{r.a.p50_ms:.3f}",
-            f"{r.b.p50_ms:.3f}",
-            f"{r.ratio_median:.3f}",
-            f"{r.ratio_p10:.3f}..{r.ratio_p90:.3f}",
+            f"{num(r.a.p50_ms, '.3f')}",
+            f"{num(r.b.p50_ms, '.3f')}",
+            f"{num(r.ratio_median, '.3f')}",
+            f"{num(r.ratio_p10, '.3f')}..{num(r.ratio_p90, '.3f')}",
             r.faster,
         )
     console.print(t)
     if report.max_abs_diff is not None:
-        console.print(f"outputs: max abs difference {report.max_abs_diff:.3g}")
+        console.print(f"outputs: max abs difference {num(report.max_abs_diff, '.3g')}")
 
 
 def _settings_line(settings: dict) -> str:
@@ -577,7 +579,8 @@ def render_ci(report, console: Console) -> None:
     if placed:
         nodes = len(report.ray.get("nodes", []))
         where = f" on {nodes} Ray node(s) at {escape(str(report.ray.get('address')))}"
-    console.print(f"{len(report.models)} model(s){where}, {verdict} in {report.seconds:.1f} s")
+    seconds = num(report.seconds, ".1f")
+    console.print(f"{len(report.models)} model(s){where}, {verdict} in {seconds} s")
     if report.interrupted:
         console.print("[red]interrupted[/]: unfinished models were cancelled", highlight=False)
 
@@ -590,7 +593,7 @@ def _placement_cells(placement) -> tuple[str, str, str]:
     where = p["host"] + (f" ({p['accelerator']})" if p.get("accelerator") else "")
     if p.get("attempts", 1) > 1:
         where += f", attempt {p['attempts']}"
-    return escape(where), f"{p['queued_s']:.1f}", f"{p['running_s']:.1f}"
+    return escape(where), f"{num(p['queued_s'], '.1f')}", f"{num(p['running_s'], '.1f')}"
 
 
 def render_passes(listed: dict, console: Console) -> None:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from infercc.cli.units import accuracy_table, human_bytes, number_column, table, text_column
+from infercc.cli.units import (
+    accuracy_table,
+    human_bytes,
+    num,
+    number_column,
+    scaled,
+    table,
+    text_column,
+)
 
 
 def _f(x: float | None, fmt: str = ".3f") -> str:
-    return "-" if x is None or x != x else format(x, fmt)
+    return num(x, fmt)
 
 
 def render_generate(report, console: Console) -> None:
@@ -79,7 +87,7 @@ def render_generate_compare(report, console: Console) -> None:
         "",
     )
     console.print(t)
-    console.print(f"generated tokens equal: {100 * report.token_agreement:.1f}%")
+    console.print(f"generated tokens equal: {num(scaled(report.token_agreement, 100), '.1f')}%")
     _render_memory(a, console, "A: ")
     _render_memory(b, console, "B: ")
 
@@ -99,15 +107,15 @@ def render_int4(report, console: Console) -> None:
     console.print(t)
     if d["perplexity"] is not None:
         console.print(
-            f"perplexity {d['perplexity']:.4f} vs fp32 {d['perplexity_fp32']:.4f} "
-            f"({100 * (d['perplexity_ratio'] - 1):+.2f}%)",
+            f"perplexity {num(d['perplexity'], '.4f')} vs fp32 {num(d['perplexity_fp32'], '.4f')} "
+            f"({num(scaled(d['perplexity_ratio'], 100, -1), '+.2f')}%)",
             highlight=False,
         )
     size = d["size"]
     if size:
         console.print(
             f"size {human_bytes(size['before_bytes'])} -> {human_bytes(size['after_bytes'])} "
-            f"({size['ratio']:.3f}x)",
+            f"({num(size['ratio'], '.3f')}x)",
             highlight=False,
         )
     _render_int4_choices(d, console)
@@ -128,8 +136,8 @@ def _render_int4_choices(d: dict, console: Console) -> None:
         race = level.get("level4_vs_level0")
         if race:
             line += (
-                f"; level 4 / level 0 time {race['ratio_median']:.3f} "
-                f"(p10..p90 {race['ratio_p10']:.3f}..{race['ratio_p90']:.3f})"
+                f"; level 4 / level 0 time {num(race['ratio_median'], '.3f')} "
+                f"(p10..p90 {num(race['ratio_p10'], '.3f')}..{num(race['ratio_p90'], '.3f')})"
             )
         console.print(line + ")", highlight=False)
     if d["versus_rtn"] is not None:
@@ -137,9 +145,9 @@ def _render_int4_choices(d: dict, console: Console) -> None:
     speed = d["speed"]
     if speed:
         console.print(
-            f"speed: int4 {speed['b_ms']:.3f} ms vs fp32 {speed['a_ms']:.3f} ms "
-            f"({speed['ratio_median']:.2f}x the fp32 time, p10..p90 "
-            f"{speed['ratio_p10']:.2f}..{speed['ratio_p90']:.2f}; {speed['feed']})",
+            f"speed: int4 {num(speed['b_ms'], '.3f')} ms vs fp32 {num(speed['a_ms'], '.3f')} ms "
+            f"({num(speed['ratio_median'], '.2f')}x the fp32 time, p10..p90 "
+            f"{num(speed['ratio_p10'], '.2f')}..{num(speed['ratio_p90'], '.2f')}; {speed['feed']})",
             highlight=False,
         )
 

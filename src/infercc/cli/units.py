@@ -6,6 +6,7 @@ every row prints whole: `infercc.cli.app.PIPE_WIDTH`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,7 +14,34 @@ from rich.markup import escape
 from rich.table import Table
 
 
-def human_bytes(n: float) -> str:
+def num(x: Any, fmt: str = ".3g") -> str:
+    """A figure for a table or a line: `-` for a missing one (None), `nan`, `inf` or `-inf`
+    for a non-finite one (whatever `fmt` says: a percentage of NaN is no percentage), else
+    `format(x, fmt)`. A string (an older report's "inf") prints as it is: no renderer fails
+    on a value it did not expect."""
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return format(x, fmt)
+
+
+def scaled(x: float | None, factor: float, offset: float = 0.0) -> float | None:
+    """`(x + offset) * factor`, None for None (a percentage of a missing ratio)."""
+    return None if x is None else (x + offset) * factor
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None or not math.isfinite(n):
+        return num(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -21,7 +49,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def human_count(n: float) -> str:
+def human_count(n: float | None) -> str:
+    if n is None or not math.isfinite(n):
+        return num(n)
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
@@ -71,6 +101,6 @@ def accuracy_table(
             escape(name),
             num(q["cosine"], ".6f"),
             num(q["max_abs"], ".3g"),
-            "-" if agree is None else f"{agree:.2%}",
+            num(agree, ".2%"),
         )
     return t
