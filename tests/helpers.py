@@ -1,13 +1,22 @@
 """Shared helpers for tests: parse ONNX text, run passes, compare under onnxruntime, run the
-CLI in a subprocess."""
+CLI in this process (`run_cli`) or, for what only a process shows, in a subprocess
+(`run_cli_process`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import subprocess
 import sys
+import tempfile
+import traceback
+import warnings
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,15 +32,115 @@ from infercc.runtime.ort_support import max_ir_version
 IR_VERSION = max_ir_version()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli_process(
+    *args: str, cwd: Path | str | None = None, env: Mapping[str, str | None] | None = None
+) -> subprocess.CompletedProcess:
     """`python -m infercc ARGS` in a subprocess, output captured as text, 200 columns wide
-    (tables are not wrapped)."""
+    (tables are not wrapped). For what only a process shows: the interpreter's exit status,
+    signals, a closed stdout, a fresh process's imports; everything else uses `run_cli`."""
+    merged = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "infercc", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        cwd=cwd,
+        env={k: v for k, v in merged.items() if v is not None},
     )
+
+
+def run_cli(
+    *args: str, cwd: Path | str | None = None, env: Mapping[str, str | None] | None = None
+) -> subprocess.CompletedProcess:
+    """`infercc ARGS` in this process, through the console script's entry point
+    (`infercc.cli.main`: its exit codes, its one-line errors), under `typer.testing.CliRunner`'s
+    isolation: stdout and stderr captured apart (pipes, not terminals), 200 columns wide, `env`
+    set for the run (a None value unsets the variable). What the libraries write to file
+    descriptors 1 and 2 themselves (onnxruntime's C++ log) is captured too and follows the
+    Python-level text, so a "one line on stderr" test sees what a process's stderr would hold.
+    An exception that escapes `main` (as `--debug` lets one) ends the run as the interpreter
+    would: its traceback on stderr, exit status 1. Returns what `subprocess.run` would:
+    returncode, stdout, stderr. tests/cli/test_process.py proves the two agree."""
+    from typer.testing import CliRunner
+
+    import infercc.cli  # noqa: F401 - registers every command
+
+    cli_app = sys.modules["infercc.cli.app"]
+    runner = CliRunner()
+    code = 0
+    saved_argv, saved_cwd = sys.argv, os.getcwd()
+    with (
+        _cli_state_restored(cli_app),
+        _fds_captured() as fds,
+        runner.isolation(env={"COLUMNS": "200", **(env or {})}) as (out, err, _),
+    ):
+        sys.argv = ["infercc", *args]
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            cli_app.main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # the interpreter's way with an error that escapes
+            sys.stderr.write(traceback.format_exc())
+            code = 1
+        finally:
+            sys.argv = saved_argv
+            os.chdir(saved_cwd)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+        stdout = out.getvalue().decode("utf-8", "replace")
+        stderr = err.getvalue().decode("utf-8", "replace")
+    stdout += fds[1]
+    stderr += fds[2]
+    return subprocess.CompletedProcess(["infercc", *args], code, stdout, stderr)
+
+
+@contextmanager
+def _fds_captured() -> Iterator[dict[int, str]]:
+    """File descriptors 1 and 2 pointed at files for the block and put back after; the dict
+    yielded holds, once the block is left, the text written to each."""
+    written: dict[int, str] = {}
+    with tempfile.TemporaryDirectory(prefix="infercc-cli-fd-") as tmp:
+        files = {fd: Path(tmp) / f"fd{fd}" for fd in (1, 2)}
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        saved = {fd: os.dup(fd) for fd in files}
+        try:
+            for fd, path in files.items():
+                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.dup2(target, fd)
+                os.close(target)
+            yield written
+        finally:
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            written.update({fd: path.read_text(errors="replace") for fd, path in files.items()})
+
+
+@contextmanager
+def _cli_state_restored(cli_app: Any) -> Iterator[None]:
+    """The process-wide state a CLI run sets, as it was before: the global options
+    (`settings`), the handlers, level and warning capture of infercc's logging, the warning
+    filters. A run starts from the defaults a fresh process has."""
+    logger = logging.getLogger("infercc")
+    py_warnings = logging.getLogger("py.warnings")
+    levels = (logger.level, py_warnings.level)
+    for field in dataclasses.fields(cli_app.Settings):
+        setattr(cli_app.settings, field.name, field.default)
+    with warnings.catch_warnings():
+        try:
+            yield
+        finally:
+            for handler in cli_app._HANDLERS:
+                logger.removeHandler(handler)
+                handler.close()
+            cli_app._HANDLERS.clear()
+            logging.captureWarnings(False)
+            logger.setLevel(levels[0])
+            py_warnings.setLevel(levels[1])
+            for field in dataclasses.fields(cli_app.Settings):
+                setattr(cli_app.settings, field.name, field.default)
 
 
 def make_model(graph: onnx.GraphProto, **kwargs) -> onnx.ModelProto:

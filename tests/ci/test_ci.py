@@ -4,9 +4,7 @@ failure; bad manifests are one-line errors (exit 2); reports and budgets."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from infercc.ci.manifest import load_config
 from infercc.ci.reports import junit_xml
 from infercc.ci.runner import run_ci
 from infercc.errors import InferccError
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -32,15 +31,8 @@ def private_tuning_cache(tmp_path: Path, monkeypatch) -> None:
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={
-            k: v for k, v in {**os.environ, "COLUMNS": "200"}.items() if k != "GITHUB_STEP_SUMMARY"
-        },
-    )
+    """`infercc ARGS` in this process (`tests.helpers.run_cli`), outside GitHub Actions."""
+    return helpers.run_cli(*args, cwd=cwd, env={"GITHUB_STEP_SUMMARY": None})
 
 
 def write(path: Path, text: str) -> Path:

@@ -1,11 +1,12 @@
-"""The command line: exit codes, one-line errors, nothing written on bad input, JSON output."""
+"""The command line: exit codes, one-line errors, nothing written on bad input, JSON output.
+
+Every command runs in this process through the console script's entry point
+(`tests.helpers.run_cli`); what only a process shows is in tests/cli/test_process.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from tests.helpers import make_model
+from tests.helpers import make_model, run_cli
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 
@@ -35,13 +36,8 @@ def write_model(path: Path, text: str = MODEL) -> Path:
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    """`infercc ARGS` in this process, through the entry point (`tests.helpers.run_cli`)."""
+    return run_cli(*args, cwd=cwd)
 
 
 def listing(d: Path) -> list[str]:

@@ -4,8 +4,6 @@ display, one report tail and the tolerance options."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import typer
 
 from infercc.cli import app, main
 from infercc.cli.common import Progress, finish
+from tests.helpers import run_cli
 
 ENCODER = Path(__file__).resolve().parents[2] / "examples" / "tiny_encoder.onnx"
 
@@ -54,12 +53,10 @@ def test_finish_prints_json_or_renders_and_exits_1_on_failure(capsys) -> None:
 
 
 def test_optimize_takes_per_output_tolerances(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "infercc", "optimize", str(ENCODER), "-o", str(tmp_path / "o.onnx")]
-        + ["--tol", "output=1e-3:1e-2", "--json"],
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli(
+        "optimize", str(ENCODER), "-o", str(tmp_path / "o.onnx"),
+        "--tol", "output=1e-3:1e-2", "--json",
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["validation"]["tolerances"] == {"output": {"atol": 1e-3, "rtol": 1e-2}}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -16,7 +15,7 @@ import infercc
 from infercc.config import BuildConfig
 from infercc.data.feeds import input_ranges, make_inputs
 from infercc.errors import InferccError
-from tests.helpers import parse
+from tests.helpers import parse, run_cli
 
 # k must be 2: Reshape(x[6], [k, 3]); generated integers default to 1, which fails
 RESHAPE = """
@@ -42,9 +41,8 @@ g (float[N, 4] x, int64[N] ids) => (float[N, 4] y) {
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args], capture_output=True, text=True, timeout=300
-    )
+    """`infercc ARGS` in this process (`tests.helpers.run_cli`)."""
+    return run_cli(*args)
 
 
 # -- value ranges ------------------------------------------------------------------------------

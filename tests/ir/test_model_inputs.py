@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -17,7 +16,7 @@ from infercc import api
 from infercc.errors import InferccError
 from infercc.ir import export_model, import_model, load_model
 from infercc.passes import DEFAULT_PIPELINE
-from tests.helpers import make_model, op_counts, optimize_proto, run_ort
+from tests.helpers import make_model, op_counts, optimize_proto, run_cli, run_ort
 
 FLOAT = TensorProto.FLOAT
 
@@ -48,9 +47,8 @@ def _dynamic_axis_model() -> onnx.ModelProto:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infercc", *args], capture_output=True, text=True, timeout=300
-    )
+    """`infercc ARGS` in this process (`tests.helpers.run_cli`)."""
+    return run_cli(*args)
 
 
 def test_a_negative_dim_is_an_unknown_dim():
