@@ -206,6 +206,9 @@ def render_validation(v: ValidationReport, console: Console) -> None:
                 "yes" if m.passed else f"[red]no[/] {escape(m.reason or '')}",
             )
         console.print(t)
+        for m in v.outputs.values():
+            if m.note is not None:
+                console.print(f"  {escape(m.name)}: {escape(m.note)}", highlight=False)
     if v.coverage is not None:
         render_coverage(v.coverage, console)
 
@@ -357,7 +360,7 @@ def render_cache_entries(path, entries: list[dict], console: Console) -> None:
             f"{e['backend']} {e['backend_version']}",
             e["provider"],
             e["shapes"],
-            str(e["hits"]),
+            "-" if e["hits"] is None else str(e["hits"]),
             f"{num(e['tuning_seconds'], '.2f')}",
         )
     console.print(t)

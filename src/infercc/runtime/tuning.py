@@ -545,7 +545,9 @@ class TuningCache:
         sql = f"SELECT {', '.join(columns)} FROM entries {where} ORDER BY created, digest"
 
         def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            return [dict(zip(columns, row, strict=True)) for row in conn.execute(sql, args)]
+            return [
+                _clean_row(dict(zip(columns, row, strict=True))) for row in conn.execute(sql, args)
+            ]
 
         return self._run("read", op, self._raise)
 
@@ -612,6 +614,27 @@ class TuningCache:
 def _warn_and_skip(what: str, exc: sqlite3.Error) -> None:
     log.warning("tuning cache %s failed (%s); carrying on without it", what, exc)
     return None
+
+
+def _clean_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as its columns promise: SQLite keeps whatever a writer stored (another version,
+    a hand edit), so a statistic that is not a finite number reads as None and a key field that
+    is not text as its text, with a warning; listing, showing and exporting never fail on it."""
+    for name in STAT_FIELDS:
+        if row.get(name) is not None and not _is_number(row[name]):
+            log.warning(
+                "tuning cache entry %s: %s %r is not a number", row.get("digest"), name, row[name]
+            )
+            row[name] = None
+    for name in ("digest", *KEY_FIELDS):
+        if name in row and not isinstance(row[name], str):
+            value = row[name]
+            row[name] = value.hex() if isinstance(value, bytes) else str(value)
+    return row
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _decode_value(text: str, digest: str) -> dict[str, Any] | None:
