@@ -1,5 +1,7 @@
 """Test-session settings: infercc's cache directory (tuning cache, host facts) is a fresh
-temporary one, never the user's, unless the environment names one."""
+temporary one, never the user's, unless the environment names one; and a time budget that is
+seen: at the end of a run, every test whose call (or setup) took over `SLOW_TEST_S` seconds is
+listed (a report, never a failure: timings depend on the host)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,12 @@ import os
 import tempfile
 
 import pytest
+
+# A test of the default run should take less; one that takes more is listed at the end of the
+# run, to be made cheaper or marked `slow` (with a fast sibling in the default run).
+SLOW_TEST_S = 2.0
+
+_over_budget: list[tuple[float, str, str]] = []
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -20,3 +28,21 @@ def _private_cache_dir():
             yield
         finally:
             os.environ.pop("INFERCC_CACHE_DIR", None)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when in ("setup", "call") and report.duration > SLOW_TEST_S:
+        _over_budget.append((report.duration, report.when, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if not _over_budget:
+        return
+    terminalreporter.write_sep("=", f"tests over {SLOW_TEST_S:g} s ({len(_over_budget)})")
+    for seconds, when, nodeid in sorted(_over_budget, reverse=True):
+        terminalreporter.write_line(f"{seconds:7.2f}s {when:<5} {nodeid}")
+    total = sum(seconds for seconds, _, _ in _over_budget)
+    terminalreporter.write_line(
+        f"{total:.1f} s in these; make them cheaper, or mark them slow with a fast sibling "
+        "(tests/README.md)"
+    )
