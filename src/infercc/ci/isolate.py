@@ -171,6 +171,10 @@ def _answer(request: bytes) -> tuple[str, Any]:
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[0]), int(argv[1])
     _die_with_parent(parent)
+    # Ctrl-C reaches the whole process group; the parent decides what an interrupt means
+    # (it kills this child and reports the model as cancelled), so the child ignores it
+    # rather than die mid-call and look like a crash.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.captureWarnings(True)  # numpy's RuntimeWarnings and the like: log records, not
     logging.getLogger("py.warnings").setLevel(logging.ERROR)  # lines in the ci output
     conn = Connection(fd)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 Event = Callable[[str, str], None]
+CANCELLED = "cancelled: the run was interrupted (Ctrl-C)"
+CANCELLED_BENCH = "cancelled before its benchmark: the run was interrupted"
 # --------------------------------------------------------------------------- results
 
 
@@ -161,8 +166,9 @@ def run_ci(
 
     `ray` runs each model as a task on a Ray cluster instead of local processes
     (`infercc.ci.cluster`): True starts or joins a local cluster, "auto" joins the one in
-    `RAY_ADDRESS`, any other string is a cluster address. A run interrupted there (Ctrl-C)
-    still writes its reports, with `interrupted` set.
+    `RAY_ADDRESS`, any other string is a cluster address. A run interrupted (Ctrl-C), on Ray
+    or in local processes, still writes its reports, with `interrupted` set: the models that
+    had finished keep their results, the others fail as cancelled.
     """
     t0 = time.perf_counter()
     if jobs < 1:
@@ -179,8 +185,8 @@ def run_ci(
     cluster, interrupted = None, False
     if ray is None:
         config.out_dir.mkdir(parents=True, exist_ok=True)
-        results = _run_all(specs, jobs, event)
-        _bench_all(specs, results, jobs, event)
+        results, interrupted = _run_all(specs, jobs, event)
+        interrupted = _bench_all(specs, results, jobs, event, interrupted)
     else:
         from infercc.ci.cluster import run_fleet
 
@@ -231,42 +237,96 @@ def _select(config: CiConfig, only: Sequence[str] | None) -> list[ModelSpec]:
     return [m for m in config.models if m.name in only]
 
 
-def _run_all(specs: Sequence[ModelSpec], jobs: int, event: Event) -> list[ModelResult]:
+def _run_all(specs: Sequence[ModelSpec], jobs: int, event: Event) -> tuple[list[ModelResult], bool]:
     """Build and validate every model, each in a child process (`infercc.ci.isolate`): a
     crash in native code (a segfault, the out-of-memory killer) fails that model only, and
-    the next model gets a fresh child."""
+    the next model gets a fresh child. Returns the results and whether the run was
+    interrupted (Ctrl-C): then the models that had finished keep their results, the others
+    fail as cancelled, and the caller still writes every report."""
     workers = min(jobs, len(specs))
     children: queue.SimpleQueue[Isolated] = queue.SimpleQueue()
     pool = [Isolated() for _ in range(workers)]
     for child in pool:
         children.put(child)
+    stop = threading.Event()
+    done: dict[int, ModelResult] = {}
 
-    def build(spec: ModelSpec) -> ModelResult:
+    def build(i: int, spec: ModelSpec) -> None:
+        if stop.is_set():
+            return
         child = children.get()
         try:
-            return _build_isolated(child, spec)
+            result = _build_isolated(child, spec)
         finally:
             children.put(child)
+        if not stop.is_set():  # a build the interrupt cut short is cancelled, not a crash
+            done[i] = result
 
-    if workers == 1:
-        try:
-            results = []
-            for spec in specs:
-                event(spec.name, "compiling")
-                results.append(build(spec))
-            return results
-        finally:
-            _end(pool)
-    threads = ThreadPoolExecutor(workers, thread_name_prefix="infercc-ci")
+    interrupted = _run_builds(specs, workers, build, event, stop, pool)
+    return [done.get(i) or _cancelled(spec) for i, spec in enumerate(specs)], interrupted
+
+
+def _run_builds(
+    specs: Sequence[ModelSpec],
+    workers: int,
+    build: Callable[[int, ModelSpec], None],
+    event: Event,
+    stop: threading.Event,
+    pool: Sequence[Isolated],
+) -> bool:
+    """Run `build` on every spec (in `workers` threads); True when interrupted. On Ctrl-C the
+    pending builds are cancelled and the children killed at once, so nothing more runs."""
+    threads = ThreadPoolExecutor(workers, thread_name_prefix="infercc-ci") if workers > 1 else None
     try:
-        futures = []
-        for spec in specs:
-            event(spec.name, "compiling")
-            futures.append(threads.submit(build, spec))
-        return [f.result() for f in futures]
+        if threads is None:
+            for i, spec in enumerate(specs):
+                event(spec.name, "compiling")
+                build(i, spec)
+        else:
+            futures = []
+            for i, spec in enumerate(specs):
+                event(spec.name, "compiling")
+                futures.append(threads.submit(build, i, spec))
+            for f in futures:
+                f.result()
+        return False
+    except KeyboardInterrupt:
+        stop.set()
+        log.warning("interrupted: cancelling the models that have not finished")
+        return True
     finally:
+        stop_all(threads, pool)
+
+
+def stop_all(threads: ThreadPoolExecutor | None, pool: Sequence[Isolated]) -> None:
+    """Cancel what has not started, kill the children (a build waiting on one returns), then
+    wait for the threads; a second Ctrl-C meanwhile does not cut the cleanup short."""
+    with _sigint_ignored():
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
         _end(pool)
-        threads.shutdown(wait=True, cancel_futures=True)
+        if threads is not None:
+            threads.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _cancelled(spec: ModelSpec, reason: str = CANCELLED) -> ModelResult:
+    result = ModelResult(
+        spec.name, str(spec.path), False, reason, precision=spec.precision, error=True
+    )
+    result.target, result.backend = spec.target, spec.backend
+    return result
 
 
 def _end(pool: Sequence[Isolated]) -> None:
@@ -292,19 +352,36 @@ def _build_isolated(child: Isolated, spec: ModelSpec) -> ModelResult:
 
 
 def _bench_all(
-    specs: Sequence[ModelSpec], results: list[ModelResult], jobs: int, event: Event
-) -> None:
-    """Time the models that passed, one at a time (timings never overlap), in a child."""
+    specs: Sequence[ModelSpec],
+    results: list[ModelResult],
+    jobs: int,
+    event: Event,
+    interrupted: bool = False,
+) -> bool:
+    """Time the models that passed, one at a time (timings never overlap), in a child.
+    Returns whether the run was interrupted (before or during the benchmarks): the models not
+    timed then fail as cancelled before their benchmark."""
     todo = [(s, r) for s, r in zip(specs, results, strict=True) if r.passed and s.benched]
     if not todo:
-        return
+        return interrupted
     child = Isolated()
+    timed = 0
     try:
         for spec, result in todo:
+            if interrupted:
+                break
             event(spec.name, "benching")
             _apply_latency(result, _bench_isolated(child, spec, result.output))
+            timed += 1
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("interrupted: cancelling the benchmarks that have not finished")
     finally:
-        _end([child])
+        with _sigint_ignored():
+            _end([child])
+    for _spec, result in todo[timed:]:
+        _apply_latency(result, {"reason": CANCELLED_BENCH})
+    return interrupted
 
 
 def _bench_isolated(child: Isolated, spec: ModelSpec, output: str) -> dict[str, Any]:
