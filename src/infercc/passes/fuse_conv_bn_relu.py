@@ -16,9 +16,20 @@ bias' = bias·m + a), since an affine map of an affine map is affine.
 
 Conditions that keep it exact: the producer's output is read only by the folded node (and is no
 graph output); weights, biases and BN parameters are constants; BN is in inference mode (no
-training_mode, only its first output read); the channel count matches. Arithmetic runs in
-float64 and is cast back to the weight's dtype. New constants are always created (the old ones
-may be read elsewhere; eliminate-dead-code drops them when not).
+training_mode, only its first output read); the channel count matches. New constants are
+always created (the old ones may be read elsewhere; eliminate-dead-code drops them when not).
+
+How it rounds. Every user of the original gets onnxruntime's own Conv+BN, Conv+Mul and Conv+Add
+fusions at session creation, so where the fold is the one onnxruntime makes, it is computed as
+onnxruntime computes it, and the folded weights are bit-identical to what onnxruntime makes of
+the original: a Conv followed by BN with the weight, BN parameters (and bias) all of one float
+dtype, is folded in that dtype with one rounding per step, in onnxruntime's order (its
+ConvBNFusion): σ = sqrt(var + ε), s = γ/σ, W' = W·s, and b' = (b - μ)·s + β, or without a bias
+b' = β - μ·s (float16 steps computed in float32 and rounded, as onnxruntime does). Mul and Add
+folds are one multiplication or addition per element, which float64 then one cast rounds
+exactly as the tensor's own dtype does; a Conv without bias gets none from a Mul. Every other
+fold (ConvTranspose, Gemm, MatMul, mixed dtypes, BN into BN) runs in float64 and is cast back to
+the weight's dtype once.
 
 fuse-conv-activation, a pass of its own: when the model targets onnxruntime on the CPU
 (ctx.fused_ops_allowed and target "cpu"), a float32 2-D Conv whose output is read only by Relu,
@@ -188,13 +199,38 @@ def _fold_bn(bn: Node, fold: _Fold, ctx: PassContext) -> None:
     graph = bn.graph
     assert graph is not None and fold.scale is not None and fold.shift is not None
     layer = fold.layer
-    if layer.op_type in _CONVS:
+    if layer.op_type == "Conv" and _fold_as_onnxruntime(graph, layer, bn):
+        _replace_node(graph, bn, layer.output)
+    elif layer.op_type in _CONVS:
         _rewrite_conv(graph, layer, fold.scale, fold.shift)
         _replace_node(graph, bn, layer.output)
     elif layer.op_type == "Gemm":
         _bn_into_gemm(graph, layer, bn, fold.scale, fold.shift)
     else:
         _bn_into_matmul(graph, layer, bn, fold.scale, fold.shift)
+
+
+def _fold_as_onnxruntime(graph: Graph, conv: Node, bn: Node) -> bool:
+    """Fold `bn` into `conv` in onnxruntime's precision and order (module docstring); False,
+    nothing changed, where the dtypes differ (onnxruntime does not fuse those)."""
+    w_val, b_val = conv.input(1), conv.input(2)
+    w, b = const_value(w_val), const_value(b_val)
+    gamma, beta, mean, var = (const_value(bn.input(i)) for i in range(1, 5))
+    dtype = w.dtype
+    if any(p.dtype != dtype for p in (gamma, beta, mean, var)):
+        return False
+    if b is not None and (b.dtype != dtype or b.shape != gamma.shape):
+        return False
+    eps = np.float32(bn.attr("epsilon", 1e-5))
+    s = (gamma / np.sqrt((var + eps).astype(dtype))).astype(dtype)
+    w_new = (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(dtype)
+    if b is None:
+        b_new = (beta - (mean * s).astype(dtype)).astype(dtype)
+    else:
+        b_new = ((((b - mean).astype(dtype)) * s).astype(dtype) + beta).astype(dtype)
+    conv.set_input(1, _new_const(graph, w_new, w_val, "W"))
+    _set_input(conv, 2, _new_const(graph, b_new, b_val, f"{w_val.name}_bias"))
+    return True
 
 
 def _bn_target(p: Node | None) -> str | None:
@@ -253,20 +289,31 @@ def _scale_out_channels(w: np.ndarray, s: np.ndarray, op: str, group: int) -> np
 def _rewrite_conv(
     graph: Graph, conv: Node, scale: np.ndarray | None, shift: np.ndarray | None
 ) -> None:
-    """conv' = conv·scale + shift per output channel (new weight/bias constants)."""
+    """conv' = conv·scale + shift per output channel (new weight/bias constants); a Conv
+    without bias gets one only from a shift."""
     w_val = conv.input(1)
-    w = const_value(w_val)
+    dtype = const_value(w_val).dtype
     b = const_value(conv.input(2))
+    if scale is not None:
+        _scale_weight(graph, conv, scale)
+    if b is None and shift is None:
+        return
     bias = np.zeros(_out_channels(conv)) if b is None else b.astype(np.float64)
     if scale is not None:
-        group = int(conv.attr("group", 1))
-        w_new = _scale_out_channels(w.astype(np.float64), scale, conv.op_type, group)
-        conv.set_input(1, _new_const(graph, w_new.astype(w.dtype), w_val, "W"))
         bias = bias * scale
     if shift is not None:
         bias = bias + shift
-    new_b = _new_const(graph, bias.astype(w.dtype), conv.input(2), f"{w_val.name}_bias")
+    new_b = _new_const(graph, bias.astype(dtype), conv.input(2), f"{w_val.name}_bias")
     _set_input(conv, 2, new_b)
+
+
+def _scale_weight(graph: Graph, conv: Node, scale: np.ndarray) -> None:
+    """conv's weight with output channel o multiplied by scale[o] (a new constant)."""
+    w_val = conv.input(1)
+    w = const_value(w_val)
+    group = int(conv.attr("group", 1))
+    w_new = _scale_out_channels(w.astype(np.float64), scale, conv.op_type, group)
+    conv.set_input(1, _new_const(graph, w_new.astype(w.dtype), w_val, "W"))
 
 
 def _bn_conv_reason(conv: Node, bn: Node, scale: np.ndarray) -> str | None:
