@@ -26,6 +26,10 @@ Two lists, because they answer different questions:
   output.
 
 A user's atol, rtol or min_cosine replaces the table's figure (`tolerance()`).
+
+An fp32 element outside the table's bounds still passes within `RUNTIME_ROUNDING_MULTIPLE`
+times what onnxruntime's own optimizer moves that output by (`infercc.check.compare`), where
+that move is rounding: at most `RUNTIME_ROUNDING_SHARE` of the output's largest magnitude.
 """
 
 from __future__ import annotations
@@ -65,6 +69,16 @@ TOLERANCES: dict[str, Tolerance] = {
     "int4": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.99),
 }
 FP32 = TOLERANCES["fp32"]
+
+# An fp32 candidate may differ from the reference by this multiple of onnxruntime's own
+# rounding (the largest move its default optimizations make to the output). Measured on the
+# light zoo models with weights re-drawn and logits near 3,000 (tests/check/test_runtime_floor
+# .py): infercc's builds moved the logits by 0.82-1.33x that on ShuffleNet (10 seeds), 0.90-1.20x
+# on ResNet-50 (3 seeds), 0.94-1.03x on Inception-v2 (2 seeds).
+RUNTIME_ROUNDING_MULTIPLE = 2.0
+# onnxruntime's own move counts as rounding only up to this share of the output's largest
+# magnitude (fp32 deep nets: ~1e-5); beyond it the optimizer changed what is computed.
+RUNTIME_ROUNDING_SHARE = 1e-3
 
 
 def tolerance(

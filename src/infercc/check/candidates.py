@@ -17,7 +17,9 @@ Default tolerances follow the candidate's precision: the artifact manifest's `pr
 for a plain model, int8 when it holds QuantizeLinear/DequantizeLinear (or QLinear*) nodes,
 fp16 when it holds float16 initializers or Casts to float16, else fp32. fp32: atol 1e-4,
 rtol 1e-3, cosine >= 0.9999; fp16: cosine >= 0.999 only; int8: cosine >= 0.99 only. Options
-given by the user win, and `tolerances` sets atol/rtol for named outputs.
+given by the user win, and `tolerances` sets atol/rtol for named outputs. An fp32 candidate
+checked against a reference also passes elements within onnxruntime's own rounding of the
+reference (`infercc.check.compare`); goldens carry no reference to measure that on.
 
 Against a reference, the samples are those of `infercc.check.profiles`: a second shape
 profile whenever an input has a symbolic dimension, and other sizes and values when the
@@ -47,7 +49,7 @@ from infercc.check.compare import ModelRunError, ValidationReport, run_model
 from infercc.check.goldens import Feeds, Outputs, load_golden, save_golden
 from infercc.check.profiles import FeedPlan, Profile, plan_feeds, reference_graph
 from infercc.check.tolerances import default_tolerance, detect_precision
-from infercc.check.validation import failed_run, judge, run_with_coverage
+from infercc.check.validation import Floor, failed_run, judge, run_with_coverage, runtime_floor
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
 from infercc.data.signature import declared_dims, input_dtype, real_inputs
@@ -192,8 +194,10 @@ def validate_candidate(
     precision = detect_precision(candidate, skeleton)
     tol = default_tolerance(precision, atol, rtol, min_cosine)
     step("running the candidate")
+    fp32 = precision == "fp32"
+    floor = runtime_floor(reference, plan) if fp32 and reference is not None else None
     report = _judge_candidate(
-        candidate, reference, skeleton, plan, tol, precision != "fp32", tolerances, strict_coverage
+        candidate, reference, skeleton, plan, tol, not fp32, tolerances, strict_coverage, floor
     )
     result = CandidateReport(
         _str(candidate), _str(reference), _str(golden), precision, report, saved
@@ -238,6 +242,7 @@ def _judge_candidate(
     float_dtypes_may_differ: bool,
     tolerances: Mapping[str, tuple[float, float]] | None,
     strict_coverage: bool,
+    floor: Floor | None = None,
 ) -> ValidationReport:
     model_path = candidate_model_path(candidate)
     rewritten = None
@@ -256,7 +261,7 @@ def _judge_candidate(
         return failed_run(plan, exc, tol)
     if coverage is not None:
         coverage.strict = strict_coverage
-    return judge(plan, actual, tol, float_dtypes_may_differ, tolerances, coverage)
+    return judge(plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor)
 
 
 def _candidate_skeleton(candidate: str | os.PathLike[str]) -> onnx.ModelProto | None:
