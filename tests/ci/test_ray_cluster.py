@@ -1,7 +1,12 @@
 """`infercc ci --ray` on a simulated cluster (`ray.cluster_utils.Cluster`, one per module): a
 CPU head node and two nodes that declare one GPU each, of different accelerator types (A100 and
 L4). A model lands on the node of its target; a crash is retried once on another node; a node
-lost mid-build has its task rerun elsewhere by Ray; a target no node has is refused up front."""
+lost mid-build has its task rerun elsewhere by Ray; a target no node has is refused up front.
+
+Slow (a cluster of three nodes takes seconds to start): run with `-m slow`. The default run
+proves the same code paths on one node in tests/ci/test_ray_local.py: a GPU target placed on
+the node of its accelerator, shared storage, a crash retried once, a killed worker rerun by
+Ray, a target no node has refused with the types present."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the --ray tests need ray: pip install 'infercc[ray]'")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+pytestmark = pytest.mark.slow
 
 from ray._private import ray_constants  # noqa: E402
 

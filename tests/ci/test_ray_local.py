@@ -1,7 +1,14 @@
-"""`infercc ci --ray` on a one-node local Ray cluster (`ray.init(num_cpus=2)`, one per module):
-the same verdicts, reports and artifacts as `--jobs 2`; a crashing model fails alone; a killed
-worker is rerun; Ctrl-C cancels and still writes the reports; workers' tuning cache entries come
-home and make the next run hit; a target the cluster lacks is exit 2 before any work."""
+"""`infercc ci --ray` on a one-node local Ray cluster (`ray.init(num_cpus=2)` with one GPU of
+accelerator type A100 declared, one per module): the same verdicts, reports and artifacts as
+`--jobs`; a GPU target lands on the node with its accelerator; shared storage; a crashing model
+fails alone; a killed worker is rerun; Ctrl-C cancels and still writes the reports; workers'
+tuning cache entries come home and make the next run hit; a target the cluster lacks is exit 2
+before any work.
+
+These are the default run's proof of the Ray code paths, each on the smallest input; the
+multi-node cases (a model on the node of its target among several, a crash retried on another
+node, a lost node) are tests/ci/test_ray_cluster.py, marked slow, and the whole eight-model
+fleet against `--jobs 2` is `test_reports_and_artifacts_match_jobs_2`, slow too."""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import onnx
 import pytest
 
 ray = pytest.importorskip("ray", reason="the --ray tests need ray: pip install 'infercc[ray]'")
@@ -35,7 +43,14 @@ def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("ray-local")
     (root / "scratch").mkdir()
     env = ray_helpers.runtime_env(root / "scratch", root / "worker-cache")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=env)
+    ray.init(
+        num_cpus=2,
+        num_gpus=1,  # declared, not used: a GPU target's build is placed by it, never runs on it
+        resources={"accelerator_type:A100": 1},
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=env,
+    )
     yield root
     ray.shutdown()
 
@@ -141,6 +156,91 @@ def verdict_table(markdown: str) -> list[str]:
     return [re.sub(r"[\d.]+ ms", "N ms", "|".join(line.split("|")[:7])) for line in lines]
 
 
+ONE_AND_BROKEN = f"""
+[ci]
+warmup = 1
+iters = 3
+
+[[models]]
+name = "small_cnn"
+path = "{CNN}"
+backend = "ort"
+shapes = {{ image = "1x3x32x32" }}
+
+[[models]]
+name = "broken"
+path = "broken.onnx"
+"""
+
+
+def test_one_model_and_a_broken_one_match_jobs_1(cluster, tmp_path: Path) -> None:
+    """The fast sibling of the slow eight-model comparison below: one artifact and one failure,
+    the same reports and bytes on Ray as with --jobs 1."""
+    write(tmp_path / "broken.onnx", "this is not an ONNX model\n")
+    manifest = write(tmp_path / "infercc.toml", ONE_AND_BROKEN)
+    reports = {}
+    for mode, kwargs in (("jobs", {"jobs": 1}), ("ray", {"ray": True})):
+        out = tmp_path / f"out-{mode}"
+        reports[mode] = run_ci(
+            manifest,
+            out_dir=out,
+            junit=tmp_path / f"{mode}.xml",
+            json_report=tmp_path / f"{mode}.json",
+            step_summary=False,
+            **kwargs,
+        )
+        assert normalized(reports[mode].to_dict(), out) == normalized(
+            json.loads((tmp_path / f"{mode}.json").read_text()), out
+        )
+    jobs, on_ray = reports["jobs"], reports["ray"]
+    assert [m.name for m in on_ray.failures()] == ["broken"]
+    assert normalized(on_ray.to_dict(), tmp_path / "out-ray") == normalized(
+        jobs.to_dict(), tmp_path / "out-jobs"
+    )
+    assert junit_cases(tmp_path / "ray.xml", tmp_path / "out-ray") == junit_cases(
+        tmp_path / "jobs.xml", tmp_path / "out-jobs"
+    )
+    name = "small_cnn/model.onnx"
+    assert file_sha256(tmp_path / "out-ray" / name) == file_sha256(tmp_path / "out-jobs" / name)
+    assert not list((tmp_path / "out-ray").glob(".incoming-*"))
+    placed = on_ray.models[0].placement
+    assert placed["node_id"] == ray.get_runtime_context().get_node_id()
+    assert placed["attempts"] == 1 and placed["files"] == "the driver's node"
+    assert placed["gpus"] == []  # a cpu target is given no GPU, on a node that has one
+    assert jobs.models[0].placement is None and on_ray.jobs is None
+
+
+def test_a_gpu_target_is_placed_on_the_node_of_its_accelerator(cluster, tmp_path: Path) -> None:
+    """One model, target a100: built for its target on the node that declares an A100 (the
+    fast sibling of test_ray_cluster's placement among several nodes)."""
+    manifest = write(
+        tmp_path / "m.toml",
+        f'[defaults]\nbackend = "none"\n\n[[models]]\nname = "on_a100"\npath = "{CNN}"\n'
+        'target = "a100"\n',
+    )
+    report = run_ci(manifest, ray=True, out_dir=tmp_path / "out", step_summary=False)
+    assert report.passed, [m.reason for m in report.failures()]
+    model = report.models[0]
+    assert model.placement["node_id"] == ray.get_runtime_context().get_node_id()
+    assert model.placement["accelerator"] == "A100" and model.placement["gpus"] == [0]
+    assert model.nodes_after == 10  # the GPU build: no onnxruntime CPU fusions (cpu: 8)
+    onnx.checker.check_model(str(tmp_path / "out" / "on_a100.opt.onnx"))
+    assert [n["accelerators"] for n in report.ray["nodes"]] == [["A100"]]
+
+
+def test_on_shared_storage_the_worker_reads_and_writes_the_paths(cluster, tmp_path) -> None:
+    manifest = write(
+        tmp_path / "m.toml",
+        f'[ray]\nshared_storage = true\n\n[[models]]\nname = "cnn"\npath = "{CNN}"\n'
+        'backend = "none"\n',
+    )
+    report = run_ci(manifest, ray=True, out_dir=tmp_path / "out", step_summary=False)
+    assert report.passed and report.models[0].placement["files"] == "shared storage"
+    assert report.ray["shared_storage"] is True
+    onnx.checker.check_model(str(tmp_path / "out" / "cnn.opt.onnx"))
+
+
+@pytest.mark.slow
 def test_reports_and_artifacts_match_jobs_2(cluster, tmp_path: Path) -> None:
     write(tmp_path / "broken.onnx", "this is not an ONNX model\n")
     manifest = write(tmp_path / "infercc.toml", FLEET)
@@ -306,10 +406,15 @@ def test_a_target_no_node_has_is_exit_2_before_any_work(cluster, tmp_path: Path)
     manifest = write(
         tmp_path / "m.toml",
         f'[[models]]\nname = "cnn"\npath = "{CNN}"\n\n'
-        f'[[models]]\nname = "gpu"\npath = "{CNN}"\ntarget = "a100"\nbackend = "none"\n',
+        f'[[models]]\nname = "gpu"\npath = "{CNN}"\ntarget = "h100"\nbackend = "none"\n',
     )
-    with pytest.raises(InferccError, match="accelerator types present: none"):
+    with pytest.raises(InferccError) as info:
         run_ci(manifest, ray=True, out_dir=tmp_path / "out", step_summary=False)
+    assert info.value.message == (
+        "target 'h100' (model gpu) needs one GPU of accelerator type H100 and 1 CPU(s), and no "
+        "node of the Ray cluster has one (accelerator types present: A100)"
+    )
+    assert "accelerator_type:H100" in info.value.hint
     address = ray.get_runtime_context().gcs_address
     r = subprocess.run(
         [sys.executable, "-m", "infercc", "ci", str(manifest), "--ray", address],
@@ -320,5 +425,5 @@ def test_a_target_no_node_has_is_exit_2_before_any_work(cluster, tmp_path: Path)
     assert r.returncode == 2, r.stdout + r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1
-    assert "target 'a100' (model gpu) needs one GPU of accelerator type A100" in errors[0]
+    assert "target 'h100' (model gpu) needs one GPU of accelerator type H100" in errors[0]
     assert not (tmp_path / "out").exists() and not (tmp_path / "build").exists()
