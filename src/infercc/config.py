@@ -279,7 +279,7 @@ class BuildConfig:
         from infercc.passes.manager import PassContext
 
         ctx = PassContext(
-            target=self.target,
+            target="cpu" if is_cpu(self.target) else self.target,  # CPU rows rewrite alike
             portable=self.portable,
             fold_limit=self.fold_limit_bytes,
             verify=self.verify,
@@ -468,8 +468,15 @@ def canonical_target(target: str) -> str:
     return "cpu" if target.lower() == "cpu" else get_target(target).name
 
 
+def is_cpu(target: str) -> bool:
+    """`cpu` (this host) or a CPU row such as x86-avx2."""
+    from infercc.analysis.targets import is_cpu as _is_cpu
+
+    return _is_cpu(target)
+
+
 def default_backend(target: str) -> str:
-    return "ort" if target == "cpu" else "tensorrt"
+    return "ort" if is_cpu(target) else "tensorrt"
 
 
 # --------------------------------------------------------------------------- from data
@@ -658,7 +665,7 @@ def _bf16_needs_tensorrt(c: BuildConfig) -> Broken:
 
 
 def _bf16_needs_a_target_with_bf16(c: BuildConfig) -> Broken:
-    if c.precision != "bf16" or c.target == "cpu":
+    if c.precision != "bf16" or is_cpu(c.target):
         return None
     from infercc.analysis.targets import get_target
 
@@ -702,9 +709,9 @@ def _ort_options_need_ort(c: BuildConfig) -> Broken:
 
 
 def _tensorrt_needs_a_gpu_target(c: BuildConfig) -> Broken:
-    if c.backend == "tensorrt" and c.target == "cpu":
+    if c.backend == "tensorrt" and is_cpu(c.target):
         return (
-            "--backend tensorrt needs a GPU --target (the cpu target has no TensorRT)",
+            f"--backend tensorrt needs a GPU --target (the {c.target} target has no TensorRT)",
             "give --target a100 (or another GPU), or use --backend ort",
         )
     return None
@@ -763,8 +770,8 @@ def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
     (PassContext.fused_ops_allowed)."""
     if not c.portable:
         return None
-    if c.target != "cpu" or c.backend == "tensorrt":
-        where = f"the {c.target} target" if c.target != "cpu" else "backend tensorrt"
+    if not is_cpu(c.target) or c.backend == "tensorrt":
+        where = f"the {c.target} target" if not is_cpu(c.target) else "backend tensorrt"
         return (
             f"--portable has no effect with {where}: only onnxruntime on the cpu target gets "
             "contrib ops",

@@ -19,7 +19,7 @@ from infercc.analysis.targets import (
 )
 from infercc.errors import InferccError
 
-GPU_NAMES = [n for n in TARGET_NAMES if n != "cpu"]
+GPU_NAMES = list(targets.GPU_NAMES)
 
 # (name, fp32 TFLOPS, fp16 TFLOPS dense, bandwidth GB/s, memory GB, compute capability)
 DATASHEET = [
@@ -104,7 +104,9 @@ def test_unknown_target():
     with pytest.raises(InferccError) as err:
         get_target("x")
     assert err.value.message == "unknown target 'x'"
-    assert err.value.hint == "known targets: cpu, t4, a10, l4, a100, a100-80gb, h100, h200"
+    assert err.value.hint == "known targets: " + ", ".join(TARGET_NAMES)
+    assert err.value.hint.startswith("known targets: cpu, x86-amx, x86-avx512-vnni, ")
+    assert err.value.hint.endswith(", arm64-neon, t4, a10, l4, a100, a100-80gb, h100, h200")
 
 
 def test_case_insensitive():
@@ -232,7 +234,8 @@ def test_cpu_clock_fallback_is_stated():
     t = cpu_target(parse_cpuinfo(NO_MHZ_HOST), cores=2, memory_bytes=0, bandwidth=1e9)
     assert t.peak("fp32") == pytest.approx(2 * 2.0e9 * 16)
     assert "assumed 2.0 GHz" in t.description
-    assert t.features == ()
+    assert t.features == ("asimd",)
+    assert t.cpu_class == "arm64-neon"
 
 
 def test_no_cpuinfo_reads_py_cpuinfo(monkeypatch):

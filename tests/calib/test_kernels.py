@@ -6,6 +6,11 @@ with AMX-INT8 (a 3 -> 24 channel Conv among them); calibrate keeps such nodes fl
 
 from __future__ import annotations
 
+import os
+import platform
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +25,20 @@ from infercc.calib.calibrate import INT8_FILE, calibrate
 from tests.helpers import make_model
 
 FLOAT = TensorProto.FLOAT
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_real_check_with_this_hosts_row():
+    """The kernel check as users get it: the real check, and this host's own CPU row (the test
+    session otherwise states one row and answers the check for every host, tests/conftest.py).
+    The form the host's row takes is exact on the host's kernels by design, so what the check
+    finds here is a kernel bug (onnxruntime 1.21 to 1.24 on AMX-INT8), on any host."""
+    import infercc.calib.calibrate as calibrate_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("INFERCC_CPU_CLASS", raising=False)
+        mp.setattr(calibrate_module, "broken_kernels", kernels.broken_kernels)
+        yield
 
 
 def _conv_model(path: Path, seed: int = 0) -> Path:
@@ -230,3 +249,88 @@ def test_the_int8_model_computes_what_fp32_does_on_this_onnxruntime(int8):
         assert _cosine(want, got) > 0.99
     runtime = {k.node for k in report.kept_float if k.cause == "runtime"}
     assert runtime | set(report.quantized) == set(NODES) and runtime <= {"conv1"}
+
+
+# --- the int8 form of each CPU row, on this host's kernels ----------------------------------
+
+
+def _host_row():
+    from infercc.analysis.targets import host_cpu_info
+
+    return host_cpu_info()[0].row
+
+
+def _amx_bug_here() -> bool:
+    from infercc.calib.forms import AMX_BUG, _version
+
+    row = _host_row()
+    return (
+        row is not None
+        and row.name == "x86-amx"
+        and (AMX_BUG[0] <= _version(ort.__version__) < AMX_BUG[1])
+    )
+
+
+def test_the_hosts_own_int8_form_is_exact_on_its_kernels():
+    """Whatever the host, the weight width its CPU row takes never saturates its kernels (the
+    test that runs on every host: 7-bit on AVX2, 8-bit with VNNI, AMX or arm64)."""
+    from tests.calib import saturation
+
+    row = _host_row()
+    if row is None or _amx_bug_here():
+        pytest.skip("no CPU row for this host, or onnxruntime's AMX-INT8 bug (onnxruntime#26324)")
+    assert saturation.steps_off(row.int8.weight_bits) <= kernels.MAX_STEPS
+    assert saturation.steps_off(7) <= kernels.MAX_STEPS  # 7 bits are exact on every row
+
+
+@pytest.mark.skipif(
+    (_host_row() is None) or _host_row().int8.weight_bits == 8,
+    reason="this host's int8 kernels sum in int32 (VNNI, AMX or arm64): 8-bit weights do not "
+    "saturate here",
+)
+def test_eight_bit_weights_saturate_the_kernels_of_a_cpu_without_vnni():
+    from tests.calib import saturation
+
+    assert saturation.steps_off(8) > kernels.MAX_STEPS
+
+
+@pytest.mark.skipif(
+    (_host_row() is None) or _host_row().int8.weight_bits == 7,
+    reason="this host has no VNNI: its kernels saturate 8-bit weights (the other test)",
+)
+def test_eight_bit_weights_are_exact_on_a_cpu_with_vnni():
+    from tests.calib import saturation
+
+    if _amx_bug_here():
+        pytest.skip("onnxruntime's AMX-INT8 bug (onnxruntime#26324, fixed in 1.25)")
+    assert saturation.steps_off(8) <= kernels.MAX_STEPS
+
+
+QEMU = shutil.which("qemu-x86_64")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    QEMU is None or platform.machine() != "x86_64",
+    reason="needs qemu-x86_64 (Debian's qemu-user) on an x86-64 host",
+)
+def test_seven_bit_weights_are_exact_on_an_emulated_avx2_cpu():
+    """The x86-avx2 row's form, proven on an AVX2 CPU without VNNI whatever this host is:
+    qemu's user-mode emulation of an AMD EPYC Milan (Zen 3) runs onnxruntime's AVX2 kernels.
+    8-bit weights come out several steps off there, 7-bit ones exact."""
+    script = Path(__file__).with_name("saturation.py")
+    python = os.path.realpath(sys.executable)
+
+    def off(bits: int) -> int:
+        done = subprocess.run(
+            [QEMU, "-cpu", "EPYC-Milan", python, str(script), str(bits)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert off(8) > kernels.MAX_STEPS
+    assert off(7) <= kernels.MAX_STEPS

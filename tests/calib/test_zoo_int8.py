@@ -42,10 +42,11 @@ def test_shufflenet_batchnorm_is_folded_and_convs_quantized(shufflenet_int8):
     ops = Counter(n.op_type for n in onnx.load(int8).graph.node)
     assert ops["BatchNormalization"] == 0  # every BN follows a Conv: folded before quantizing
     convs = sum(n.op_type == "Conv" for n in original.graph.node)
-    runtime = _runtime_kept(report)
-    assert len(runtime) <= 3
-    assert ops["Conv"] == convs and report.quantized_nodes + len(runtime) >= convs
-    assert report.outputs[original.graph.output[0].name].cosine > 0.98
+    assert _runtime_kept(report) == []  # the kernel check's answer is fixed (tests/conftest.py)
+    assert ops["Conv"] == convs and report.quantized_nodes >= convs
+    # 7-bit weights (the x86-avx2 form every host builds in tests): 0.976 here; 8-bit: 0.98+
+    assert report.outputs[original.graph.output[0].name].cosine > 0.97
+    assert report.int8.weight_bits == 7 and report.int8.on_host
 
 
 def test_shufflenet_convs_run_as_int8_in_onnxruntime(shufflenet_int8, tmp_path):

@@ -34,26 +34,33 @@ import os
 import platform
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from infercc.analysis import host
+from infercc.analysis import cpu_classes, host
 from infercc.errors import InferccError
 from infercc.precisions import TARGET_PRECISIONS as PRECISIONS
 
 log = logging.getLogger(__name__)
 
-TARGET_NAMES = ("cpu", "t4", "a10", "l4", "a100", "a100-80gb", "h100", "h200")
+GPU_NAMES = ("t4", "a10", "l4", "a100", "a100-80gb", "h100", "h200")
+# `cpu` is this host; each CPU row (`infercc.analysis.cpu_classes`) is a target of its own.
+TARGET_NAMES = ("cpu", *cpu_classes.NAMES, *GPU_NAMES)
 BANDWIDTH_ENV = "INFERCC_CPU_BANDWIDTH_GBS"
+# The host's CPU row, stated instead of detected (a VM that hides flags; a test session that
+# must choose one int8 form on every host).
+CPU_CLASS_ENV = "INFERCC_CPU_CLASS"
 
 # CPU flags that matter for peak figures, in the order `Target.features` lists them.
 CPU_FEATURES = (
     "fma",
     "avx2",
     "avx512f",
+    "avx512bw",
+    "avx512vl",
     "avx512_vnni",
     "avx_vnni",
     "avx512_bf16",
@@ -62,6 +69,10 @@ CPU_FEATURES = (
     "amx_bf16",
     "amx_int8",
     "amx_fp16",
+    "asimd",
+    "asimddp",
+    "i8mm",
+    "sve",
 )
 DEFAULT_GHZ = 2.0
 
@@ -86,6 +97,8 @@ class Target:
     source: str
     cores: int | None = None
     features: tuple[str, ...] = ()
+    cpu_class: str | None = None  # the CPU row (`infercc.analysis.cpu_classes`) it belongs to
+    host: bool = False  # a CPU target that is this host (its kernels can be measured here)
 
     def __post_init__(self) -> None:
         expected = tuple(p for p in PRECISIONS if p in self.peak_flops)
@@ -123,7 +136,19 @@ class Target:
             "source": self.source,
             "cores": self.cores,
             "features": list(self.features),
+            "cpu_class": None if self.cpu_class is None else self.row.to_dict(),
+            "host": self.host,
         }
+
+    @property
+    def row(self) -> cpu_classes.CpuClass:
+        """The CPU row of a CPU target; InferccError for a GPU (or an unknown CPU)."""
+        if self.cpu_class is None:
+            raise InferccError(
+                f"target {self.name!r} is not a CPU of a known class",
+                "CPU rows: " + ", ".join(cpu_classes.NAMES),
+            )
+        return cpu_classes.get_class(self.cpu_class)
 
 
 def _gpu(
@@ -257,19 +282,36 @@ GPUS: dict[str, Target] = {t.name: t for t in (T4, A10, L4, A100, A100_80GB, H10
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """What /proc/cpuinfo says: model name, the flags infercc cares about, max clock (MHz)."""
+    """What /proc/cpuinfo says: model name, the flags infercc cares about, max clock (MHz),
+    and the architecture (`x86_64` or `arm64`)."""
 
     model: str
     features: tuple[str, ...]
     mhz: float | None
+    arch: str = cpu_classes.X86
+    row_name: str | None = None  # the CPU row as stated (`CPU_CLASS_ENV`), not detected
+
+    @property
+    def row(self) -> cpu_classes.CpuClass | None:
+        """The CPU row: as stated, else the one these flags put the CPU in (None: another
+        architecture)."""
+        if self.row_name is not None:
+            return cpu_classes.get_class(self.row_name)
+        return cpu_classes.classify(self.arch, self.features)
 
 
-def parse_cpuinfo(text: str) -> CpuInfo:
-    """Parse /proc/cpuinfo text; features are the `CPU_FEATURES` among the first core's flags."""
+def parse_cpuinfo(text: str, arch: str | None = None) -> CpuInfo:
+    """Parse /proc/cpuinfo text; features are the `CPU_FEATURES` among the first core's flags.
+    The architecture is `arch`, else arm64 when the text has arm64's fields (`Features`,
+    `CPU architecture`), else x86_64."""
     model = _first_field(text, ("model name", "Model", "Processor")) or "unknown CPU"
     flags = set((_first_field(text, ("flags", "Features")) or "").split())
     mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([0-9.]+)", text, re.MULTILINE)]
-    return CpuInfo(model, tuple(f for f in CPU_FEATURES if f in flags), max(mhz, default=None))
+    if arch is None:
+        arm = _first_field(text, ("CPU architecture",)) is not None or "asimd" in flags
+        arch = cpu_classes.ARM64 if arm else cpu_classes.X86
+    features = tuple(f for f in CPU_FEATURES if f in flags)
+    return CpuInfo(model, features, max(mhz, default=None), arch)
 
 
 def _first_field(text: str, keys: tuple[str, ...]) -> str | None:
@@ -296,8 +338,9 @@ def flops_per_cycle(features: tuple[str, ...] | set[str]) -> int:
 def cpu_peaks(cores: int, ghz: float, features: tuple[str, ...] | set[str]) -> dict[str, float]:
     """Peak OP/s per precision for `cores` cores at `ghz` with these flags (see module doc).
 
-    - int8: VNNI (avx512_vnni / avx_vnni) fuses the u8 x s8 multiply-add of 4 pairs into one
-      instruction, 4x fp32. Without it int8 GEMM runs on pmaddubsw/pmaddwd, roughly 2x fp32.
+    - int8: VNNI (avx512_vnni / avx_vnni; arm64's dot product, asimddp) fuses the multiply-add
+      of 4 byte pairs into one instruction, 4x fp32. Without it int8 GEMM runs on
+      pmaddubsw/pmaddwd, roughly 2x fp32.
     - bf16: amx_bf16 counts 8x fp32 (AMX tiles reach 16x on paper; kept conservative), otherwise
       avx512_bf16 (vdpbf16ps) 2x fp32. fp16 likewise: amx_fp16 8x, avx512_fp16 2x. Without
       these flags the precision is not listed: converting to fp32 to compute gains nothing.
@@ -309,7 +352,7 @@ def cpu_peaks(cores: int, ghz: float, features: tuple[str, ...] | set[str]) -> d
             peaks[precision] = 8 * fp32
         elif f"avx512_{precision}" in features:
             peaks[precision] = 2 * fp32
-    vnni = "avx512_vnni" in features or "avx_vnni" in features
+    vnni = any(f in features for f in ("avx512_vnni", "avx_vnni", "asimddp"))
     peaks["int8"] = (4 if vnni else 2) * fp32
     return {p: peaks[p] for p in PRECISIONS if p in peaks}
 
@@ -333,6 +376,12 @@ def cpu_target(
         f"peak = cores x GHz x {flops_per_cycle(info.features)} FLOPs/cycle; "
         f"bandwidth {_bandwidth_source()}"
     )
+    row = info.row
+    if row is not None:
+        description += f"; CPU class {row.name}"
+    if info.row_name is not None:
+        detected = cpu_classes.classify(info.arch, info.features)
+        description += f" (from {CPU_CLASS_ENV}; detected {detected.name if detected else 'none'})"
     return Target(
         "cpu",
         "cpu",
@@ -345,6 +394,39 @@ def cpu_target(
         source,
         cores=cores,
         features=info.features,
+        cpu_class=None if row is None else row.name,
+        host=True,
+    )
+
+
+def row_target(
+    row: cpu_classes.CpuClass, info: CpuInfo, cores: int, memory_bytes: int, bandwidth: float
+) -> Target:
+    """The target of a CPU row, from this host's facts. The host's own row is the host (its
+    detected features, `host` True); another row takes its features from the row and its cores,
+    clock, memory and bandwidth from this host, as assumptions its description states."""
+    here = cpu_target(info, cores, memory_bytes, bandwidth)
+    if here.cpu_class == row.name:
+        return replace(here, name=row.name, description=f"this host: {here.description}")
+    features = tuple(f for f in CPU_FEATURES if f in row.requires)
+    ghz = info.mhz / 1000 if info.mhz else DEFAULT_GHZ
+    peaks = cpu_peaks(cores, ghz, features)
+    flags = " ".join(row.requires) or "the x86-64 baseline"
+    return Target(
+        row.name,
+        "cpu",
+        f"{row.summary}; not this host: this host's {cores} cores at {ghz:.2f} GHz and memory "
+        "assumed",
+        peaks,
+        bandwidth,
+        memory_bytes,
+        None,
+        tuple(peaks),
+        f"CPU row {row.name} ({flags}); cores, clock, memory and bandwidth from this host",
+        cores=cores,
+        features=features,
+        cpu_class=row.name,
+        host=False,
     )
 
 
@@ -412,6 +494,7 @@ def from_py_cpuinfo(cpu: dict[str, Any]) -> CpuInfo:
         str(cpu.get("model") or "unknown CPU"),
         tuple(f for f in CPU_FEATURES if f in flags),
         float(mhz) if mhz else None,
+        cpu_classes.machine_arch(),
     )
 
 
@@ -421,7 +504,7 @@ def _host_facts() -> tuple[CpuInfo, int, int, tuple[str, ...]]:
     cpuinfo = _read("/proc/cpuinfo")
     notes: tuple[str, ...] = ()
     if cpuinfo is not None:
-        info = parse_cpuinfo(cpuinfo)
+        info = parse_cpuinfo(cpuinfo, cpu_classes.machine_arch())
     else:
         info = from_py_cpuinfo(host.py_cpuinfo())
         if not info.features:
@@ -430,9 +513,23 @@ def _host_facts() -> tuple[CpuInfo, int, int, tuple[str, ...]]:
 
 
 def detect_cpu() -> Target:
-    """The host CPU as a Target. Detection is cached; the env override is read on every call."""
+    """The host CPU as a Target. Detection is cached; the env overrides are read on every
+    call."""
     info, cores, memory, notes = _host_facts()
-    return cpu_target(info, cores, memory, cpu_bandwidth(), notes)
+    return cpu_target(_stated_row(info), cores, memory, cpu_bandwidth(), notes)
+
+
+def _stated_row(info: CpuInfo) -> CpuInfo:
+    """`info` with the row `CPU_CLASS_ENV` states, when it is set (checked)."""
+    value = os.environ.get(CPU_CLASS_ENV, "").strip().lower()
+    if not value:
+        return info
+    if value not in cpu_classes.BY_NAME:
+        raise InferccError(
+            f"{CPU_CLASS_ENV}={value!r} is not a CPU row",
+            "CPU rows: " + ", ".join(cpu_classes.NAMES) + "; or unset it to detect the host's",
+        )
+    return replace(info, row_name=value)
 
 
 # --- Lookup ------------------------------------------------------------------------------------
@@ -443,9 +540,19 @@ def get_target(name: str) -> Target:
     key = name.strip().lower()
     if key == "cpu":
         return detect_cpu()
+    if key in cpu_classes.BY_NAME:
+        info, cores, memory, _notes = _host_facts()
+        row = cpu_classes.BY_NAME[key]
+        return row_target(row, _stated_row(info), cores, memory, cpu_bandwidth())
     if key in GPUS:
         return GPUS[key]
     raise InferccError(f"unknown target {name!r}", "known targets: " + ", ".join(TARGET_NAMES))
+
+
+def is_cpu(name: str) -> bool:
+    """Whether the target called `name` is a CPU: `cpu` (this host) or a CPU row."""
+    key = name.strip().lower()
+    return key == "cpu" or key in cpu_classes.BY_NAME
 
 
 def list_targets() -> list[Target]:
@@ -456,4 +563,4 @@ def list_targets() -> list[Target]:
 def host_cpu_info() -> tuple[CpuInfo, int]:
     """The host's CPU info and cores, without measuring bandwidth (cached)."""
     info, cores, _memory, _notes = _host_facts()
-    return info, cores
+    return _stated_row(info), cores

@@ -29,7 +29,9 @@
    or percentile). Left out, the method and its percentile are chosen from the model
    (`infercc.calib.choices`): percentile 99.999 for a transformer, minmax otherwise.
 4. **Quantize.** The int8 pipeline's second stage (quantize-qdq, then eliminate-dead-code)
-   rewrites a fresh copy of the fp32 graph (per-channel int8 weights, per-tensor activations),
+   rewrites a fresh copy of the fp32 graph (per-channel int8 weights, per-tensor activations,
+   in the form the target's CPU row runs exactly: `infercc.calib.forms`; 7-bit weights on
+   CPUs without VNNI, whose u8 x s8 kernels sum pairs in int16 with saturation),
    keeping the user's `exclude` nodes float, and the nodes whose int8 kernel in the installed
    onnxruntime computes something else than their Q/DQ graph (`infercc.calib.kernels`: each
    node is cut out with its Q/DQ pairs and run fused and unfused on its values from the first
@@ -91,6 +93,7 @@ import onnx
 from infercc.backends.base import MANIFEST
 from infercc.calib import outliers
 from infercc.calib.choices import Settings, choose
+from infercc.calib.forms import Int8Plan, kernel_cause, plan_int8
 from infercc.calib.kernels import broken_kernels
 from infercc.calib.observers import (
     DEFAULT_PERCENTILE,
@@ -112,12 +115,14 @@ from infercc.passes.match import const_value
 from infercc.passes.pipelines import CALIBRATE_FP32, INT8, check_disabled
 from infercc.passes.quantize_qdq import (
     ACTIVATION_TYPES,
+    INT8_MAX,
     TARGET_INPUTS,
     QuantizeReport,
     activation_params,
     calibration_tensors,
     check_opset,
     weight_axis,
+    weight_max,
     weight_sqnr,
 )
 from infercc.passes.split_outliers import candidates as outlier_candidates
@@ -242,6 +247,7 @@ class CalibrationReport:
     speed: SpeedCheck | None = None
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
     settings: Settings | None = None  # the method, percentile and target: given or chosen
+    int8: Int8Plan | None = None  # the form the target got, and what was not measured here
 
     @property
     def quantized_nodes(self) -> int:
@@ -269,6 +275,7 @@ class CalibrationReport:
             "ranges": self.ranges,
             "sensitivity_trials": self.trials,
             "activations": self.activations,
+            "int8": None if self.int8 is None else self.int8.to_dict(),
             "outlier_channels": {k: list(v) for k, v in self.outlier_channels.items()},
             "speed": None if self.speed is None else self.speed.to_dict(),
             "seconds": round(self.seconds, 4),
@@ -379,6 +386,7 @@ def calibrate(
     preprocess: str | None = None,
     target: str = "cpu",
     activations: str = "auto",
+    weight_bits: str | int = "auto",
     activation_matmuls: bool = False,
     max_trials: int = DEFAULT_MAX_TRIALS,
     speed_check: bool = True,
@@ -393,10 +401,14 @@ def calibrate(
     See the module docstring for the method. `method`, `percentile` and `min_cosine` left at
     None are chosen from the model (`infercc.calib.choices`: percentile 99.999 and the target
     min cosine 0.99 for a transformer, unless `max_top1_drop` is given; minmax and no target
-    otherwise); `min_cosine=0` means no cosine target. The report's `settings` says which were
-    given and why the others were chosen. `disable_passes` skips passes of the
-    calibrate-fp32 and int8 pipelines (`infercc.passes.pipelines`) by name; `verify` lints the
-    graph after every pass (a pass that breaks it is named). `on_step(text)` is
+    otherwise); `min_cosine=0` means no cosine target. `target`, `activations` and
+    `weight_bits` ("auto", 8 or 7) decide the int8 form (`infercc.calib.forms`: the target's
+    CPU row gives 7-bit weights where the int8 kernels saturate 8-bit ones); the report's
+    `int8` says which form, how it was evaluated and what this host could not measure. The
+    report's `settings` says which were given and why the others were chosen.
+    `disable_passes` skips passes of the calibrate-fp32 and int8 pipelines
+    (`infercc.passes.pipelines`) by name; `verify` lints the graph after every pass (a pass
+    that breaks it is named). `on_step(text)` is
     called at each stage and each sensitivity round; `on_progress(done, total)` after each
     calibration sample.
     """
@@ -411,7 +423,9 @@ def calibrate(
     )
     disabled = check_calibrate_passes(disable_passes)
     outlier_channels = outlier_channels and "split-outlier-channels" not in disabled
-    activations = resolve_activations(activations, target)
+    resolve_activations(activations, target)  # an unknown type is refused first
+    plan = plan_int8(target, activations, weight_bits)
+    activations = plan.activations
     if max_trials < 0:
         raise InferccError(f"max_trials must be >= 0, got {max_trials}", "e.g. 64")
     src, dest = Path(model), Path(out_dir)
@@ -431,13 +445,17 @@ def calibrate(
     stage = staging.path
     try:
         job = _Job(stage, targets, evaluation_set, step)
-        job.options = _QuantOptions(activations, activation_matmuls, max_trials, disabled, verify)
+        job.options = _QuantOptions(
+            activations, activation_matmuls, max_trials, disabled, verify, plan.weight_bits
+        )
+        job.plan = plan
         job.prepare_fp32(ir, exclude, calib if outlier_channels else ())
         del ir
         job.calibrate(calib, method, percentile, on_progress)
         final = job.search(tuple(exclude))
         report = _report(src, dest, method, percentile, job, final, exclude)
         report.activations = activations
+        report.int8 = plan
         report.settings = settings
         report.outlier_channels = dict(job.outlier_channels)
         report.samples = {
@@ -448,13 +466,14 @@ def calibrate(
         if report.passed:
             step("writing")
             report.files = job.write(dest, final.exclude, method, trt_version)
-            if speed_check:
+            if speed_check and plan.on_host:
                 step("racing int8 against fp32")
                 report.speed = job.speed_check(src)
                 logger.info("%s", report.speed.message)  # the report says it to the user
             report.seconds = time.perf_counter() - t0
             _write_json(stage / REPORT_FILE, report.to_dict())
-            write_manifest(stage, calibration_manifest(src, target, report.files))
+            manifest = calibration_manifest(src, target, report.files)
+            write_manifest(stage, {**manifest, "int8": plan.to_dict()})
             publish(stage, dest)
     finally:
         staging.close()
@@ -615,6 +634,7 @@ class _QuantOptions:
     max_trials: int = DEFAULT_MAX_TRIALS
     disabled: tuple[str, ...] = ()
     verify: bool = False
+    weight_bits: int = 8
 
 
 @dataclass
@@ -651,6 +671,7 @@ class _Job:
         self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
         self.outlier_channels: dict[str, list[int]] = {}
         self.broken_kernels: dict[str, str] = {}  # node -> why onnxruntime's int8 kernel is wrong
+        self.plan: Int8Plan | None = None  # None: the host is the target (fused evaluation)
 
     def prepare_fp32(self, ir: Model, exclude: Sequence[str], samples: Samples = ()) -> None:
         """Run the portable fp32 pipeline, name the targets, split outlier channels (when
@@ -668,7 +689,7 @@ class _Job:
                 "the model has nothing to quantize (no Conv, MatMul or Gemm with float inputs)",
                 "INT8 calibration quantizes Conv, MatMul and Gemm nodes",
             )
-        self.sqnr = node_weight_sqnr(ir)
+        self.sqnr = node_weight_sqnr(ir, weight_max(self.options.weight_bits))
         self.activation_inputs = _activation_inputs(ir)
         self.not_scores = _embedding_outputs(ir)
         self.fp32_files = save_model(ir, self.fp32_path)
@@ -722,6 +743,7 @@ class _Job:
             exclude=(*exclude, *self.float_nodes),
             activations=self.options.activations,
             activation_matmuls=self.options.activation_matmuls,
+            weight_bits=self.options.weight_bits,
         )
         ctx = PassContext(quantize=settings, verify=self.options.verify)
         ran = run_passes(ir, ctx, INT8.stages[1], self.options.disabled)
@@ -730,7 +752,7 @@ class _Job:
     def trial(self, exclude: tuple[str, ...]) -> _Trial:
         report, files = self.quantize(exclude, self.stage / _TRIAL_FILE)
         try:
-            actual = run_model(files[0], self.samples, optimize=True)
+            actual = run_model(files[0], self.samples, optimize=self.fused)
         finally:
             for f in files:
                 f.unlink(missing_ok=True)
@@ -739,9 +761,10 @@ class _Job:
 
     def search(self, exclude: tuple[str, ...]) -> _Trial:
         """Quantize, evaluate, and move nodes to float until the target holds (module doc 6)."""
-        self.step("checking onnxruntime's int8 kernels")
-        self.broken_kernels = self.check_kernels(exclude)
-        exclude = (*exclude, *self.broken_kernels)
+        if self.fused:  # the target's kernels are this host's: check them
+            self.step("checking onnxruntime's int8 kernels")
+            self.broken_kernels = self.check_kernels(exclude)
+            exclude = (*exclude, *self.broken_kernels)
         self.step("quantizing")
         current = self.trial(exclude)
         self.trials = 0  # count sensitivity trials only
@@ -759,12 +782,18 @@ class _Job:
             current = self._move_one_to_float(current, round_)
         return current
 
+    @property
+    def fused(self) -> bool:
+        """Evaluate with this host's fused int8 kernels (the host is the target)."""
+        return self.plan is None or self.plan.fused_evaluation
+
     def check_kernels(self, exclude: tuple[str, ...]) -> dict[str, str]:
         """The quantized nodes whose fused int8 kernel in this onnxruntime disagrees with
         their Q/DQ graph (`infercc.calib.kernels`), on one calibration sample."""
         report, files = self.quantize(exclude, self.stage / _KERNEL_FILE)
+        cause = None if self.plan is None else kernel_cause(self.plan)
         try:
-            return broken_kernels(files[0], self.calibration[0], report.quantized)
+            return broken_kernels(files[0], self.calibration[0], report.quantized, cause)
         finally:
             for f in files:
                 f.unlink(missing_ok=True)
@@ -931,8 +960,9 @@ def _activation_inputs(ir: Model) -> dict[str, list[str]]:
     return result
 
 
-def node_weight_sqnr(ir: Model) -> dict[str, float]:
-    """Node name -> the lowest weight SQNR (dB) of its constant quantized inputs.
+def node_weight_sqnr(ir: Model, qmax: int = INT8_MAX) -> dict[str, float]:
+    """Node name -> the lowest weight SQNR (dB) of its constant quantized inputs (weights
+    quantized to [-qmax, qmax]).
 
     -inf for a node without a constant float32 weight (two activations): it has no weight
     figure, so the sensitivity search always measures it.
@@ -946,7 +976,7 @@ def node_weight_sqnr(ir: Model) -> dict[str, float]:
             value = node.input(i)
             array = None if value is None else const_value(value)
             if array is not None and array.dtype == np.float32 and np.isfinite(array).all():
-                figures.append(weight_sqnr(array, weight_axis(node, i, array.ndim)))
+                figures.append(weight_sqnr(array, weight_axis(node, i, array.ndim), qmax))
         result[node.name] = min(figures, default=-math.inf)
     return result
 

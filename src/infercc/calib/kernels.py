@@ -14,7 +14,10 @@ activations do not avoid it (onnxruntime turns them into uint8 before fusing Con
 Q/DQ pairs, runs it on its real input values with onnxruntime's graph optimizations on (the
 fused kernel) and off (the Q/DQ graph in float), and returns the nodes whose results differ by
 more than rounding, each with the reason. `calibrate` keeps those nodes float, so the int8 model
-it writes computes what it claims on the onnxruntime it ran on.
+it writes computes what it claims on the onnxruntime it ran on. Which int8 form a target gets,
+so that its kernels are exact by design (7-bit weights where u8 x s8 pairs are summed in int16
+with saturation), is `infercc.calib.forms`; this check catches what no form avoids (a kernel
+bug) on the host, which is why it runs only when the host is the target.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from infercc.util import first_line
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_CAUSE = "kept in float, so the model computes what its Q/DQ graph means"
 MAX_STEPS = 1  # a fused kernel may round an integer output one step differently
 MAX_FLOAT_ERROR = 0.01  # of the largest output magnitude, for float outputs (MatMulIntegerToFloat)
 _Q, _DQ = "QuantizeLinear", "DequantizeLinear"
@@ -48,11 +52,15 @@ class NodeModel:
 
 
 def broken_kernels(
-    model_path: str | PathLike[str], sample: Mapping[str, np.ndarray], nodes: Sequence[str]
+    model_path: str | PathLike[str],
+    sample: Mapping[str, np.ndarray],
+    nodes: Sequence[str],
+    cause: str | None = None,
 ) -> dict[str, str]:
     """Node name -> why its fused int8 kernel is wrong here, for those of the `nodes` of the
     QDQ model at `model_path` whose kernel disagrees with their Q/DQ graph on the values they
-    read when the model runs on `sample`."""
+    read when the model runs on `sample`. `cause` (`infercc.calib.forms.kernel_cause`) is the
+    known cause on this host and the remedy, said after the measured difference."""
     model = onnx.load(fspath(model_path))
     producer = {out: n for n in model.graph.node for out in n.output if out}
     by_name = {n.name: n for n in model.graph.node if n.name}
@@ -72,7 +80,7 @@ def broken_kernels(
             op = next(n.op_type for n in cut.model.graph.node if n.name == cut.node)
             broken[cut.node] = (
                 f"onnxruntime {ort.__version__}'s int8 kernel for this {op} is wrong on this "
-                f"CPU ({reason} against its Q/DQ graph); upgrading onnxruntime may fix it"
+                f"CPU ({reason} against its Q/DQ graph); {cause or DEFAULT_CAUSE}"
             )
             logger.info("%s: %s", cut.node, broken[cut.node])  # the report lists it
     return broken

@@ -29,13 +29,17 @@
    `gptq` are also compared with `rtn` at the same block size and symmetry: the report says
    whether the method beat RTN (decoders: lower perplexity; otherwise higher worst cosine),
    and by how much, or that it did not.
-6. **Accuracy level** (MatMulNBits only): `auto` builds the model with accuracy_level 0
-   (fp32 compute) and 4 (int8 compute on the activations, the VNNI path), races the two
-   interleaved on this host (a decode step at batch 1 after 64 cached tokens for a decoder,
-   one evaluation sample otherwise) and keeps 4 when it is faster (the median time ratio,
-   level 4 / level 0 per interleaved pair, below 0.97) and loses at most 0.5 points of top-1
-   agreement (decoders) or 0.001 of cosine; both measurements go in the report. An
-   explicit level is taken as is.
+6. **Accuracy level** (MatMulNBits only): `auto` starts from the target's CPU row
+   (`infercc.calib.forms`): a row without an int8 kernel for MatMulNBits (x86-sse,
+   arm64-neon) takes 0 (fp32 compute) unmeasured. Elsewhere the model is built with levels 0
+   and 4 (int8 compute on the activations); level 4 must lose at most 0.5 points of top-1
+   agreement (decoders) or 0.001 of cosine. When the target is this host the two are raced
+   interleaved (a decode step at batch 1 after 64 cached tokens for a decoder, one evaluation
+   sample otherwise): 4 is kept when its time ratio to 0 has p90 below 1, 0 when p10 is above
+   1, and a race whose p10..p90 crosses 1 (noise) keeps the safe choice, 0. For a target that
+   is not this host the row's level is taken without a race. Both measurements and the row go
+   in the report. An explicit level is taken as is. The block size left out is the row's
+   (32).
 7. **Speed**: the int4 model raced against the original fp32 one, the same way.
 8. **Write** (staged, renamed into place): `model_int4.onnx` and `calibration_report.json`
    with the size before (the original's files) and after.
@@ -75,6 +79,7 @@ from infercc.calib.calibrate import (
     read_samples,
     split_samples,
 )
+from infercc.calib.forms import Int4Row, accuracy_level_decision, int4_row
 from infercc.calib.int4 import (
     ACCURACY_LEVELS,
     DEFAULT_BLOCK_SIZE,
@@ -108,7 +113,6 @@ RANDOM_SAMPLES = 8
 RANDOM_PROMPT = 64
 SPEED_WARMUP, SPEED_ITERS = 10, 60
 SPEED_PAST = 64
-LEVEL4_MIN_GAIN = 0.97  # level 4 / level 0 median time ratio below this: faster
 LEVEL4_MAX_TOP1_LOSS = 0.005  # fraction: 0.5 points
 LEVEL4_MAX_COSINE_LOSS = 0.001
 
@@ -253,6 +257,7 @@ class Int4Job:
     speed_check: bool = True
     assumptions: tuple[str, ...] = ()
     disabled: tuple[str, ...] = ()
+    row: Int4Row = field(default_factory=lambda: Int4Row(None, 4, DEFAULT_BLOCK_SIZE, True))
 
     def options(self, level: int = 0) -> Int4Options:
         return Int4Options(
@@ -324,7 +329,7 @@ def calibrate_int4(
     *,
     data: str | PathLike[str] | None = None,
     method: str = "rtn",
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     symmetric: bool | None = None,
     portable: bool = False,
     target: str = "cpu",
@@ -341,8 +346,11 @@ def calibrate_int4(
     on_step: Step | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Int4CalibrationReport:
-    """Weight-only int4 of `model` into `out_dir` (module docstring)."""
+    """Weight-only int4 of `model` into `out_dir` (module docstring). `block_size` None is
+    the target's CPU row's (`infercc.calib.forms.int4_row`; 32 on every row)."""
     t0 = time.perf_counter()
+    row = int4_row(target, DEFAULT_BLOCK_SIZE)
+    block_size = row.block_size if block_size is None else block_size
     form, sym, level = check_int4_options(
         method, block_size, symmetric, portable, target, accuracy_level, data is not None
     )
@@ -361,6 +369,7 @@ def calibrate_int4(
         raise InferccError(f"holdout must be in [0, 1), got {holdout}", "e.g. 0.2")
     job = Int4Job(method, int(block_size), sym, form, level, lm_head, embeddings, tuple(exclude))
     job.speed_check = speed_check
+    job.row = row
     job.assumptions = assumptions
     job.disabled = disabled
     src, dest = Path(model), Path(out_dir)
@@ -654,29 +663,31 @@ class _Run:
             return {"chosen": None, "auto": False, "reason": "DequantizeLinear form"}
         if job.accuracy_level != "auto":
             return {"chosen": int(job.accuracy_level), "auto": False, "reason": "given"}
-        self.step("measuring accuracy level 4 (int8 compute) against 0")
+        facts = job.row
+        if facts.accuracy_level == 0:
+            chosen, why = accuracy_level_decision(facts, None, None, True)
+            return {"chosen": chosen, "auto": True, "reason": why, "row": facts.to_dict()}
         level4 = self.stage / _LEVEL_FILE
         _with_accuracy_level(self.stage / INT4_FILE, level4, 4)
-        race = self.race(self.stage / INT4_FILE, level4)
+        race = None
+        if facts.on_host:
+            self.step("measuring accuracy level 4 (int8 compute) against 0")
+            race = self.race(self.stage / INT4_FILE, level4)
         q4 = self.evaluate(level4)
-        faster = race.ratio_median < LEVEL4_MIN_GAIN
         keeps = _accuracy_kept(quality, q4)
-        chosen = 4 if faster and keeps else 0
+        p10, p90 = (None, None) if race is None else (race.ratio_p10, race.ratio_p90)
+        chosen, why = accuracy_level_decision(facts, p10, p90, keeps)
         if chosen == 4:
             level4.replace(self.stage / INT4_FILE)
             result.quality = q4
         else:
             level4.unlink()
-        why = (
-            "int8 compute is faster on this host and as accurate"
-            if chosen == 4
-            else ("int8 compute is not faster here" if not faster else "int8 compute lost accuracy")
-        )
         return {
             "chosen": chosen,
             "auto": True,
             "reason": why,
-            "level4_vs_level0": race.to_dict(),
+            "row": facts.to_dict(),
+            "level4_vs_level0": None if race is None else race.to_dict(),
             "level0": quality.to_dict(),
             "level4": q4.to_dict(),
         }

@@ -65,7 +65,9 @@ def calibrate(
     block_size: Annotated[
         int | None,
         typer.Option(
-            metavar="N", help="--int4: weights per scale along K, 32, 64 or 128 [default: 32]."
+            metavar="N",
+            help="--int4: weights per scale along K, 32, 64 or 128 [default: the target's CPU "
+            "row's, 32].",
         ),
     ] = None,
     symmetric: Annotated[
@@ -185,7 +187,11 @@ def calibrate(
     target: Annotated[
         str,
         typer.Option(
-            metavar="NAME", help="Where the int8 model will run; decides --activations auto."
+            metavar="NAME",
+            help="Where the model will run: cpu (this host), a CPU row such as x86-avx2 or "
+            "x86-avx512-vnni (its int8 and int4 forms; `infercc targets` lists them), or a GPU. "
+            "A target that is not this host is evaluated as its Q/DQ graph, without the kernel "
+            "check and the speed race.",
         ),
     ] = "cpu",
     activations: Annotated[
@@ -195,6 +201,15 @@ def calibrate(
             help="Activation quantization: int8 (symmetric; the form TensorRT takes), uint8 "
             "(asymmetric; onnxruntime's fast CPU form, twice the resolution on one-sided "
             "tensors), or auto (uint8 for cpu, int8 for GPU targets).",
+        ),
+    ] = "auto",
+    weight_bits: Annotated[
+        str,
+        typer.Option(
+            metavar="auto|8|7",
+            help="int8 weight width: auto (the target's CPU row decides: 7 where the int8 "
+            "kernels sum u8 x s8 pairs in int16 with saturation, AVX2 without VNNI; 8 with "
+            "VNNI, AMX, arm64 and GPUs), 8, or 7 (weights within +-64).",
         ),
     ] = "auto",
     activation_matmuls: Annotated[
@@ -279,6 +294,7 @@ def calibrate(
             min_cosine=min_cosine,
             max_top1_drop=max_top1_drop,
             activations=None if activations == "auto" else activations,
+            weight_bits=None if weight_bits == "auto" else weight_bits,
             activation_matmuls=activation_matmuls or None,
             max_trials=None if max_trials == 64 else max_trials,
             outlier_channels=None if outlier_channels else False,
@@ -322,6 +338,7 @@ def calibrate(
             preprocess=preprocess,
             target=target,
             activations=activations,
+            weight_bits=weight_bits,
             activation_matmuls=activation_matmuls,
             max_trials=max_trials,
             speed_check=speed_check,

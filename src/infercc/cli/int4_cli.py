@@ -22,6 +22,7 @@ _INT8_FLAGS = {
     "min_cosine": "--min-cosine",
     "max_top1_drop": "--max-top1-drop",
     "activations": "--activations",
+    "weight_bits": "--weight-bits",
     "activation_matmuls": "--activation-matmuls",
     "max_trials": "--max-trials",
     "outlier_channels": "--no-outlier-channels",
@@ -63,7 +64,6 @@ def run_int4(
     step: Callable[[str], None],
     tick: Callable[[int, int | None], None] | None,
 ):
-    from infercc.calib.int4 import DEFAULT_BLOCK_SIZE
     from infercc.calib.weight_only import calibrate_int4
 
     def pick(key: str, default: Any) -> Any:
@@ -74,7 +74,7 @@ def run_int4(
         output,
         data=data,
         method=method or "rtn",
-        block_size=pick("block_size", DEFAULT_BLOCK_SIZE),
+        block_size=pick("block_size", None),
         symmetric=flags.get("symmetric"),
         portable=bool(flags.get("portable")),
         target=target,

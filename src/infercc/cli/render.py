@@ -284,7 +284,7 @@ def render_inspect(r: InspectReport, console: Console) -> None:
 def _render_roofline(r: InspectReport, console: Console) -> None:
     roof, tgt, mem = r.roofline, r.target, r.memory
     assert roof is not None and tgt is not None and mem is not None
-    t = table(f"ten slowest nodes on {tgt['name']} (roofline)")
+    t = table(f"ten slowest nodes on {_target_label(tgt)} (roofline)")
     for col in ("node", "op", "FLOPs", "bytes", "FLOP/B", "ridge", "bound", "time"):
         if col in ("node", "op", "bound"):
             text_column(t, col)
@@ -323,11 +323,19 @@ def _render_roofline(r: InspectReport, console: Console) -> None:
         render_decoder_memory(mem["decoder"], tgt["name"], console)
 
 
+def _target_label(tgt: dict) -> str:
+    """`cpu (x86-avx2)` for the host, a row or GPU by its name."""
+    row = tgt.get("cpu_class")
+    name = tgt["name"]
+    return f"{name} ({row['name']})" if row and row["name"] != name else name
+
+
 def render_targets(targets, console: Console) -> None:
     t = table("targets: dense peak TFLOP/s (TOP/s for int8)")
     text_column(t, "name")
     for col in ("GB", "GB/s", *TARGET_PRECISIONS, "cc"):
         number_column(t, col)
+    text_column(t, "int8 w")
     for tg in targets:
         peaks = [
             num(scaled(tg.peak_flops[p], 1e-12), ".1f") if p in tg.peak_flops else "-"
@@ -339,10 +347,21 @@ def render_targets(targets, console: Console) -> None:
             num(scaled(tg.memory_bandwidth, 1e-9), ".0f"),
             *peaks,
             tg.compute_capability or "-",
+            f"{tg.row.int8.weight_bits}-bit" if tg.cpu_class else "8-bit",
         )
     console.print(t)
     for tg in targets:
         console.print(f"[bold]{tg.name}[/]: {tg.description}", highlight=False)
+        if tg.cpu_class and tg.name == "cpu":
+            continue  # its row's line follows
+        if tg.cpu_class:
+            row = tg.row
+            vnni = "int32 sums" if row.int8.weight_bits == 8 else "int16 pair sums"
+            console.print(
+                f"  int8: {row.int8.weight_bits}-bit weights ({vnni}); int4: accuracy_level "
+                f"{row.int4.accuracy_level}, block {row.int4.block_size}",
+                highlight=False,
+            )
 
 
 def render_cache_entries(path, entries: list[dict], console: Console) -> None:
@@ -368,6 +387,12 @@ def render_cache_entries(path, entries: list[dict], console: Console) -> None:
 
 def render_bench(report, console: Console) -> None:
     console.print(f"[bold]{escape(report.path)}[/] ({report.backend})", highlight=False)
+    host = report.host
+    console.print(
+        f"on {host.get('cpu')} ({host.get('cpu_class') or 'no CPU class'}), "
+        f"{host.get('cores')} cores, onnxruntime {host.get('onnxruntime')}",
+        highlight=False,
+    )
     t = table()
     number_column(t, "batch")
     text_column(t, "input shapes")
@@ -464,6 +489,7 @@ def render_calibration(report, console: Console) -> None:
     )
     t = accuracy_table("int8 against fp32", d["outputs"], _num)
     console.print(t)
+    _print_int8_form(d.get("int8"), console)
     settings = d.get("settings")
     if settings:
         console.print(_settings_line(settings), highlight=False)
@@ -492,6 +518,23 @@ def render_calibration(report, console: Console) -> None:
     if speed:
         style = "bold red" if speed["slower"] else "default"
         console.print(f"speed: {speed['message']}", style=style, highlight=False)
+
+
+def _print_int8_form(form: dict | None, console: Console) -> None:
+    """The int8 form the target got (`infercc.calib.forms`) and what this host did not
+    measure."""
+    if not form:
+        return
+    row = form["cpu_class"]
+    name = form["target"] if row in (None, form["target"]) else f"{form['target']} ({row})"
+    console.print(
+        f"int8 form for {name}: {form['weight_bits']}-bit weights, "
+        f"{form['activations']} activations, {form['format'].upper()}; {form['reason']}",
+        highlight=False,
+    )
+    console.print(f"evaluated with {form['evaluated_with']}", highlight=False)
+    for item in form["not_measured"]:
+        console.print(f"not measured: {item}", highlight=False)
 
 
 def render_candidate(report, console: Console) -> None:

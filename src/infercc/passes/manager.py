@@ -66,6 +66,7 @@ class QuantizeSettings:
     output_qdq: bool = True
     activations: str = "int8"
     activation_matmuls: bool = True
+    weight_bits: int = 8  # 7: weights within +-64, for CPUs whose int8 kernels sum pairs in int16
 
 
 @dataclass

@@ -17,7 +17,9 @@ provider and TensorRT turn them into int8 kernels, and nowhere else:
   one shared pair, placed before its first target reader; other (non-target) readers keep
   reading the float value.
 - A float32 constant **weight** input (an initializer, or a Constant node's `value`) is quantized
-  offline (`quantize_weight`): int8, symmetric, per output channel when `per_channel` (Conv W
+  offline (`quantize_weight`): int8, symmetric (`weight_bits` 8: q in [-127, 127]; 7: q in
+  [-64, 64], for CPUs without VNNI whose u8 x s8 kernels sum pairs of products in int16 with
+  saturation, `infercc.analysis.cpu_classes`), per output channel when `per_channel` (Conv W
   [M, C/g, k...]: axis 0; MatMul B [K, N]: axis 1; Gemm B: axis 0 if transB else 1), stored as
   an int8 initializer read by a DequantizeLinear with per-axis scales and int8 zero points.
   Every target node gets its own quantized copy, so the original initializer is never
@@ -73,6 +75,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
+from infercc.analysis.cpu_classes import INT7_MAX
 from infercc.errors import InferccError
 from infercc.ir import Graph, Model, Node, Value
 from infercc.passes.manager import (
@@ -92,6 +95,7 @@ Range = Any
 
 MIN_OPSET = 13
 INT8_MAX = 127
+WEIGHT_BITS = (8, 7)  # 7: |q| <= INT7_MAX, so a u8 x s7 pair never saturates an int16 sum
 UINT8_MAX = 255
 MIN_SCALE = float(np.finfo(np.float32).tiny)  # 2**-126: the scale of an all-zero tensor
 # Target op -> the input indices quantized (the rest, biases, stay float).
@@ -144,12 +148,15 @@ class _Operand:
 # --------------------------------------------------------------------------- weights
 
 
-def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(
+    weight: np.ndarray, axis: int | None, qmax: int = INT8_MAX
+) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 quantization: (q, scales) with w ~= q * scale.
 
     `axis` None gives one scale (a 0-d array); otherwise one scale per index along `axis`.
-    scale = max|w| / 127 (per channel); an all-zero channel gets float32's smallest normal
-    number, so every scale is positive with a finite reciprocal. q is in [-127, 127].
+    scale = max|w| / qmax (per channel); an all-zero channel gets float32's smallest normal
+    number, so every scale is positive with a finite reciprocal. q is in [-qmax, qmax]
+    (`weight_max(bits)`: 127 for 8-bit weights, 64 for 7-bit).
     """
     w = np.asarray(weight)
     if w.dtype.kind != "f":
@@ -158,10 +165,19 @@ def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, n
         raise InferccError("the weight holds NaN or infinity", "keep that node in float")
     reduce_axes = _reduce_axes(w.ndim, axis)
     amax = np.abs(w).max(axis=reduce_axes) if w.size else np.zeros(())
-    scales = np.maximum(np.asarray(amax, np.float64) / INT8_MAX, MIN_SCALE).astype(np.float32)
-    scales = np.maximum(scales, _FLOAT32_TINY)  # amax / 127 may round below tiny in float32
+    scales = np.maximum(np.asarray(amax, np.float64) / qmax, MIN_SCALE).astype(np.float32)
+    scales = np.maximum(scales, _FLOAT32_TINY)  # amax / qmax may round below tiny in float32
     q = np.rint(w.astype(np.float64) / _broadcast(scales, w.ndim, axis))
-    return np.clip(q, -INT8_MAX, INT8_MAX).astype(np.int8), scales
+    return np.clip(q, -qmax, qmax).astype(np.int8), scales
+
+
+def weight_max(bits: int) -> int:
+    """The largest |q| of a weight of `bits` bits (8: 127; 7: 64, `INT7_MAX`)."""
+    if bits not in WEIGHT_BITS:
+        raise InferccError(
+            f"int8 weights are 8 or 7 bits, not {bits}", "use 8 (VNNI, AMX, arm64) or 7 (AVX2)"
+        )
+    return INT8_MAX if bits == 8 else INT7_MAX
 
 
 def dequantize_weight(q: np.ndarray, scales: np.ndarray, axis: int | None) -> np.ndarray:
@@ -169,10 +185,10 @@ def dequantize_weight(q: np.ndarray, scales: np.ndarray, axis: int | None) -> np
     return q.astype(np.float32) * _broadcast(scales, q.ndim, axis).astype(np.float32)
 
 
-def weight_sqnr(weight: np.ndarray, axis: int | None) -> float:
+def weight_sqnr(weight: np.ndarray, axis: int | None, qmax: int = INT8_MAX) -> float:
     """Signal-to-quantization-noise ratio (dB) of `quantize_weight`; inf when exact."""
     w = np.asarray(weight)
-    q, scales = quantize_weight(w, axis)
+    q, scales = quantize_weight(w, axis, qmax)
     noise = float(np.sum((w.astype(np.float64) - dequantize_weight(q, scales, axis)) ** 2))
     signal = float(np.sum(w.astype(np.float64) ** 2))
     if noise == 0.0:
@@ -268,6 +284,7 @@ def quantize_qdq(
     output_qdq: bool = True,
     activations: str = "int8",
     activation_matmuls: bool = True,
+    weight_bits: int = 8,
 ) -> QuantizeReport:
     """Rewrite `model` in place into a QDQ int8 model (see the module docstring): the
     quantize-qdq pass alone, through the pass manager."""
@@ -278,6 +295,7 @@ def quantize_qdq(
         output_qdq=output_qdq,
         activations=activations,
         activation_matmuls=activation_matmuls,
+        weight_bits=weight_bits,
     )
     report = run_passes(model, PassContext(quantize=settings), ["quantize-qdq"])
     return report.details("quantize-qdq")
@@ -399,6 +417,7 @@ class _Rewriter:
         self.output_qdq = settings.output_qdq
         self.activations = settings.activations
         self.activation_matmuls = settings.activation_matmuls
+        self.weight_max = weight_max(settings.weight_bits)
         self.excluded = set(settings.exclude)
         self.labels = {node: _label(node, i) for i, node in enumerate(graph.nodes)}
         self.report = QuantizeReport()
@@ -494,7 +513,7 @@ class _Rewriter:
     def _weight_dq(self, operand: _Operand, before: Node) -> Value:
         g, w, axis = self.graph, operand.value, operand.axis
         assert operand.array is not None
-        q, scales = quantize_weight(operand.array, axis)
+        q, scales = quantize_weight(operand.array, axis, self.weight_max)
         q_c = g.make_constant(q, f"{w.name}_quantized")
         scale_c = g.make_constant(scales, f"{w.name}_scale")
         zero = g.make_constant(np.zeros(scales.shape, np.int8), f"{w.name}_zero_point")

@@ -404,6 +404,8 @@ def host_info() -> dict[str, Any]:
     info, cores = host_cpu_info()  # /proc/cpuinfo, else py-cpuinfo (macOS, Windows)
     return {
         "cpu": info.model,
+        "cpu_class": None if info.row is None else info.row.name,
+        "cpu_features": list(info.features),
         "cores": cores,
         "machine": platform.machine(),
         "platform": platform.platform(),

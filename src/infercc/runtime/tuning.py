@@ -140,6 +140,7 @@ def host_fingerprint() -> dict[str, Any]:
     return {
         "cpu_model": info.model,
         "cpu_features": list(info.features),
+        "cpu_class": None if info.row is None else info.row.name,
         "cores": cores,
         "os": platform.system(),
         "machine": platform.machine(),
