@@ -16,11 +16,30 @@ simplification would decide nothing more for these forms.
 
 Equality is structural, hence sound: `equal(a, b)` is True only when `a - b` is the zero
 polynomial, False only when `a - b` is a non-zero constant, and None (undecided) otherwise.
+
+**Integer width.** The algebra computes in unbounded integers; onnxruntime computes a tensor's
+elements at its width and wraps (int32 `65536 * 40000` is negative). `fits(d, bits)` says
+whether `d` lies in the signed range of that width for every value its symbols can take, and
+`infercc.ir.symbolic_shapes` keeps an element of integer arithmetic only when it fits (else the
+element is unknown, and nothing that depends on it folds). A dimension symbol ranges over
+`0..DIM_MAX`: a dimension below 2**31, what a Cast of a shape to int32 (every tf2onnx export)
+already assumes. An atom carries the range of its operation on its operands' ranges.
+
+**No hidden state.** An atom carries its own facts (whether it may be negative, its range) in
+its name object (`Atom`), so every answer depends on the arguments alone, never on what the
+process computed before. The one table, canonical text -> expression for the texts `to_text`
+wrote into the IR, belongs to one model's analysis: an `Algebra`, active in a `using(...)`
+block (`algebra_for(graph)` gives a graph's); outside one, `from_ir` reads a text as a symbol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+DIM_MAX = 2**31 - 1  # the largest value a dimension symbol is taken to have (module docstring)
 
 Monomial = tuple[str, ...]  # sorted symbol names, repeated for powers; () is the constant term
 
@@ -122,18 +141,95 @@ def prod(dims: Iterable[Dim]) -> Dim:
     return out
 
 
-_SIGNED: set[str] = set()  # atoms that may be negative (every other symbol is a size, >= 0)
+class Atom(str):
+    """The name of an atom, carrying what is known of its value: `signed` (it may be
+    negative) and its range `low..high` (None: not bounded). Equal to (and hashed as) its
+    name, so an atom read back from the IR as a plain name is the same symbol."""
+
+    signed: bool
+    low: int | None
+    high: int | None
+
+    def __new__(cls, name: str, signed: bool, low: int | None, high: int | None) -> Atom:
+        self = super().__new__(cls, name)
+        self.signed, self.low, self.high = signed, low, high
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (Atom, (str(self), self.signed, self.low, self.high))
 
 
-def atom(op: str, *args: Dim) -> Expr:
+def atom(op: str, *args: Dim, dim: bool = False) -> Expr:
     """The symbol standing for `op(args)` when no polynomial can (canonical in its args).
 
     An atom of non-negative arguments (the quotient, remainder, minimum or maximum of sizes)
-    is non-negative like every dimension symbol; any other is marked as possibly negative."""
+    is non-negative like every dimension symbol; any other may be negative. Its range is its
+    operation's on its arguments' ranges; `dim` says it is a tensor's dimension (0..DIM_MAX)."""
     name = f"{op}({', '.join(str(a) for a in args)})"
-    if not all(nonneg(a) for a in args):
-        _SIGNED.add(name)
-    return sym(name)
+    signed = not all(nonneg(a) for a in args)
+    low, high = (0, DIM_MAX) if dim else _atom_range(op, [bounds(a) for a in args], signed)
+    return Expr((((Atom(name, signed and not dim, low, high),), 1),))
+
+
+def _atom_range(
+    op: str, ranges: list[tuple[int, int] | None], signed: bool
+) -> tuple[int | None, int | None]:
+    if any(r is None for r in ranges):
+        return None, None
+    if op in ("min", "max"):
+        pick = min if op == "min" else max
+        return pick(r[0] for r in ranges), pick(r[1] for r in ranges)  # type: ignore[index]
+    if op == "div":  # |a / b| <= |a| for any non-zero integer b
+        top = max(abs(ranges[0][0]), abs(ranges[0][1]))  # type: ignore[index]
+        return (-top if signed else 0), top
+    if op == "mod":  # |a mod b| < |b|, with the sign of b
+        top = max(abs(ranges[1][0]), abs(ranges[1][1]))  # type: ignore[index]
+        return (-top if ranges[1][0] < 0 else 0), top  # type: ignore[index]
+    return None, None
+
+
+def _symbol_signed(name: str) -> bool:
+    return isinstance(name, Atom) and name.signed
+
+
+def _symbol_range(name: str) -> tuple[int, int] | None:
+    if not isinstance(name, Atom):
+        return 0, DIM_MAX
+    if name.low is None or name.high is None:
+        return None
+    return name.low, name.high
+
+
+def bounds(d: Dim) -> tuple[int, int] | None:
+    """The least and greatest value of d over every value of its symbols (dimensions in
+    0..DIM_MAX, atoms in their ranges), or None where an atom is not bounded."""
+    if isinstance(d, int):
+        return d, d
+    low = high = 0
+    for mono, c in d.terms:
+        got: tuple[int, int] | None = (c, c)
+        for name in mono:
+            got = _times(got, _symbol_range(name))
+            if got is None:
+                return None
+        low, high = low + got[0], high + got[1]  # type: ignore[index]
+    return low, high
+
+
+def _times(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
+    if a is None or b is None:
+        return None
+    products = [x * y for x in a for y in b]
+    return min(products), max(products)
+
+
+def fits(d: Dim | None, bits: int) -> bool:
+    """True when d lies in the range of a signed integer of `bits` bits for every value of its
+    symbols: the element onnxruntime computes at that width is d itself, not d wrapped."""
+    if d is None:
+        return False
+    got = bounds(d)
+    return got is not None and -(2 ** (bits - 1)) <= got[0] and got[1] < 2 ** (bits - 1)
 
 
 def nonneg(d: Dim) -> bool:
@@ -141,7 +237,7 @@ def nonneg(d: Dim) -> bool:
     or a polynomial whose coefficients are all >= 0 over non-negative symbols."""
     if isinstance(d, int):
         return d >= 0
-    return all(c >= 0 and not any(s in _SIGNED for s in m) for m, c in d.terms)
+    return all(c >= 0 and not any(_symbol_signed(s) for s in m) for m, c in d.terms)
 
 
 def positive(d: Dim) -> bool:
@@ -279,24 +375,60 @@ def dmin(a: Dim, b: Dim) -> Dim:
     return atom("min", lo, hi)
 
 
-_WRITTEN: dict[str, Expr] = {}  # canonical text -> expression, for texts to_text gave out
+class Algebra:
+    """The state of one model's analysis: the expressions behind the texts `to_text` wrote
+    into its IR, so that a later pass reads `batch*seq` back as the product it is."""
+
+    def __init__(self) -> None:
+        self.written: dict[str, Expr] = {}
+
+
+_CURRENT: ContextVar[Algebra | None] = ContextVar("infercc_algebra", default=None)
+_BY_GRAPH: weakref.WeakKeyDictionary[object, Algebra] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def using(algebra: Algebra) -> Iterator[Algebra]:
+    """Make `algebra` the one `to_text` and `from_ir` use inside the block."""
+    token = _CURRENT.set(algebra)
+    try:
+        yield algebra
+    finally:
+        _CURRENT.reset(token)
+
+
+def algebra_for(owner: object) -> Algebra:
+    """The algebra of one model's analysis, kept as long as `owner` (its graph) lives."""
+    got = _BY_GRAPH.get(owner)
+    if got is None:
+        got = _BY_GRAPH[owner] = Algebra()
+    return got
+
+
+def current() -> Algebra | None:
+    return _CURRENT.get()
 
 
 def to_text(d: Dim | None) -> int | str | None:
     """The form the IR stores in `Value.shape`: an int, the canonical text, or None.
-    `from_ir` reads the text back as the same expression."""
+    Inside `using(algebra)`, `from_ir` reads the text back as the same expression."""
     if d is None or isinstance(d, int):
         return d
     text = str(d)
-    _WRITTEN.setdefault(text, d)
+    algebra = _CURRENT.get()
+    if algebra is not None:
+        algebra.written.setdefault(text, d)
     return text
 
 
 def from_ir(d: int | str | None) -> Dim | None:
-    """A dimension as the IR stores it (int, symbol name or None) in the algebra."""
+    """A dimension as the IR stores it (int, symbol name or None) in the algebra: a text
+    the active algebra wrote is its expression, any other a symbol of that name."""
     if d is None or isinstance(d, int):
         return d
-    return _WRITTEN.get(d) or sym(d)
+    algebra = _CURRENT.get()
+    written = algebra.written.get(d) if algebra is not None else None
+    return written or sym(d)
 
 
 def _format(terms: tuple[tuple[Monomial, int], ...]) -> str:

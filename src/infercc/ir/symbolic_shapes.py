@@ -91,13 +91,20 @@ Rule = Callable[[Node, list["SymInfo | None"]], "list[SymInfo | None] | None"]
 class SymbolicShapes:
     """Memoized symbolic infos of the values of one model (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, algebra: S.Algebra | None = None) -> None:
+        """`algebra`: the model's (`S.algebra_for(graph)`), so that the texts an earlier pass
+        wrote into the IR read back as their expressions; a fresh one by default."""
         self._memo: dict[Value, SymInfo] = {}
+        self.algebra = algebra if algebra is not None else S.current() or S.Algebra()
 
     def info(self, value: Value) -> SymInfo:
         got = self._memo.get(value)
         if got is not None:
             return got
+        with S.using(self.algebra):
+            return self._walk(value)
+
+    def _walk(self, value: Value) -> SymInfo:
         stack = [value]
         while stack:
             top = stack[-1]
@@ -273,14 +280,31 @@ def _norm(axis: int, rank: int) -> int:
     return a
 
 
-_SIGNED = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8})
+_WIDTHS = {TensorProto.INT64: 64, TensorProto.INT32: 32, TensorProto.INT16: 16, TensorProto.INT8: 8}
 
 
 def _out_int(node: Node) -> bool:
     """Whether the node computes on signed integers (its first input's type): unsigned
     arithmetic wraps, which the algebra does not model."""
     v = node.input(0)
-    return v is not None and v.dtype in _SIGNED
+    return v is not None and v.dtype in _WIDTHS
+
+
+def _width(node: Node) -> int:
+    """The bits of the signed integers the node computes on (its first input's type)."""
+    return _WIDTHS[node.input(0).dtype]  # type: ignore[union-attr, index]
+
+
+def at_width(fn: Callable[..., Dim | None], bits: int) -> Callable[..., Dim | None]:
+    """`fn` on elements of a `bits`-bit integer tensor: its result where that result fits the
+    width for every value of the symbols (`S.fits`), else unknown. onnxruntime wraps on
+    overflow and the algebra does not, so an element that might wrap is never claimed."""
+
+    def checked(*xs: Dim) -> Dim | None:
+        got = fn(*xs)
+        return got if got is not None and S.fits(got, bits) else None
+
+    return checked
 
 
 def broadcast(shapes: Sequence[Shape]) -> Shape:
@@ -346,7 +370,7 @@ def _arith(fn: Callable[[Dim, Dim], Dim | None]) -> Rule:
     def rule(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
         if not _out_int(node) or len(ins) != 2:
             return _broadcasting(node, ins)
-        shape, elems = _elementwise(ins, fn)
+        shape, elems = _elementwise(ins, at_width(fn, _width(node)))
         return [_tracked(shape, elems)]
 
     return rule
@@ -356,7 +380,8 @@ def _variadic(fn: Callable[[Dim, Dim], Dim]) -> Rule:
     def rule(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
         if not _out_int(node) or not ins:
             return _broadcasting(node, ins)
-        shape, elems = _elementwise(ins, lambda *xs: _fold(fn, xs))
+        bits = _width(node)
+        shape, elems = _elementwise(ins, at_width(lambda *xs: _fold(at_width(fn, bits), xs), bits))
         return [_tracked(shape, elems)]
 
     return rule
@@ -376,7 +401,8 @@ def _unary_int(fn: Callable[[Dim], Dim | None]) -> Rule:
             return [None]
         if not _out_int(node) or first.elems is None:
             return [SymInfo(first.shape)]
-        return [_tracked(first.shape, [None if e is None else fn(e) for e in first.elems])]
+        checked = at_width(fn, _width(node))
+        return [_tracked(first.shape, [None if e is None else checked(e) for e in first.elems])]
 
     return rule
 
@@ -504,10 +530,10 @@ def _cast(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
 
 
 def _fits(e: Dim | None, to: int) -> Dim | None:
-    if not isinstance(e, int):
-        return e  # a dimension fits in int32 (tensors of 2**31 elements along one axis aside)
+    """e cast to int64 or int32: itself where it fits that width for every value of its
+    symbols (a dimension fits int32: `S.DIM_MAX`), else unknown (the cast wraps)."""
     bits = 64 if to == TensorProto.INT64 else 32
-    return e if -(2 ** (bits - 1)) <= e < 2 ** (bits - 1) else None
+    return e if S.fits(e, bits) else None
 
 
 def _identity_like(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
@@ -614,7 +640,7 @@ def reshape_dims(data: Shape, target: Elems, allowzero: bool) -> Shape:
         else:
             total, rest = S.prod(data), S.prod(others)  # type: ignore[arg-type]
             q = S.exact_div(total, rest)
-            out[k] = q if q is not None else S.atom("div", total, rest)
+            out[k] = q if q is not None else S.atom("div", total, rest, dim=True)
     return tuple(out)
 
 

@@ -635,7 +635,12 @@ def _check_with(sym: SymbolicShapes):
 def fuse_group_query_attention(graph: Graph, ctx: PassContext) -> PassResult:
     """A decoder's attention with its KV cache (grouped-query or not) ->
     com.microsoft.GroupQueryAttention (cpu, under --assume nonempty-sequences)."""
-    rule = Rule("fused", ("Softmax",), _check_with(SymbolicShapes()), _rewrite_with(_Lengths()))
+    rule = Rule(
+        "fused",
+        ("Softmax",),
+        _check_with(SymbolicShapes(S.algebra_for(graph))),
+        _rewrite_with(_Lengths()),
+    )
     run = apply_rules(graph, ctx, [rule], subgraphs=False)
     fused = run.counts["fused"]
     return PassResult(changed=fused > 0, stats={"fused": fused} if fused else {})

@@ -320,7 +320,12 @@ def _rewrite_with(caches: _Caches):
 def fuse_rotary_embedding(graph: Graph, ctx: PassContext) -> PassResult:
     """RoPE (rotate_half, cos/sin multiply-add) -> com.microsoft.RotaryEmbedding (cpu), or
     the standard RotaryEmbedding (opset >= 23)."""
-    rule = Rule("rotary", ("Add",), _check_with(SymbolicShapes()), _rewrite_with(_Caches()))
+    rule = Rule(
+        "rotary",
+        ("Add",),
+        _check_with(SymbolicShapes(S.algebra_for(graph))),
+        _rewrite_with(_Caches()),
+    )
     run = apply_rules(graph, ctx, [rule], subgraphs=False)
     counts = {k: run.counts[k] for k in ("contrib", "standard") if run.counts[k]}
     return PassResult(changed=bool(counts), stats=counts)

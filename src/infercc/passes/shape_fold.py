@@ -82,7 +82,12 @@ def fold_shapes(graph: Graph, ctx: PassContext) -> PassResult:
     """Fold shape arithmetic symbolically: static elements become constants, identities go."""
     if not _has_shape_work(graph):
         return PassResult(changed=False, stats={**dict.fromkeys(_KINDS, 0), "refused": 0})
-    folder = _ShapeFolder(SymbolicShapes())
+    algebra = S.algebra_for(graph)
+    with S.using(algebra):
+        return _fold(graph, ctx, _ShapeFolder(SymbolicShapes(algebra)))
+
+
+def _fold(graph: Graph, ctx: PassContext, folder: _ShapeFolder) -> PassResult:
     rules = [
         Rule("static_values", sorted(VALUE_OPS), folder.check_static, _fold_static),
         Rule("identities", _IDENTITY_OPS, folder.check_identity, _forward),
