@@ -4,9 +4,6 @@ must be named, with the rewrite and the node where outputs first diverge."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -161,13 +158,7 @@ def test_cli_bisect_of_a_hand_broken_candidate(reference: Path, tmp_path: Path) 
     broken.graph.node[2].op_type = "Sigmoid"  # r2
     cand = tmp_path / "cand.onnx"
     onnx.save(broken, cand)
-    r = subprocess.run(
-        [sys.executable, "-m", "infercc", "validate", str(cand), "--reference", str(reference)]
-        + ["--bisect", "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    r = run_cli("validate", str(cand), "--reference", str(reference), "--bisect", "--json")
     assert r.returncode == 1, r.stderr
     data = json.loads(r.stdout)
     assert data["passed"] is False

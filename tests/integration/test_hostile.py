@@ -37,7 +37,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import make_model
+from tests.helpers import make_model, run_cli
 
 FLOAT = TensorProto.FLOAT
 
@@ -385,7 +385,7 @@ def test_the_base_models_are_valid(tmp_path):
     src = tmp_path / "m" / "ext.onnx"
     src.parent.mkdir()
     onnx.save(good_model(), src, save_as_external_data=True, location="ext.data")
-    r = run("optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--json")
+    r = run_cli("optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["validation"]["passed"] is True
 
