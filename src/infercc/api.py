@@ -480,11 +480,13 @@ class _Job:
 
     def _diagnose(self, report: OptimizeReport, candidate: Path, validate_s: float) -> None:
         """A model infercc wrote fails: bisect the pipeline when it is cheap (or asked), else
-        say how to."""
+        say how to; never when only rounding differs (`ValidationReport.rounding_only`)."""
         from infercc.check.bisection import PipelineConfig, bisect
 
         validation = report.validation
         assert validation is not None
+        if validation.rounding_only() is not None:
+            return  # the report says only rounding differs: no rewrite to name
         config = PipelineConfig(self.cfg, stages=pipelines(self.cfg), source="build")
         trials = bisect_trials(len(config.pass_names()), self.ctx.rewrites)
         estimate = trials * (self.transform_seconds + validate_s / 2)

@@ -30,7 +30,8 @@ A candidate onnxruntime (or its backend) cannot load or run fails validation (ex
 the error in the report.
 
 With `bisect=True` a failing candidate is handed to `infercc.check.bisection`, which rebuilds
-it from the reference and names the pass, the rewrite and the node where outputs first diverge.
+it from the reference and names the pass, the rewrite and the node where outputs first diverge;
+not when only rounding differs (`ValidationReport.rounding_only`), which the report says.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def validate_candidate(
     result = CandidateReport(
         _str(candidate), _str(reference), _str(golden), precision, report, saved
     )
-    if bisect and not report.outputs_passed:
+    if bisect and not report.outputs_passed and report.rounding_only() is None:
         step("bisecting the pipeline")
         result.bisect = _bisect(candidate, reference, plan.feeds, tol, tolerances, target)
     return result

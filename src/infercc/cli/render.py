@@ -209,6 +209,9 @@ def render_validation(v: ValidationReport, console: Console) -> None:
         for m in v.outputs.values():
             if m.note is not None:
                 console.print(f"  {escape(m.name)}: {escape(m.note)}", highlight=False)
+    rounding = v.rounding_only()
+    if rounding is not None:
+        console.print(f"[yellow]{escape(rounding)}[/]", highlight=False)
     if v.coverage is not None:
         render_coverage(v.coverage, console)
 
