@@ -1,6 +1,7 @@
 """A longer differential fuzzing run than the test suite's (the same generator and properties).
 
-    python bench/fuzz.py [--examples 5000] [--seed 0] [--idempotence-every 5] [--jobs 1]
+    python bench/fuzz.py [--examples 5000] [--int-width 1000] [--seed 0] [--idempotence-every 5]
+                         [--jobs 1]
 
 Runs `tests/test_fuzz.py`'s properties with many more examples and a seed of your choice:
 random graphs optimized with the default pipeline (cpu target and portable) must give
@@ -11,6 +12,11 @@ changes no byte). Prints the number of examples run, the ops they covered, how o
 pass fired, and the first failure (hypothesis shrinks it) with its model in ONNX text.
 `--jobs J` runs J processes, process i with seed `seed + i` and its share of the examples,
 and adds up their counts. Exit status 1 on a failure.
+
+`--int-width N` then runs N examples of `tests/integration/width_fuzz.py`: int32 and int64
+shape arithmetic over two input lengths and constants near the width's limits (products near
+2**31 and 2**63), checked under onnxruntime at lengths where it wraps (32768, 46341, 65537,
+2**23 + 1) and at small ones.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from tests.integration.test_fuzz import (  # noqa: E402  (after the path is set)
     check_outputs_match,
     models,
 )
+from tests.integration.width_fuzz import check_width_outputs, width_models  # noqa: E402
 
 
 class Tally:
@@ -43,6 +50,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.examples = 0
+        self.width_examples = 0
         self.idempotence = 0
         self.ops: Counter[str] = Counter()
         self.fired: Counter[str] = Counter()
@@ -64,6 +72,8 @@ class Tally:
 
 
 def run(examples: int, seed_value: int, every: int, tally: Tally) -> None:
+    if examples <= 0:
+        return
     @seed(seed_value)
     @settings(
         max_examples=examples,
@@ -83,9 +93,32 @@ def run(examples: int, seed_value: int, every: int, tally: Tally) -> None:
     prop()
 
 
+def run_widths(examples: int, seed_value: int, tally: Tally) -> None:
+    """The integer-width cases (module docstring)."""
+    if examples <= 0:
+        return
+
+    @seed(seed_value)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(width_models())
+    def prop(model):
+        tally.width_examples += 1
+        tally.last = model
+        tally.ops.update(n.op_type for n in model.graph.node)
+        tally.fired_in(check_width_outputs(model))
+
+    prop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=5000)
+    parser.add_argument("--int-width", type=int, default=1000, metavar="N")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--idempotence-every", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=1)
@@ -99,6 +132,7 @@ def main() -> int:
     failure = None
     try:
         run(args.examples, args.seed, args.idempotence_every, tally)
+        run_widths(args.int_width, args.seed, tally)
     except Exception as e:  # hypothesis re-raises the shrunk failure
         failure = e
     seconds = time.perf_counter() - t0
@@ -116,6 +150,7 @@ def _shard_result(tally: Tally, failure: Exception | None, seconds: float) -> di
             text += "\n" + onnx.printer.to_text(tally.last)
     return {
         "examples": tally.examples,
+        "width_examples": tally.width_examples,
         "idempotence": tally.idempotence,
         "ops": dict(tally.ops),
         "fired": dict(tally.fired),
@@ -127,20 +162,35 @@ def _shard_result(tally: Tally, failure: Exception | None, seconds: float) -> di
 def _shards(args) -> int:
     t0 = time.perf_counter()
     share = [args.examples // args.jobs + (i < args.examples % args.jobs) for i in range(args.jobs)]
+    widths = [
+        args.int_width // args.jobs + (i < args.int_width % args.jobs) for i in range(args.jobs)
+    ]
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--examples", str(n), "--seed", str(args.seed + i),
-             "--idempotence-every", str(args.idempotence_every), "--json"],
+            [
+                sys.executable,
+                __file__,
+                "--examples",
+                str(n),
+                "--seed",
+                str(args.seed + i),
+                "--int-width",
+                str(w),
+                "--idempotence-every",
+                str(args.idempotence_every),
+                "--json",
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
-        for i, n in enumerate(share)
+        for i, (n, w) in enumerate(zip(share, widths, strict=True))
     ]
     results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     tally = Tally()
     failures = []
     for r in results:
         tally.examples += r["examples"]
+        tally.width_examples += r["width_examples"]
         tally.idempotence += r["idempotence"]
         tally.ops.update(r["ops"])
         tally.fired.update(r["fired"])
@@ -165,6 +215,7 @@ def _describe(failure: BaseException) -> str:
 
 def _print(tally: Tally, seed, seconds: float, failure: Exception | None) -> int:
     print(f"examples run: {tally.examples} (incl. shrinking), seed {seed}, {seconds:.0f} s")
+    print(f"integer-width examples run: {tally.width_examples}")
     print(f"determinism + idempotence checked on: {tally.idempotence}")
     print("ops covered: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.ops.items())))
     print("examples where a pass fired:")
