@@ -1,15 +1,20 @@
 """Test-session settings: infercc's cache directory (tuning cache, host facts) is a fresh
-temporary one, never the user's, unless the environment names one; int8 builds take one form
-and one kernel-check answer on every host (below); and a time budget that is
-seen: at the end of a run, every test whose call (or setup) took over `SLOW_TEST_S` seconds is
-listed (a report, never a failure: timings depend on the host)."""
+temporary one, never the user's, unless the environment names one; models built once per
+session and shared (`optimized`); and a time budget that is seen: at the end of a run, every
+test whose call (or setup) took over `SLOW_TEST_S` seconds is listed (a report, never a
+failure: timings depend on the host)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+
+from tests.helpers import Built
 
 # A test of the default run should take less; one that takes more is listed at the end of the
 # run, to be made cheaper or marked `slow` (with a fast sibling in the default run).
@@ -40,6 +45,23 @@ TEST_CPU_CLASS = "x86-avx2"
 CPU_CLASS_ENV = "INFERCC_CPU_CLASS"
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The host first: its CPU and CPU row (what int8 speed and kernels depend on), and the
+    row the tests' int8 builds take on every host."""
+    from infercc.analysis.cpu_classes import classify
+    from infercc.analysis.targets import host_cpu_info
+
+    info, cores = host_cpu_info()
+    detected = classify(info.arch, info.features)
+    row = detected.name if detected else "no CPU row"
+    stated = os.environ.get(CPU_CLASS_ENV) or TEST_CPU_CLASS
+    return [
+        f"host: {info.model}, {cores} cores, {info.arch}, CPU class {row} "
+        f"(flags: {' '.join(info.features) or 'none known'})",
+        f"int8 builds in tests take the {stated} row's form on every host ({CPU_CLASS_ENV})",
+    ]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_int8_form_on_every_host():
     if os.environ.get(CPU_CLASS_ENV):
@@ -57,6 +79,36 @@ def _no_broken_int8_kernel():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("infercc.calib.calibrate.broken_kernels", lambda *args, **kwargs: {})
         yield
+
+
+@pytest.fixture(scope="session")
+def optimized(
+    tmp_path_factory: pytest.TempPathFactory, _private_cache_dir: None
+) -> Iterator[Callable[[Path], Built]]:
+    """`optimized(source)`: `api.optimize(source, verify=True)` with every other option at its
+    default, built once per session per source (the examples and the zoo models several test
+    modules read) into a session folder. The output is shared: tests read it and never write
+    it; at the end of the session each output is checked unchanged (an error if not)."""
+    from infercc import api
+
+    root = tmp_path_factory.mktemp("optimized")
+    built: dict[Path, Built] = {}
+    digests: dict[Path, str] = {}
+
+    def build(source: Path) -> Built:
+        source = Path(source).resolve()
+        if source not in built:
+            out = root / f"{len(built)}-{source.stem}.onnx"
+            report = api.optimize(source, out, verify=True)
+            built[source] = Built(source, out, report)
+            digests[out] = hashlib.sha256(out.read_bytes()).hexdigest()
+        return built[source]
+
+    yield build
+    changed = [
+        str(out) for out, d in digests.items() if hashlib.sha256(out.read_bytes()).hexdigest() != d
+    ]
+    assert not changed, f"a test wrote a shared optimized model: {changed}"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

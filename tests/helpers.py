@@ -32,6 +32,16 @@ from infercc.runtime.ort_support import max_ir_version
 IR_VERSION = max_ir_version()
 
 
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A model optimized once for the session (the `optimized` fixture of tests/conftest.py):
+    its source, the optimized file (read it, never write it) and optimize's report."""
+
+    source: Path
+    output: Path
+    report: Any
+
+
 def run_cli_process(
     *args: str, cwd: Path | str | None = None, env: Mapping[str, str | None] | None = None
 ) -> subprocess.CompletedProcess:

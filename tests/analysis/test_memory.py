@@ -26,7 +26,6 @@ from infercc.analysis.memory import (
     tensor_lifetimes,
     value_sizes,
 )
-from infercc.api import optimize
 from infercc.data.signature import resolve_shapes
 from infercc.ir import import_model, load_model
 from tests.helpers import parse
@@ -284,14 +283,12 @@ g (float[8] x) => (float[8] y) {
 
 
 @pytest.fixture(scope="module")
-def optimized_zoo(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("zoo")
+def optimized_zoo(optimized):
+    """Each zoo model as optimize writes it (the session's shared build) and its shapes."""
     out = {}
     for name in SMALL:
         src = light_path(name)
-        shapes = resolve_shapes(onnx.load(src))
-        optimize(src, tmp / f"{name}.onnx", run_validation=False)
-        out[name] = (tmp / f"{name}.onnx", shapes)
+        out[name] = (optimized(src).output, resolve_shapes(onnx.load(src)))
     return out
 
 

@@ -26,9 +26,9 @@ from tests.zoo import (
 
 
 @pytest.mark.parametrize("name", SMALL)
-def test_shipped_model_counts(name, tmp_path):
-    src = light_path(name)
-    report = api.optimize(src, tmp_path / "out.onnx", verify=True)
+def test_shipped_model_counts(name, optimized):
+    built = optimized(light_path(name))  # api.optimize(verify=True), shared by the session
+    report = built.report
     assert report.passed
     bn_before = report.ops_before.get("BatchNormalization", 0)
     bn_after = report.ops_after.get("BatchNormalization", 0)
@@ -46,7 +46,7 @@ def test_shipped_model_counts(name, tmp_path):
     if name in ONNXSLIM_NODES:
         assert report.nodes_after <= ONNXSLIM_NODES[name]
     assert report.ops_after.get("ConstantOfShape", 0) == 0
-    out = onnx.load(tmp_path / "out.onnx")
+    out = onnx.load(built.output)
     onnx.checker.check_model(out, full_check=True)
 
 
