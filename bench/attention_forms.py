@@ -53,10 +53,12 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from hostinfo import host_line  # noqa: E402
+
 OUT_DIR = HERE / ".cache" / "attention_forms"
 ASSUME = "nonempty-sequences"
 FLOOR = "sdpa floor (products alone)"
-GEMM = (1024, 768, 3072)  # m, k, n of the GEMM whose rate the race prints first
 MODELS = {"minilm": (12, 384), "bert_base": (12, 768)}  # heads, hidden
 
 
@@ -259,39 +261,6 @@ def ratios(times: dict, base: str, clock: str) -> dict[str, tuple[float, float, 
     return out
 
 
-def gemm_rate(m: int, k: int, n: int, runs: int = 20) -> float:
-    """This machine's fp32 GEMM rate under onnxruntime (GFLOP/s, median of `runs`): one MatMul
-    by a constant [k, n] weight, the session's default threads, idle threads not spinning. The
-    race's ratios depend on it: the faster the GEMMs against everything else, the more of a
-    transformer's time a graph rewrite can remove."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "w"], ["c"])],
-        "gemm",
-        [helper.make_tensor_value_info("a", 1, [m, k])],
-        [helper.make_tensor_value_info("c", 1, [m, n])],
-        [w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    path = OUT_DIR / "gemm.onnx"
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
-    s = session(path, sln_off=False)
-    a = rng.standard_normal((m, k), dtype=np.float32)
-    for _ in range(3):
-        s.run(None, {"a": a})
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        s.run(None, {"a": a})
-        times.append(time.perf_counter() - t0)
-    return 2 * m * k * n / statistics.median(times) / 1e9
-
-
 def outputs_equal(ref, cand, feed) -> dict:
     a, b = ref.run(None, feed), cand.run(None, feed)
     return {"max_abs": float(max(np.max(np.abs(x - y)) for x, y in zip(a, b, strict=True)))}
@@ -422,10 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    m, k, n = GEMM
-    rate = gemm_rate(m, k, n)
-    print(f"fp32 GEMM under onnxruntime: {rate:.0f} GFLOP/s ([{m}, {k}] x [{k}, {n}])")
+    print(host_line())  # the CPU, its row, its GEMM rate: what the ratios below depend on
     rows = []
     for model in args.models:
         rows += run_model(model, args)

@@ -17,6 +17,12 @@ Usage::
     python bench/export_minilm.py
     python bench/minilm_int8.py                       # percentile 99.999, target cosine 0.99
     python bench/minilm_int8.py --method minmax --min-cosine 0.993 --json
+    python bench/minilm_int8.py --target x86-avx2     # the 7-bit form of CPUs without VNNI
+
+The first line printed is the host (CPU, its row, fp32 GEMM rate, bandwidth). Accuracy carries
+over to any host whose kernels run the form exactly (7-bit weights: every x86-64 and arm64
+CPU); the latency ratios are this host's: for `--target` another row, they are not the
+target's, and the script says so.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-DEFAULT_DIR = Path(__file__).resolve().parent / ".cache" / "minilm"
+HERE = Path(__file__).resolve().parent
+DEFAULT_DIR = HERE / ".cache" / "minilm"
+sys.path.insert(0, str(HERE))
 
 
 def load_samples(directory: Path) -> list[dict[str, np.ndarray]]:
@@ -114,7 +122,10 @@ def ort_baselines(model: Path, calib: list[dict], tmp: Path) -> dict[str, Path]:
             return next(self.it, None)
 
     dynamic, static = tmp / "ort_dynamic.onnx", tmp / "ort_static.onnx"
+    reduced = tmp / "ort_dynamic_reduce_range.onnx"
     quantize_dynamic(str(model), str(dynamic), weight_type=QuantType.QInt8)
+    # 7-bit weights: onnxruntime's own remedy for CPUs without VNNI
+    quantize_dynamic(str(model), str(reduced), weight_type=QuantType.QInt8, reduce_range=True)
     quantize_static(
         str(model),
         str(static),
@@ -124,7 +135,11 @@ def ort_baselines(model: Path, calib: list[dict], tmp: Path) -> dict[str, Path]:
         activation_type=QuantType.QInt8,
         weight_type=QuantType.QInt8,
     )
-    return {"onnxruntime quantize_dynamic": dynamic, "onnxruntime quantize_static": static}
+    return {
+        "onnxruntime quantize_dynamic": dynamic,
+        "ort quantize_dynamic reduce_range": reduced,
+        "onnxruntime quantize_static": static,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,12 +151,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--percentile", type=float, default=None)
     ap.add_argument("--min-cosine", type=float, default=None)
     ap.add_argument("--iters", type=int, default=300, help="timed pairs per race")
+    ap.add_argument(
+        "--target",
+        default="cpu",
+        help="calibrate for this target (cpu: this host's row; x86-avx2, x86-avx512-vnni, ...)",
+    )
+    ap.add_argument("--weight-bits", default="auto", help="auto (the target's row), 8 or 7")
     ap.add_argument("--no-baselines", action="store_true", help="skip onnxruntime's quantizers")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
+    from hostinfo import host_facts, host_line
+
     from infercc.calib.calibrate import INT8_FILE, split_samples
     from infercc.calib.calibrate import calibrate as run_calibrate
+
+    host = host_facts()
+    if not args.json:
+        print(host_line(host))
 
     model, data = args.dir / "minilm.onnx", args.dir / "samples"
     if not model.exists():
@@ -159,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             percentile=args.percentile,
             holdout=args.holdout,
             min_cosine=args.min_cosine,
+            target=args.target,
+            weight_bits=args.weight_bits,
             **extra,
         )
 
@@ -184,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 "speed": race(model, path, held, args.iters),
             }
         data_out = {
+            "host": host,
+            "int8": report.int8.to_dict() if report.int8 else None,
             "model": str(model),
             "samples": {"calibration": len(calib), "holdout": len(held)},
             "calibration": {
@@ -202,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(
         f"{model.name}: {len(calib)} calibration / {len(held)} held-out samples; "
-        f"calibrated in {seconds:.1f} s ({report.method}, {report.activations} activations, "
+        f"calibrated in {seconds:.1f} s for {args.target} ({report.int8.weight_bits}-bit weights, "
+        f"{report.method}, {report.activations} activations, "
         f"{report.quantized_nodes} nodes int8, moved to float: "
         f"{data_out['calibration']['kept_float'] or 'none'})"
     )
@@ -210,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{'quantizer':32s} {'cos min':>8s} {'cos p1':>8s} {'cos med':>8s} "
         f"{'fp32 ms':>8s} {'int8 ms':>8s} {'ratio':>6s} {'p10..p90':>12s}"
     )
+    if report.int8 and not report.int8.on_host:
+        print(
+            f"note: the ratios are this host's ({host['cpu_class']}), not {args.target}'s: "
+            "its kernels are not here"
+        )
     for name, r in results.items():
         c, s = r["cosine"], r["speed"]
         print(
