@@ -41,6 +41,13 @@ magnitude (a sum of thousands of terms rounds in those units), with a cosine tha
 anyway. The output's `rounding_only` and `ValidationReport.rounding_only()` (the message,
 naming `--rtol` and `--tol`) say so; `optimize` and `validate --bisect` do not bisect then.
 
+**A near-constant output** (`near_constant`: a float output of more than one element whose
+reference values, over all samples, span no more than the fp32 table's bound at their largest
+magnitude, atol + rtol * max|r|, as a sigmoid map saturated everywhere) says little: any
+build that returns about that constant passes, and the cosine of values near zero is rounding.
+The verdict is reached as for any output; where it passed, validation shows the cosine as n/a
+and says that validation is weak for that output (`infercc.check.validation`).
+
 Each output's `decided_by` says which criterion gave the verdict: `exact` (integers, bools,
 strings), `elementwise` (failed: elements outside atol + rtol * |r|, or NaN/inf misplaced),
 `atol` (passed: every element within atol, the cosine not consulted), `cosine` (failed on
@@ -133,6 +140,7 @@ class OutputMetrics:
     # failed, and only rounding differs (module docstring)
     rounding_only: bool = False
     excess_ulps: float | None = None  # how far the worst element is past the bound, in ulps
+    near_constant: bool = False  # the reference's values hardly vary (module docstring)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -150,6 +158,7 @@ class OutputMetrics:
             "note": self.note,
             "rounding_only": bool(self.rounding_only),
             "excess_ulps": json_float(self.excess_ulps),
+            "near_constant": bool(self.near_constant),
         }
 
 
@@ -447,6 +456,8 @@ class _Stats:
     rescued: int = 0  # outside atol + rtol * |r|, within onnxruntime's own rounding
     own_max: float | None = None  # onnxruntime's own largest move (None: not measured)
     excess_ulps: float = 0.0  # the worst bad element past its bound, in ulps of the scale
+    low: float = math.inf  # the reference's smallest and largest finite values
+    high: float = -math.inf
 
 
 @dataclass
@@ -651,6 +662,8 @@ def _compare_floats(
         rescued=rescued,
         own_max=own_max,
         excess_ulps=excess,
+        low=float(r.real.min(initial=math.inf)),
+        high=float(r.real.max(initial=-math.inf)),
     )
 
 
@@ -723,6 +736,7 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
         frac_out_of_tol=bad / total if total else 0.0,
         runtime_rounding=max((s.own_max for s in acc.stats if s.own_max is not None), default=None),
     )
+    metrics.near_constant = acc.kind == "f" and total > 1 and _near_constant(acc.stats)
     metrics.reason, metrics.decided_by = _verdict(metrics, bad, total, tol, acc.kind)
     _say_rounding(metrics, sum(s.rescued for s in acc.stats), total, tol)
     if metrics.decided_by == "elementwise" and acc.kind == "f":
@@ -730,6 +744,15 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
         metrics.rounding_only = _only_rounding(metrics)
     metrics.passed = metrics.reason is None
     return metrics
+
+
+def _near_constant(stats: list[_Stats]) -> bool:
+    """The reference's values over all samples span no more than the fp32 bound at their
+    largest magnitude."""
+    low, high = min(s.low for s in stats), max(s.high for s in stats)
+    if not low <= high:
+        return False
+    return high - low <= FP32.atol + FP32.rtol * max(abs(low), abs(high))
 
 
 def _only_rounding(m: OutputMetrics) -> bool:

@@ -13,6 +13,9 @@
    once more, with onnxruntime's optimizations at their default level, and the outputs are
    compared again with what onnxruntime itself does to the model as the rounding floor
    (`infercc.check.compare`). A passing build never pays for that second run.
+5. A near-constant output (`OutputMetrics.near_constant`) shows its cosine as n/a (None) unless
+   the cosine decided its failure, and its note says that validation is weak for it: on
+   generated inputs, "give --data".
 """
 
 from __future__ import annotations
@@ -177,6 +180,7 @@ def judge(
         )
         report.profiles.append(profile.to_dict(part.passed))
         start = end
+    _say_weak(report, plan)
     report.notes = list(plan.notes)
     report.coverage = coverage
     report.feeds = plan.feeds
@@ -186,6 +190,22 @@ def judge(
         report.passed = report.passed and coverage.passed
     _log_report(report)
     return report
+
+
+WEAK_GENERATED = "validation is weak on generated inputs for this output: give --data"
+WEAK_DATA = "validation is weak for this output: it is near-constant on the samples given"
+
+
+def _say_weak(report: ValidationReport, plan: FeedPlan) -> None:
+    """Near-constant outputs: cosine n/a (unless it decided a failure) and the note."""
+    given = any(p.source in ("data", "golden") for p in plan.profiles)
+    for m in report.outputs.values():
+        if not m.near_constant:
+            continue
+        if m.decided_by != "cosine":
+            m.cosine = None
+        weak = WEAK_DATA if given else WEAK_GENERATED
+        m.note = f"{m.note}; {weak}" if m.note else weak
 
 
 def _elementwise_failure(report: ValidationReport) -> bool:

@@ -200,7 +200,7 @@ def render_validation(v: ValidationReport, console: Console) -> None:
                 escape(m.name),
                 _num(m.max_abs),
                 _num(m.max_rel),
-                _num(m.cosine, ".6f"),
+                "n/a" if m.near_constant and m.cosine is None else _num(m.cosine, ".6f"),
                 _num(m.frac_out_of_tol, ".2%"),
                 m.decided_by or "-",
                 "yes" if m.passed else f"[red]no[/] {escape(m.reason or '')}",
