@@ -134,10 +134,17 @@ def _sparse_kept(graph: Graph) -> list[tuple[onnx.SparseTensorProto, Value]]:
 
 
 def _kept_infos(graph: Graph) -> Iterator[Value]:
+    """The intermediate values whose type the file states: those the original stated and onnx
+    could not infer (`keep_info`), and the outputs of nodes outside the standard domains
+    whose shape is known (onnx's inference cannot recover them when the file is read back,
+    so a model read again is sized and scheduled as it was when written)."""
     outputs = {id(v) for v in graph.outputs}
     for node in graph:
+        contrib = not node.is_standard
         for v in node.outputs:
-            if v is not None and v.keep_info and id(v) not in outputs:
+            if v is None or id(v) in outputs:
+                continue
+            if v.keep_info or (contrib and v.dtype is not None and v.shape is not None):
                 yield v
 
 

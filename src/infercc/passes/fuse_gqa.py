@@ -571,10 +571,30 @@ def _rewrite_with(lengths: _Lengths):
         for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
             new.dtype, new.shape = old.dtype, old.shape
             graph.replace_all_uses_with(old, new)
+        # onnx cannot infer a contrib op's output; the file states what is known (exporter)
+        out.dtype = out.dtype if out.dtype is not None else q.dtype
+        out.shape = out.shape if out.shape is not None else _output_shape(m, q)
         for dead in reversed(in_order(graph, m.removed)):  # every reader is removed first
             graph.remove(dead)
 
     return rewrite
+
+
+def _output_shape(m: _Match, q: Value) -> tuple[int | str | None, ...] | None:
+    """The attention's output [B, S, heads * D]: the query's first two dims and the value's
+    head size D (from V's split heads, the present value or V's width), None where unknown."""
+    if q.shape is None or len(q.shape) != 3:
+        return None
+    head = _last_int(m.v.split) or _last_int(m.present_value)
+    width = _last_int(m.v.flat)
+    if head is None and width is not None and width % m.kv_heads == 0:
+        head = width // m.kv_heads
+    return None if head is None else (q.shape[0], q.shape[1], m.heads * head)
+
+
+def _last_int(v: Value) -> int | None:
+    last = v.shape[-1] if v.shape else None
+    return last if isinstance(last, int) else None
 
 
 def _flat_input(graph: Graph, side: _Side, heads: int, before: Node) -> Value:
