@@ -94,6 +94,7 @@ from infercc.calib.int4 import (
     target_weight,
 )
 from infercc.check.compare import run_model
+from infercc.check.tolerances import calibrated_criterion
 from infercc.data.feeds import make_inputs
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
@@ -398,6 +399,10 @@ def calibrate_int4(
         report.seconds = time.perf_counter() - t0
         (stage / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
         manifest = calibration_manifest(src, target, report.files, INT4_FILE, "int4")
+        # the criterion it was accepted at, which infercc validate applies (one verdict)
+        manifest["criterion"] = calibrated_criterion(
+            report.quality.cosine, "calibrate --int4", evaluated_on
+        )
         write_manifest(stage, manifest)
         for tmp in stage.glob(".*"):
             tmp.unlink()

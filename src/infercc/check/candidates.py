@@ -17,7 +17,9 @@ Default tolerances follow the candidate's precision: the artifact manifest's `pr
 for a plain model, int8 when it holds QuantizeLinear/DequantizeLinear (or QLinear*) nodes,
 fp16 when it holds float16 initializers or Casts to float16, else fp32. fp32: atol 1e-4,
 rtol 1e-3, cosine >= 0.9999; fp16: cosine >= 0.999 only; int8: cosine >= 0.99 only. Options
-given by the user win, and `tolerances` sets atol/rtol for named outputs. An fp32 candidate
+given by the user win, and `tolerances` sets atol/rtol for named outputs. An artifact whose
+manifest records the criterion it was accepted at (`calibrate --int4`,
+`infercc.check.tolerances`) is judged by it unless `min_cosine` is given. An fp32 candidate
 checked against a reference also passes elements within onnxruntime's own rounding of the
 reference (`infercc.check.compare`); goldens carry no reference to measure that on.
 
@@ -49,7 +51,12 @@ from infercc.check import coverage as cov
 from infercc.check.compare import ModelRunError, ValidationReport, run_model
 from infercc.check.goldens import Feeds, Outputs, load_golden, save_golden
 from infercc.check.profiles import FeedPlan, Profile, plan_feeds, reference_graph
-from infercc.check.tolerances import default_tolerance, detect_precision
+from infercc.check.tolerances import (
+    artifact_criterion,
+    default_tolerance,
+    describe_criterion,
+    detect_precision,
+)
 from infercc.check.validation import Floor, failed_run, judge, run_with_coverage, runtime_floor
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
@@ -72,6 +79,7 @@ class CandidateReport:
     validation: ValidationReport | None
     saved_golden: str | None = None
     bisect: Any = None  # infercc.check.bisection.BisectReport
+    criterion: str | None = None  # the manifest's criterion applied, in words
 
     @property
     def passed(self) -> bool:
@@ -87,6 +95,7 @@ class CandidateReport:
             "validation": self.validation.to_dict() if self.validation else None,
             "saved_golden": self.saved_golden,
             "bisect": self.bisect.to_dict() if self.bisect is not None else None,
+            "criterion": self.criterion,
         }
 
 
@@ -193,6 +202,9 @@ def validate_candidate(
     if skeleton is not None:
         _check_same_inputs(skeleton, plan.feeds[0] if plan.feeds else {})
     precision = detect_precision(candidate, skeleton)
+    criterion = artifact_criterion(candidate) if min_cosine is None else None
+    if criterion is not None:
+        min_cosine = float(criterion["min_cosine"])
     tol = default_tolerance(precision, atol, rtol, min_cosine)
     step("running the candidate")
     fp32 = precision == "fp32"
@@ -203,6 +215,7 @@ def validate_candidate(
     result = CandidateReport(
         _str(candidate), _str(reference), _str(golden), precision, report, saved
     )
+    result.criterion = describe_criterion(criterion) if criterion is not None else None
     if bisect and not report.outputs_passed and report.rounding_only() is None:
         step("bisecting the pipeline")
         result.bisect = _bisect(candidate, reference, plan.feeds, tol, tolerances, target)

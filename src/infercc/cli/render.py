@@ -553,6 +553,8 @@ def render_candidate(report, console: Console) -> None:
         highlight=False,
     )
     render_validation(report.validation, console)
+    if report.criterion is not None:
+        console.print(f"criterion: {escape(report.criterion)}", highlight=False)
     if report.bisect is not None:
         render_bisect(report.bisect, console)
 
