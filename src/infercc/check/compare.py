@@ -70,9 +70,10 @@ ones (`infercc.check.profiles`), reports whether the inputs executed each rewrit
 body (`infercc.check.coverage`), and reports a candidate onnxruntime cannot load or run as a
 failed validation (`error`), not as bad input.
 
-`ValidationReport.to_dict()` gives JSON-safe data: non-finite floats are the strings `"nan"`,
-`"inf"` and `"-inf"`; a metric that was not computed (the output is missing or its shape or
-dtype differs) is `None`.
+`ValidationReport.to_dict()` gives JSON-safe data: a metric is a number or `None`, which
+stands for a non-finite value (`infercc.util.json_float`; the reason says what happened), for a
+metric not computed (the output is missing or its shape or dtype differs) and for the cosine of
+a near-constant output.
 """
 
 from __future__ import annotations
