@@ -26,6 +26,7 @@ from infercc.data.profiles import ShapeProfile, as_shapes
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir.output_types import reconcile_output_types
 from infercc.ir.sources import IN_MEMORY, ModelInput, is_proto, model_file
 from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
 from infercc.ir.tensor import external_info
@@ -77,6 +78,9 @@ class OptimizeReport:
     static_shapes: dict[str, list[int]] | None = None  # --static-shapes: valid only for them
     assumptions: list[dict[str, Any]] = field(default_factory=list)
     written: bool = False  # the output was published (False after a failed validation)
+    # Graph outputs whose declared type the graph contradicts, replaced by the computed type
+    # (infercc.ir.output_types): {"output", "declared", "computed"}.
+    output_types: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -108,6 +112,7 @@ class OptimizeReport:
             "precision": self.precision,
             "kept_fp32": self.kept_fp32,
             "assumptions": self.assumptions,
+            "output_types": self.output_types,
             "build": self.build,
             "overridable_inputs": self.overridable_inputs,
             "bisect": self.bisect,
@@ -417,6 +422,7 @@ class _Job:
         self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
         if self.cfg.static_map:
             declare_static_outputs(self.ir)
+        self.output_types = [c.to_dict() for c in reconcile_output_types(self.ir)]
         self.nodes_after = sum(1 for _ in self.ir.graph.all_nodes())
         self.ops_after = op_histogram(self.ir)
         self.step("planning memory")
@@ -549,6 +555,7 @@ class _Job:
             overridable_inputs=overridable_summary(self.ir, self.cfg.freeze_initializers),
             static_shapes={k: list(v) for k, v in self.cfg.static_map.items()} or None,
             assumptions=describe_assumptions(self.cfg.assume, self.ctx.assumed),
+            output_types=self.output_types,
         )
 
 

@@ -70,6 +70,7 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
             for k in report.kept_fp32:
                 console.print(f"  {k['node']} ({k['op']}): {k['reason']}", highlight=False)
     _render_assumptions(report, console)
+    _render_output_types(report, console)
     if report.artifact is not None:
         _render_artifact(report.artifact, console)
     if explain:
@@ -154,6 +155,17 @@ def _render_assumptions(report: OptimizeReport, console: Console) -> None:
         console.print(
             f"assumed [bold]{a['name']}[/] ({a['doc']}): enabled {enabled}; the model is exact "
             "only on inputs that satisfy it",
+            highlight=False,
+        )
+
+
+def _render_output_types(report: OptimizeReport, console: Console) -> None:
+    """Declared output types the graph contradicted, replaced by the computed ones."""
+    for c in getattr(report, "output_types", None) or []:
+        console.print(
+            f"[yellow]output {escape(c['output'])}: declared {shape_text(c['declared'])}, the "
+            f"graph computes {shape_text(c['computed'])}; the declaration was replaced by the "
+            "computed type[/] (onnx's full checker rejects the declared one)",
             highlight=False,
         )
 
