@@ -6,9 +6,12 @@
   not an error: `make_parents` creates them when the first file is written (as trtexec and
   Olive do), so a refused run writes nothing.
 - `Staging` is a temporary directory beside the destination (same file system, so publishing
-  is a rename), created with the user's umask (not mkdtemp's 0700) and locked (`flock`) while
-  its process lives. A process killed with SIGKILL cannot remove its staging directory: the
-  next run that stages in the same folder removes every staging directory whose lock is free.
+  is a rename), created with the user's umask (not mkdtemp's 0700), named with its process id
+  (`.infercc-lk-<pid>-*`) and locked (`flock`) while its process lives. A process killed with
+  SIGKILL cannot remove its staging directory: the next run that stages in the same folder
+  removes every staging directory whose lock is free and whose process is gone, however
+  young (a live process's directory, even between its creation and its lock, is never
+  taken: the pid says the process lives).
 - `publish_files` moves a model, its external data and its side files into place so that a
   reader never sees a model with weights that are not its own: the old model is moved aside
   first (a reader then finds no model, never a mismatched pair), the new data goes in, then
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,13 +43,17 @@ except ImportError:  # pragma: no cover - Windows
 log = logging.getLogger(__name__)
 
 STAGING_MARK = "infercc-lk-"
-# A staging directory younger than this is left alone even when its lock is free: its process
-# may be between creating it and locking it.
+# Staging directories of infercc versions that locked them but did not name their process: one
+# younger than this is left alone even when its lock is free (its process may be between
+# creating it and locking it).
 STALE_AFTER_S = 60.0
 # Staging directories of infercc versions that did not lock them: reclaimed only when older
 # than a day (such a version may still be running).
 UNLOCKED_STALE_AFTER_S = 86400.0
-_STAGING_NAME = re.compile(r"^\.(?:.+\.)?infercc-(lk-)?[A-Za-z0-9_]+$")
+_STAGING_NAME = re.compile(r"^\.(?:.+\.)?infercc-(lk-)?(?:(\d+)-)?[A-Za-z0-9_]+$")
+# This process's staging directories are created (mkdtemp, then flock) under this lock, and
+# reclaimed under it, so none is taken between its creation and its lock.
+_CREATING = threading.Lock()
 
 
 # --------------------------------------------------------------------------- permissions
@@ -151,16 +160,18 @@ class Staging:
         parent = dest.parent
         make_parents(dest)
         remove_stale_staging(parent)
-        prefix = f".{name}.{STAGING_MARK}" if name else f".{STAGING_MARK}"
-        try:
-            self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-            os.chmod(self.path, umask_mode(0o777))
-        except OSError as exc:
-            raise InferccError(
-                f"cannot write in {parent}: {first_line(exc)}",
-                "pick an output path in a folder you can write",
-            ) from exc
-        self._fd: int | None = _lock(self.path)
+        mark = f"{STAGING_MARK}{os.getpid()}-"
+        prefix = f".{name}.{mark}" if name else f".{mark}"
+        with _CREATING:
+            try:
+                self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+                os.chmod(self.path, umask_mode(0o777))
+            except OSError as exc:
+                raise InferccError(
+                    f"cannot write in {parent}: {first_line(exc)}",
+                    "pick an output path in a folder you can write",
+                ) from exc
+            self._fd: int | None = _lock(self.path)
 
     def unlock(self) -> None:
         if self._fd is not None:
@@ -200,8 +211,29 @@ def is_staging_name(name: str) -> bool:
 
 
 def _stale_after(name: str) -> float:
+    """How old a staging directory of a free lock must be before it is taken: at once when
+    its process is named and gone (or is this one: `_CREATING` covers its window), never
+    while another live process is named, else by the age rules of older versions."""
     match = _STAGING_NAME.match(name)
-    return STALE_AFTER_S if match and match.group(1) else UNLOCKED_STALE_AFTER_S
+    if match is None or not match.group(1):
+        return UNLOCKED_STALE_AFTER_S
+    if match.group(2) is None:
+        return STALE_AFTER_S
+    pid = int(match.group(2))
+    if pid == os.getpid() or not _alive(pid):
+        return 0.0
+    return math.inf
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
 
 
 def remove_stale_staging(folder: str | os.PathLike[str]) -> list[Path]:
@@ -216,16 +248,17 @@ def remove_stale_staging(folder: str | os.PathLike[str]) -> list[Path]:
     except OSError:
         return []
     now = time.time()
-    for entry in entries:
-        if not is_staging_name(entry.name) or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            if now - entry.stat(follow_symlinks=False).st_mtime < _stale_after(entry.name):
+    with _CREATING:
+        for entry in entries:
+            if not is_staging_name(entry.name) or not entry.is_dir(follow_symlinks=False):
                 continue
-        except OSError:
-            continue
-        if _reclaim(Path(entry.path)):
-            removed.append(Path(entry.path))
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime < _stale_after(entry.name):
+                    continue
+            except OSError:
+                continue
+            if _reclaim(Path(entry.path)):
+                removed.append(Path(entry.path))
     return removed
 
 
