@@ -16,8 +16,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from infercc import api
-from tests.helpers import make_model, op_counts, optimize_proto
-from tests.zoo import light_path, randomize, with_large_logits
+from tests.helpers import make_model, op_counts, optimize_proto, run_ort
+from tests.zoo import image, light_path, randomize, with_large_logits
 
 PASSES = ["fuse-conv-bn-relu", "eliminate-dead-code"]
 
@@ -182,6 +182,12 @@ def _zoo_case(name: str, tmp_path: Path) -> None:
     assert op_counts(ours)["Conv"] == op_counts(theirs)["Conv"]
     assert op_counts(ours)["BatchNormalization"] == op_counts(theirs)["BatchNormalization"] == 0
     assert _sorted_digests(ours) == _sorted_digests(theirs)
+    # and so it computes, bit for bit, what onnxruntime's basic level computes of the original
+    feeds = image(original)
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(run_ort(ours, feeds), run_ort(theirs, feeds), strict=True)
+    )
 
 
 def test_shufflenet_folds_are_onnxruntimes_bytes(tmp_path: Path) -> None:
