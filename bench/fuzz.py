@@ -74,6 +74,7 @@ class Tally:
 def run(examples: int, seed_value: int, every: int, tally: Tally) -> None:
     if examples <= 0:
         return
+
     @seed(seed_value)
     @settings(
         max_examples=examples,

@@ -381,7 +381,7 @@ def _variadic(fn: Callable[[Dim, Dim], Dim]) -> Rule:
         if not _out_int(node) or not ins:
             return _broadcasting(node, ins)
         bits = _width(node)
-        shape, elems = _elementwise(ins, at_width(lambda *xs: _fold(at_width(fn, bits), xs), bits))
+        shape, elems = _elementwise(ins, at_width(lambda *xs: _fold(fn, xs), bits))
         return [_tracked(shape, elems)]
 
     return rule
