@@ -14,7 +14,6 @@ back; `validate --bisect` rebuilds from it).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
 from infercc.outputs import Staging, check_output_dir
-from infercc.util import first_line, read_schema_json
+from infercc.util import first_line, json_text, read_schema_json
 from infercc.version import __version__
 
 SCHEMA = "infercc.manifest/1"
@@ -62,7 +61,7 @@ def candidate_model_path(candidate: str | os.PathLike[str]) -> Path:
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
     path = directory / MANIFEST
-    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    path.write_text(json_text(manifest, indent=1) + "\n")  # numbers or null, never NaN
     return path
 
 
