@@ -328,3 +328,18 @@ def test_junit_counts_errors_apart_from_failures(tmp_path: Path) -> None:
     assert cases["missing"].find("error") is not None and cases["missing"].find("failure") is None
     assert cases["wrong"].find("failure").get("message").startswith("validation failed")
     assert report.to_dict()["errors"] == 1 and report.to_dict()["failed"] == 2
+
+
+def test_a_near_constant_outputs_cosine_is_not_the_worst():
+    """A near-constant output's cosine is n/a (null): the table's worst cosine is the other
+    outputs'; a null cosine of an ordinary output still ranks worst (NaN)."""
+    from infercc.ci.reports import worst_metrics
+
+    outputs = {
+        "map": {"cosine": None, "max_abs": 0.0, "near_constant": True},
+        "logits": {"cosine": 0.99991, "max_abs": 1e-5},
+    }
+    assert worst_metrics({"outputs": outputs})["cosine"] == 0.99991
+    outputs["broken"] = {"cosine": None, "max_abs": None}
+    assert worst_metrics({"outputs": outputs})["cosine"] is None  # NaN, as JSON null
+    assert worst_metrics({"outputs": {"map": outputs["map"]}})["cosine"] is None

@@ -101,10 +101,14 @@ def placement_text(placement: Mapping[str, Any] | None) -> str | None:
 
 
 def _worst_cosine(validation: Mapping[str, Any] | None) -> float | None:
-    """The smallest cosine over outputs of a validation dict (None when there is none)."""
+    """The smallest cosine over outputs of a validation dict (None when there is none). A
+    near-constant output's cosine is n/a (null), not a bad one: it is left out; any other
+    missing or non-finite cosine ranks worst (NaN)."""
     values = []
     for out in (validation or {}).get("outputs", {}).values():
         c = out.get("cosine")
+        if c is None and out.get("near_constant"):
+            continue
         values.append(float(c) if isinstance(c, (int, float)) else math.nan)
     if not values:
         return None
