@@ -84,7 +84,13 @@ def caught(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, Cal
         "validate": ["validate", str(tmp / "o.onnx"), "--reference", str(model)],
         "extract": ["extract", str(model), str(tmp / "sub.onnx"), "--outputs", "r"],
         "ci": ["ci", str(tmp / "ci.toml")],
-    }
+        "profile": ["bench", str(model), "--iters", "2", "--warmup", "1", "--profile"],
+        "generate-compare": [
+            "bench", str(decoder), "--generate", "2", "--prompt-len", "3", "--no-memory",
+            "--compare", str(decoder),
+        ],
+        "cache": ["cache", "ls", "--cache-dir", str(_cache(tmp))],
+    }  # fmt: skip
     found: dict[str, tuple[Any, Callable, Any]] = {}
     with pytest.MonkeyPatch.context() as mp:
         import infercc.cli.common as common
@@ -97,11 +103,24 @@ def caught(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, Cal
 
         for name in _finish_users():
             mp.setattr(name, spy)
+        import infercc.ci.runner as ci_runner  # the ci report without a build child process
+
+        mp.setattr(
+            ci_runner, "_build_isolated", lambda _c, spec: ci_runner.build_and_validate(spec)
+        )
         capsys = _NoCapture()
         for current, args in commands.items():
             result = run_main(mp, capsys, *args)  # type: ignore[arg-type]
             assert result.code == 0, (current, result.text)
     return found
+
+
+def _cache(tmp: Path) -> Path:
+    from infercc.runtime.tuning import CacheKey, TuningCache
+
+    with TuningCache(tmp / "tc") as cache:
+        cache.put(CacheKey("m", "x=2x64", "ort", "1.0", "cpu", "f"), {"a": 1}, 1.25)
+    return tmp / "tc"
 
 
 def _finish_users() -> list[str]:
@@ -130,8 +149,10 @@ def _poison(obj: Any, value: float | None, optional: bool = True) -> Any:
     if isinstance(obj, dict):
         return {k: _poison(v, value) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(_poison(v, value) for v in obj) if isinstance(obj, list) else tuple(
-            _poison(v, value) for v in obj
+        return (
+            type(obj)(_poison(v, value) for v in obj)
+            if isinstance(obj, list)
+            else tuple(_poison(v, value) for v in obj)
         )
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return _poison_dataclass(obj, value)
@@ -176,7 +197,8 @@ def _refuse_constant(token: str) -> None:
 
 COMMANDS = [
     "optimize", "inspect", "inspect-decoder", "passes", "targets", "bench", "compare",
-    "generate", "int8", "int4", "validate", "extract", "ci",
+    "generate", "int8", "int4", "validate", "extract", "ci", "profile", "generate-compare",
+    "cache",
 ]  # fmt: skip
 
 
@@ -235,3 +257,22 @@ def test_cli_json_has_no_inf_strings(
     parsed = json.loads(result.out, parse_constant=_refuse_constant)
     _no_bad_strings(parsed)
     assert "y" in parsed["validation"]["outputs"]
+
+
+@pytest.mark.parametrize("poison", sorted(POISONS))
+def test_the_bisect_renderer_takes_them(poison: str) -> None:
+    """render_bisect (reached only by a failing validation) on a verdict of every kind."""
+    from infercc.check.bisection import BisectReport, Divergence
+    from infercc.cli.render import render_bisect
+
+    value = POISONS[poison]
+    divergence = Divergence("n1", "Conv", "t", "r1", "Conv", value, value, "differs", 3)
+    for report in (
+        BisectReport(True, "fuse-x", ["fuse-x", "fuse-y"], "rewrite", 9, 2, "n1", "Conv",
+                     divergence, 12, "", {"target": "cpu"}, "build"),
+        BisectReport(False, message="did not reproduce", trials=1),
+    ):  # fmt: skip
+        console = Console(file=io.StringIO(), width=200)
+        render_bisect(report, console)
+        assert console.file.getvalue().strip()
+        _no_bad_strings(json.loads(json_text(report.to_dict()), parse_constant=_refuse_constant))
