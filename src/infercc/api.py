@@ -26,7 +26,7 @@ from infercc.data.profiles import ShapeProfile, as_shapes
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
-from infercc.ir.output_types import reconcile_output_types
+from infercc.ir.output_types import reconcile_output_types, strictly_typed
 from infercc.ir.sources import IN_MEMORY, ModelInput, is_proto, model_file
 from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
 from infercc.ir.tensor import external_info
@@ -398,6 +398,7 @@ class _Job:
         if cfg.static_map:
             fix_input_shapes(self.ir, cfg.static_map)
         check_model(self.ir, cfg)
+        self.typed = strictly_typed(self.ir)  # declared output types are replaced only if so
         self.size_before = model_files_size(src, self.ir)
         self.nodes_before = sum(1 for _ in self.ir.graph.all_nodes())
         self.ops_before = op_histogram(self.ir)
@@ -422,7 +423,7 @@ class _Job:
         self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
         if self.cfg.static_map:
             declare_static_outputs(self.ir)
-        self.output_types = [c.to_dict() for c in reconcile_output_types(self.ir)]
+        self.output_types = [c.to_dict() for c in reconcile_output_types(self.ir, self.typed)]
         self.nodes_after = sum(1 for _ in self.ir.graph.all_nodes())
         self.ops_after = op_histogram(self.ir)
         self.step("planning memory")

@@ -96,3 +96,28 @@ def test_the_cli_says_it(tmp_path: Path, monkeypatch, capsys) -> None:
     result = run_main(monkeypatch, capsys, "optimize", str(src), "-o", str(tmp_path / "o.onnx"))
     assert result.code == 0, result.text
     assert "the declaration was replaced by the computed type" in result.text
+
+
+def test_a_model_onnx_already_mistypes_keeps_its_declarations(tmp_path: Path) -> None:
+    """Where onnx's strict inference rejects the original (opset 9 Unsqueeze with a negative
+    axis, which onnxruntime runs), onnx is no witness against the declaration: it stays, and
+    onnxruntime runs the result (a declared [?, 5] for a [1, 1, 1] output broke it)."""
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5])
+    outs = [oh.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 1]) for n in ("s0", "s1")]
+    nodes = [
+        oh.make_node("Unsqueeze", ["x"], ["u"], axes=[-2]),
+        oh.make_node("Slice", ["u"], ["sl"], axes=[2], starts=[4], ends=[2**62]),
+        oh.make_node("Split", ["sl"], ["s0", "s1"], axis=0, split=[1, 1]),
+    ]
+    model = make_model(oh.make_graph(nodes, "g", [x], outs), opset_imports=[oh.make_opsetid("", 9)])
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, src)
+    report = infercc.optimize(src, out, run_validation=False)
+    assert report.output_types == []
+    written = onnx.load(out)
+    for o in written.graph.output:
+        assert [d.dim_value for d in o.type.tensor_type.shape.dim] == [1, 1, 1]
+    feeds = {"x": np.ones((2, 5), np.float32)}
+    got = ort.InferenceSession(str(out)).run(None, feeds)
+    want = ort.InferenceSession(str(src)).run(None, feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))

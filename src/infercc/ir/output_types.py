@@ -9,8 +9,11 @@ inference infers rank 3 and rejects the declared rank 2. The declaration was nev
 model computes, so it is replaced (the computed rank, and each dimension onnx's inference or
 the symbolic shapes give; unknown ones are left unnamed), and the report says so.
 
-Only a contradiction is replaced: another rank, or two static sizes that differ. A declared
-name where the graph computes a number, or a number where it computes a name, is left alone.
+Only a contradiction that infercc's rewrites exposed is replaced: the original passes onnx's
+strict inference (`strictly_typed`, checked before the passes), the result does not, and the
+contradiction is another rank or two static sizes that differ. A model whose original onnx
+already rejects (where onnx's inference is wrong about what onnxruntime computes) keeps its
+declarations: onnx's inference is no better a witness than the declaration there.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from dataclasses import dataclass
 import onnx
 
 from infercc.ir import symbolic as S
+from infercc.ir.exporter import export_model, type_proto_of
 from infercc.ir.graph import Model, Value
-from infercc.ir.shapes import _typed_skeleton
+from infercc.ir.shapes import _KEEP_DATA_ELEMENTS, _typed_skeleton
 from infercc.ir.symbolic_shapes import SymbolicShapes
 
 log = logging.getLogger(__name__)
@@ -52,9 +56,36 @@ class OutputTypeChange:
         )
 
 
-def reconcile_output_types(model: Model) -> list[OutputTypeChange]:
+def strictly_typed(model: Model) -> bool:
+    """Whether onnx's strict inference accepts the model's declared types (weights aside)."""
+    try:
+        onnx.shape_inference.infer_shapes(_declared_skeleton(model), strict_mode=True)
+    except Exception:
+        return False
+    return True
+
+
+def _declared_skeleton(model: Model) -> onnx.ModelProto:
+    """The model without weight bytes, its declared types kept, small constants inlined."""
+    skeleton = export_model(model, with_weights=False)
+    del skeleton.graph.initializer[:]
+    for v in model.graph.initializers.values():
+        const = v.const
+        assert const is not None
+        if const.size <= _KEEP_DATA_ELEMENTS and not const.is_external:
+            skeleton.graph.initializer.append(const.to_proto(v.name))
+        else:
+            vi = skeleton.graph.input.add(name=v.name)
+            vi.type.CopyFrom(type_proto_of(v))
+    return skeleton
+
+
+def reconcile_output_types(model: Model, original_typed: bool) -> list[OutputTypeChange]:
     """Replace each graph output's declared shape that the graph contradicts (module
-    docstring); returns what was replaced."""
+    docstring), when the original passed strict inference (`original_typed`) and the result
+    does not; returns what was replaced."""
+    if not original_typed or strictly_typed(model):
+        return []
     inferred = _inferred_outputs(model)
     changes = []
     for v in model.graph.outputs:
