@@ -31,6 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
 
 from infercc.calib.weight_only import calibrate_int4  # noqa: E402
 from infercc.ir import load_model, save_model  # noqa: E402
@@ -100,6 +101,9 @@ def main() -> None:
     parser.add_argument("--fusions", default=",".join(FUSIONS),
                         help="comma-separated passes, each raced alone; a+b races a and b together")
     args = parser.parse_args()
+    from hostinfo import host_line
+
+    print(host_line())  # the CPU, its row, GEMM rate and bandwidth: what the figures depend on
     model = source(args.model)
     tag = args.model if args.model in ("llama", "gpt") else model.stem
     OUT.mkdir(parents=True, exist_ok=True)

@@ -248,6 +248,9 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--skip", nargs="*", default=[], help="skip quantizers naming these")
     args = parser.parse_args()
+    from hostinfo import host_line
+
+    print(host_line())  # the CPU, its row, GEMM rate and bandwidth: what the figures depend on
     rows = []
     if args.only in (None, "gpt"):
         gpt = GPT_DIR / "tiny_gpt.onnx"
