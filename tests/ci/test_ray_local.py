@@ -186,6 +186,7 @@ def test_one_model_and_a_broken_one_match_jobs_1(cluster, tmp_path: Path) -> Non
             out_dir=out,
             junit=tmp_path / f"{mode}.xml",
             json_report=tmp_path / f"{mode}.json",
+            markdown=tmp_path / f"{mode}.md",
             step_summary=False,
             **kwargs,
         )
@@ -200,6 +201,10 @@ def test_one_model_and_a_broken_one_match_jobs_1(cluster, tmp_path: Path) -> Non
     assert junit_cases(tmp_path / "ray.xml", tmp_path / "out-ray") == junit_cases(
         tmp_path / "jobs.xml", tmp_path / "out-jobs"
     )
+    ray_md, jobs_md = (tmp_path / "ray.md").read_text(), (tmp_path / "jobs.md").read_text()
+    assert verdict_table(ray_md) == verdict_table(jobs_md)
+    assert "Built on the Ray cluster at" in ray_md and "Built on the Ray" not in jobs_md
+    assert f"| small_cnn | {socket.gethostname()} | A100 |" in ray_md  # the node's accelerator
     name = "small_cnn/model.onnx"
     assert file_sha256(tmp_path / "out-ray" / name) == file_sha256(tmp_path / "out-jobs" / name)
     assert not list((tmp_path / "out-ray").glob(".incoming-*"))
@@ -270,7 +275,8 @@ def test_reports_and_artifacts_match_jobs_2(cluster, tmp_path: Path) -> None:
     )
     ray_md, jobs_md = (tmp_path / "ray.md").read_text(), (tmp_path / "jobs.md").read_text()
     assert verdict_table(ray_md) == verdict_table(jobs_md)
-    assert f"| small_cnn | {socket.gethostname()} | - |" in ray_md
+    # the accelerator column names the node's (it declares an A100), whatever the target
+    assert f"| small_cnn | {socket.gethostname()} | A100 |" in ray_md
     # byte for byte what --jobs wrote
     for name in ("small_cnn/model.onnx", "encoder.opt.onnx", "encoder_fp16.opt.onnx"):
         assert file_sha256(tmp_path / "out-ray" / name) == file_sha256(tmp_path / "out-jobs" / name)
