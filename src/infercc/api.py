@@ -418,7 +418,7 @@ class _Job:
         self.transform_seconds = time.perf_counter() - t0
         self.pipe = runs[0]
         for later in runs[1:]:
-            self.pipe.passes.update(later.passes)
+            self.pipe.add_stage(later)
         plan = self.pipe.details("convert-fp16")
         self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
         if self.cfg.static_map:

@@ -780,17 +780,24 @@ def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
     return None
 
 
-# The passes whose rewrites an assumption can enable (`infercc.assumptions`).
-ASSUMPTION_PASSES = ("emit-attention", "remove-nan-guard")
+def assumption_passes(name: str) -> tuple[str, ...]:
+    """The passes whose rewrites assumption `name` can enable: those that declare it at
+    registration (`register_pass(..., assumptions=...)`)."""
+    import infercc.passes  # noqa: F401  (registers the passes)
+    from infercc.passes.manager import REGISTRY
+
+    return tuple(p for p, info in REGISTRY.items() if name in info.assumptions)
 
 
 def _assumptions_need_their_passes(c: BuildConfig) -> Broken:
-    """--assume with every pass that reads assumptions disabled would change nothing."""
-    if c.assume and all(name in c.disable_passes for name in ASSUMPTION_PASSES):
-        return (
-            f"--assume {c.assume[0]} has no effect: the passes that use it are disabled",
-            f"drop --assume, or enable {' or '.join(ASSUMPTION_PASSES)}",
-        )
+    """--assume with every pass that reads the assumption disabled would change nothing."""
+    for name in c.assume:
+        readers = assumption_passes(name)
+        if all(p in c.disable_passes for p in readers):
+            return (
+                f"--assume {name} has no effect: the passes that use it are disabled",
+                f"drop --assume, or enable {' or '.join(readers)}",
+            )
     return None
 
 

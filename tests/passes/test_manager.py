@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,18 @@ def test_shapes_are_inferred_before_the_first_pass_and_after_a_change(registered
         v.shape = None
     run_passes(model, PassContext(), [name])
     assert seen == [(2, 4)]
+
+
+def test_a_pass_run_in_two_stages_reports_its_counts_summed(tmp_path):
+    """--fp16 runs eliminate-dead-code in the optimize stage and again after convert-fp16: the
+    report sums both stages (it kept only the last stage's counts: 0 nodes removed)."""
+    import infercc
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "tiny_encoder.onnx"
+    fp32 = infercc.optimize(src, tmp_path / "a.onnx").passes["eliminate-dead-code"]
+    fp16 = infercc.optimize(src, tmp_path / "b.onnx", precision="fp16").passes[
+        "eliminate-dead-code"
+    ]
+    assert fp32["nodes"] == 5 and fp32["initializers"] == 16
+    assert fp16["nodes"] >= fp32["nodes"] and fp16["initializers"] > fp32["initializers"]
+    assert fp16["runs"] > fp32["runs"]

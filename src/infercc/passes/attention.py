@@ -185,7 +185,7 @@ def _check_guard(where: Node, ctx: PassContext) -> _Guard | Refuse | None:
     reason = rows_never_empty(softmax.input(0))  # type: ignore[arg-type]
     if reason is None:
         return _Guard(where, softmax, assumed=False)
-    if NONEMPTY_SEQUENCES in ctx.assumptions:
+    if ctx.stated(NONEMPTY_SEQUENCES):
         return _Guard(where, softmax, assumed=True)
     return Refuse(f"{reason}; --assume {NONEMPTY_SEQUENCES} states it cannot")
 
@@ -200,7 +200,7 @@ def _remove_guard(where: Node, guard: _Guard, ctx: PassContext) -> None:
         graph.remove(where)
 
 
-@register_pass("remove-nan-guard")
+@register_pass("remove-nan-guard", assumptions=(NONEMPTY_SEQUENCES,))
 def remove_nan_guard(graph: Graph, ctx: PassContext) -> PassResult:
     """Drop the Where(IsNaN(p), 0, p) after attention Softmax where no row can be all -inf."""
     run = apply_rules(graph, ctx, [Rule("guards", ("Where",), _check_guard, _remove_guard)])
@@ -247,7 +247,7 @@ class _Emitter:
         if found.guard is not None and found.mask is not None:
             reason = rows_never_empty(softmax.input(0))  # type: ignore[arg-type]
             if reason is not None:
-                found.assumed = NONEMPTY_SEQUENCES in ctx.assumptions
+                found.assumed = ctx.stated(NONEMPTY_SEQUENCES)
                 found.filter_nan = not found.assumed
         return found
 
@@ -264,7 +264,7 @@ class _Emitter:
             self.stats["nan_filters"] = self.stats.get("nan_filters", 0) + 1
 
 
-@register_pass("emit-attention")
+@register_pass("emit-attention", assumptions=(NONEMPTY_SEQUENCES,))
 def emit_attention(graph: Graph, ctx: PassContext) -> PassResult:
     """Self-attention blocks on the packed QKV projection as onnxruntime's Attention (cpu)."""
     emitter = _Emitter()

@@ -651,7 +651,7 @@ def _check_with(sym: SymbolicShapes):
     return check
 
 
-@register_pass("fuse-group-query-attention")
+@register_pass("fuse-group-query-attention", assumptions=(NONEMPTY_SEQUENCES,))
 def fuse_group_query_attention(graph: Graph, ctx: PassContext) -> PassResult:
     """A decoder's attention with its KV cache (grouped-query or not) ->
     com.microsoft.GroupQueryAttention (cpu, under --assume nonempty-sequences)."""

@@ -120,10 +120,22 @@ class PassContext:
         done.append((node.name, node.op_type))
         return True
 
+    def stated(self, name: str) -> bool:
+        """Whether the user stated assumption `name` (a question only a pass that declared
+        it at registration may ask)."""
+        info = REGISTRY.get(self.current_pass)
+        if info is not None and name not in info.assumptions:
+            raise InferccError(
+                f"pass {self.current_pass!r} reads assumption {name!r}, which it does not "
+                "declare",
+                f"register it with @register_pass({self.current_pass!r}, assumptions=({name!r},))",
+            )
+        return name in self.assumptions
+
     def assumes(self, name: str) -> bool:
         """Whether the user stated assumption `name`; when so, the rewrite about to be made
         is counted as enabled by it (for the current pass)."""
-        if name not in self.assumptions:
+        if not self.stated(name):
             return False
         per_pass = self.assumed.setdefault(name, {})
         per_pass[self.current_pass] = per_pass.get(self.current_pass, 0) + 1
@@ -157,23 +169,26 @@ class PassInfo:
     doc: str
     final: bool = False  # runs once after the fixpoint: it only reorders, shapes stay valid
     once: bool = False  # runs in the first round only: its rewrite would apply to its result
+    assumptions: tuple[str, ...] = ()  # the assumptions (`infercc.assumptions`) it may use
 
 
 REGISTRY: dict[str, PassInfo] = {}
 
 
 def register_pass(
-    name: str, *, final: bool = False, once: bool = False
+    name: str, *, final: bool = False, once: bool = False, assumptions: tuple[str, ...] = ()
 ) -> Callable[[PassFn], PassFn]:
     """Register a pass. `final`: a pass that only reorders nodes (no value, type or shape
     changes, nothing another pass could act on) runs once, after the others reach their
     fixpoint, and its change neither re-infers shapes nor starts another round. `once`: a
     pass that runs in the first round only (a rewrite driven by measurements of the graph it
-    was given, which would apply again to its own result)."""
+    was given, which would apply again to its own result). `assumptions`: the user's
+    assumptions the pass may read (`PassContext.stated` / `assumes` refuse any other), from
+    which `--assume`'s "has no effect" rule and the catalogue are derived."""
 
     def deco(fn: PassFn) -> PassFn:
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassInfo(name, fn, doc, final, once)
+        REGISTRY[name] = PassInfo(name, fn, doc, final, once, tuple(assumptions))
         return fn
 
     return deco
@@ -198,6 +213,17 @@ class PassStats:
             **self.counts,
         }
 
+    def add(self, later: PassStats) -> None:
+        """Fold in the stats of the same pass run in a later stage: runs, changes, time and
+        counts summed; the later details (what it last returned) kept when it has some."""
+        self.runs += later.runs
+        self.changed += later.changed
+        self.time_s += later.time_s
+        for key, value in later.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + value
+        if later.details is not None:
+            self.details = later.details
+
 
 @dataclass
 class PipelineReport:
@@ -210,6 +236,15 @@ class PipelineReport:
         """What pass `name` returned beyond counts (merged over its runs), or None."""
         st = self.passes.get(name)
         return None if st is None else st.details
+
+    def add_stage(self, later: PipelineReport) -> None:
+        """Fold in a later stage of the same build: a pass that ran in both has its counts
+        summed over both (`PassStats.add`), as over the runs within one stage."""
+        for name, stats in later.passes.items():
+            if name in self.passes:
+                self.passes[name].add(stats)
+            else:
+                self.passes[name] = stats
 
 
 def check_pass_names(names: Iterable[str]) -> None:
