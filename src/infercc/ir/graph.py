@@ -475,6 +475,7 @@ class Graph:
             ident = Node("Identity", [new], [carrier], name=self.fresh_node_name("keep_output"))
             self.insert_after(new.producer if local else self._root, ident)  # type: ignore[arg-type]
         carrier.type_proto = old.type_proto
+        _declared_shape(carrier)
         # what the model says of its output (doc_string, metadata) stays with the output
         carrier.doc_string, carrier.metadata_props = old.doc_string, list(old.metadata_props)
         self.outputs = [carrier if v is old else v for v in self.outputs]
@@ -747,3 +748,17 @@ class Model:
 
 
 _PLACEHOLDER = Value("__reserved__")
+
+
+def _declared_shape(output: Value) -> None:
+    """A graph output's shape as reading the written file gives it: the declared dims (the
+    importer's `apply_type`), so that a second optimize of the result sees what this one saw."""
+    tp = output.type_proto
+    if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+        return
+    output.shape = tuple(
+        int(d.dim_value)
+        if d.HasField("dim_value") and d.dim_value >= 0
+        else (d.dim_param if d.HasField("dim_param") else None)
+        for d in tp.tensor_type.shape.dim
+    )
