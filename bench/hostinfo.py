@@ -59,12 +59,15 @@ def host_facts() -> dict:
     """The host's CPU, row, cores, GEMM rate (GFLOP/s) and copy bandwidth (GB/s), as data."""
     import onnxruntime as ort
 
-    from infercc.analysis.targets import host_cpu_info, measure_copy_bandwidth
+    from infercc.analysis.cpu_classes import classify
+    from infercc.analysis.targets import CPU_CLASS_ENV, host_cpu_info, measure_copy_bandwidth
 
     info, cores = host_cpu_info()
+    detected = classify(info.arch, info.features)
     return {
         "cpu": info.model,
-        "cpu_class": None if info.row is None else info.row.name,
+        "cpu_class": None if detected is None else detected.name,  # detected, never stated
+        "stated_cpu_class": os.environ.get(CPU_CLASS_ENV) or None,
         "cores": cores,
         "onnxruntime": ort.__version__,
         "fp32_gemm_gflops": round(gemm_rate(), 1),
@@ -77,7 +80,9 @@ def host_line(facts: dict | None = None) -> str:
     f = facts or host_facts()
     m, k, n = GEMM
     return (
-        f"host: {f['cpu']} ({f['cpu_class'] or 'no CPU class'}), {f['cores']} cores, "
+        f"host: {f['cpu']} ({f['cpu_class'] or 'no CPU class'}"
+        + (f", stated as {f['stated_cpu_class']}" if f.get("stated_cpu_class") else "")
+        + f"), {f['cores']} cores, "
         f"onnxruntime {f['onnxruntime']}: fp32 GEMM {f['fp32_gemm_gflops']:.0f} GFLOP/s "
         f"([{m}, {k}] x [{k}, {n}]), copy bandwidth {f['copy_bandwidth_gbs']:.1f} GB/s, "
         f"load average {f['load_average']:.1f}"
