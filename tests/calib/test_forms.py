@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+import infercc
 import infercc.calib.calibrate as calibrate_module
 from infercc.calib.calibrate import INT8_FILE, calibrate
 from infercc.calib.forms import (
@@ -125,6 +126,12 @@ def test_seven_bit_weights_for_the_hosts_avx2_row(samples, tmp_path):
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["int8"]["weight_bits"] == 7 and manifest["int8"]["on_host"] is True
     assert manifest["target"]["cpu_class"]["name"] == "x86-avx2"
+    # one verdict: the criterion calibrate accepted it at, which validate applies
+    criterion = manifest["criterion"]
+    assert criterion["by"] == "calibrate --int8" and criterion["min_cosine"] <= 0.99
+    assert criterion["cosine"] == pytest.approx(report.to_dict()["cosine"])
+    checked = infercc.validate(tmp_path / "o", ENCODER)
+    assert checked.passed and checked.criterion.startswith("calibrate --int8 accepted")
 
 
 def test_another_rows_form_is_evaluated_as_its_qdq_graph(samples, tmp_path, monkeypatch):

@@ -106,6 +106,7 @@ from infercc.calib.observers import (
 )
 from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
 from infercc.check.compare import compare_outputs, run_model
+from infercc.check.tolerances import calibrated_criterion
 from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
@@ -473,7 +474,14 @@ def calibrate(
             report.seconds = time.perf_counter() - t0
             _write_json(stage / REPORT_FILE, report.to_dict())
             manifest = calibration_manifest(src, target, report.files)
-            write_manifest(stage, {**manifest, "int8": plan.to_dict()})
+            # the criterion it was accepted at, which infercc validate applies (one verdict)
+            criterion = calibrated_criterion(
+                Evaluation(report.outputs).cosine,
+                "calibrate --int8",
+                report.samples["evaluated_on"],
+                "int8",
+            )
+            write_manifest(stage, {**manifest, "int8": plan.to_dict(), "criterion": criterion})
             publish(stage, dest)
     finally:
         staging.close()

@@ -3,7 +3,8 @@
 OUTPUT=ATOL:RTOL` specs.
 
 **One verdict per artifact.** `calibrate --int4` accepts the int4 model it writes at the
-quality it measured on its evaluation samples (it has no accuracy target), so it writes that
+quality it measured on its evaluation samples (it has no accuracy target), and `calibrate
+--int8` at its target or, without one (a CNN), at what it measured; so each writes that
 criterion into the manifest (`calibrated_criterion`): the worst-output cosine it measured, less
 `CALIBRATED_COSINE_MARGIN` for other inputs, never above the int4 table's 0.99. `infercc
 validate` of the directory applies it in place of the table (`artifact_criterion`), and says
@@ -77,10 +78,12 @@ def default_tolerance(
 CALIBRATED_COSINE_MARGIN = 0.005
 
 
-def calibrated_criterion(cosine: float, by: str, evaluated_on: str) -> dict[str, Any]:
+def calibrated_criterion(
+    cosine: float, by: str, evaluated_on: str, precision: str = "int4"
+) -> dict[str, Any]:
     """The manifest's `criterion` for a model `by` (a command) accepted at worst-output
-    `cosine` on `evaluated_on` (module docstring)."""
-    table = TOLERANCES["int4"].min_cosine
+    `cosine` on `evaluated_on` (module docstring), never above `precision`'s table cosine."""
+    table = TOLERANCES[precision].min_cosine
     floor = math.floor((cosine - CALIBRATED_COSINE_MARGIN) * 1000) / 1000 if cosine >= 0 else 0.0
     return {
         "min_cosine": min(table, max(floor, 0.0)),
