@@ -110,6 +110,7 @@ from infercc.check.tolerances import calibrated_criterion
 from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir.output_types import reconcile_output_types, strictly_typed
 from infercc.outputs import check_output_dir
 from infercc.passes.manager import PassContext, QuantizeSettings, check_pass_names, run_passes
 from infercc.passes.match import const_value
@@ -685,8 +686,10 @@ class _Job:
         """Run the portable fp32 pipeline, name the targets, split outlier channels (when
         `samples` are given), save the fp32 reference."""
         self.step("optimizing fp32")
+        typed = strictly_typed(ir)
         ctx = PassContext(portable=True, verify=self.options.verify)
         run_passes(ir, ctx, CALIBRATE_FP32.passes, self.options.disabled)
+        reconcile_output_types(ir, typed)  # every written model passes onnx's full checker
         _name_targets(ir)
         _check_exclude(ir, exclude)
         if samples:

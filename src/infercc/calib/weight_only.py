@@ -98,6 +98,7 @@ from infercc.check.tolerances import calibrated_criterion
 from infercc.data.feeds import make_inputs
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
+from infercc.ir.output_types import reconcile_output_types, strictly_typed
 from infercc.passes.manager import PassContext, check_pass_names, run_passes
 from infercc.passes.pipelines import CALIBRATE_FP32, DECODER_FUSIONS, check_disabled
 from infercc.runtime.artifact import publish, staging_dir, write_manifest
@@ -508,9 +509,11 @@ class _Run:
 
     def prepare_fp32(self, ir: Model) -> None:
         self.step("optimizing fp32")
+        typed = strictly_typed(ir)
         run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes, self.job.disabled)
         if self.job.form == "nbits":
             self.fuse_decoder(ir)
+        reconcile_output_types(ir, typed)  # every written model passes onnx's full checker
         _name_targets(ir)
         names = {n.name for n in ir.graph}
         unknown = [name for name in self.job.exclude if name not in names]
