@@ -1,9 +1,9 @@
 """The command line run in this process, as `python -m infercc` runs it (`cli.main`: one-line
-errors, exit codes), without a subprocess's start-up."""
+errors, exit codes), without a subprocess's start-up: `tests.helpers.run_cli`, with the result
+as `Ran` (its `text` joins stdout and stderr with rich's line wrapping undone)."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import pytest
@@ -24,14 +24,9 @@ class Ran:
 def run_main(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
 ) -> Ran:
-    from infercc.cli import main
+    """`infercc ARGS` in this process (`monkeypatch` and `capsys` are kept for the callers;
+    `run_cli` isolates and captures by itself)."""
+    from tests.helpers import run_cli
 
-    monkeypatch.setattr(sys, "argv", ["infercc", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return Ran(code, captured.out, captured.err)
+    done = run_cli(*args)
+    return Ran(done.returncode, done.stdout, done.stderr)

@@ -9,42 +9,23 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
+from onnx import numpy_helper
 
 from infercc.calib.calibrate import FP32_FILE, INT8_FILE, calibrate
 from infercc.calib.weight_only import INT4_FILE, calibrate_int4
-from tests.helpers import make_model
+from tests.ir.test_output_types import _ocr
 
 
 def _model() -> onnx.ModelProto:
-    """y = Reshape(Relu(x @ w), target), target [0, 1, -1] computed from x's static width: the
-    declared [1, seqlen] contradicts the rank 3 the folded graph computes."""
-
-    def c(name: str, v, dtype=np.int64) -> onnx.TensorProto:
-        return numpy_helper.from_array(np.array(v, dtype), name)
-
+    """tests/ir/test_output_types.py's model, y = Reshape(Relu(x), target) declared [1, seqlen]
+    where the folded graph computes rank 3, with a MatMul before the Relu to quantize."""
+    model = _ocr([1, "seqlen"])
     w = np.random.default_rng(0).standard_normal((8, 8)) / 3
-    nodes = [
-        oh.make_node("MatMul", ["x", "w"], ["m"], name="proj"),
-        oh.make_node("Relu", ["m"], ["r"]),
-        oh.make_node("Shape", ["x"], ["width"], start=2),
-        oh.make_node("Sub", ["width", "five"], ["lim"]),
-        oh.make_node("Squeeze", ["lim"], ["three"]),
-        oh.make_node("Range", ["zero", "three", "one"], ["ids"]),
-        oh.make_node("Equal", ["ids", "two"], ["last"]),
-        oh.make_node("Where", ["last", "minus1", "ids"], ["target"]),
-        oh.make_node("Reshape", ["r", "target"], ["y"]),
-    ]
-    graph = oh.make_graph(
-        nodes,
-        "ocr",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seqlen", 8])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seqlen"])],
-        [c("w", w, np.float32), c("zero", 0), c("five", [5]), c("one", 1), c("two", 2),
-         c("minus1", -1)],  # fmt: skip
-    )
-    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.graph.initializer.append(numpy_helper.from_array(w.astype(np.float32), "proj_w"))
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    relu.input[0] = "m"
+    model.graph.node.insert(0, oh.make_node("MatMul", ["x", "proj_w"], ["m"], name="proj"))
     onnx.checker.check_model(model, full_check=True)  # the original passes
     return model
 
