@@ -86,8 +86,11 @@ def width_models(draw: st.DrawFn) -> onnx.ModelProto:
     outputs = [last, g.op("Equal", [last, n]), g.op("Less", [last, m])]
     if draw(st.booleans()):  # a Reshape whose target the arithmetic computes: x as [1, n]
         back = last if dtype == TensorProto.INT64 else g.op("Cast", [last], to=TensorProto.INT64)
-        one = g.op("Div", [back, back]) if draw(st.booleans()) else None
-        ones = one or _int64_one(g)
+        # a 1 the arithmetic computes, never a division by a value that may have wrapped to
+        # 0 (onnxruntime 1.23, the newest for Python 3.10, dies of SIGFPE on one)
+        one = _int64_one(g)
+        computed = g.op("Max", [g.op("Min", [back, one]), one]) if draw(st.booleans()) else None
+        ones = computed or one
         target = g.op("Concat", [ones, g.op("Shape", ["x"])], axis=0)
         outputs.append(g.op("Reshape", ["x", target]))
     return _model(g, outputs)
