@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from infercc.analysis.targets import CPU_CLASS_ENV
 from tests.helpers import Built
 
 # A test of the default run should take less; one that takes more is listed at the end of the
@@ -42,7 +43,6 @@ def _private_cache_dir():
 # answers "no kernel is wrong here", so that which nodes are quantized does not depend on the
 # host either. tests/calib/test_kernels.py runs the real check with the host's own row.
 TEST_CPU_CLASS = "x86-avx2"
-CPU_CLASS_ENV = "INFERCC_CPU_CLASS"
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

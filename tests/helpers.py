@@ -160,6 +160,32 @@ def make_model(graph: onnx.GraphProto, **kwargs) -> onnx.ModelProto:
     return onnx.helper.make_model(graph, **kwargs)
 
 
+def mlp_model(path: Path, seed: int = 0) -> Path:
+    """y = relu(x @ w1) @ w2 saved at `path`: x [batch, 64], w1 [64, 64], w2 [64, 32] (big
+    enough for int4 blocks), MatMuls named mm1 and mm2, opset 17; checked by onnx."""
+    from onnx import TensorProto, numpy_helper
+    from onnx import helper as oh
+
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w2")
+    graph = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+            oh.make_node("Relu", ["h"], ["r"]),
+            oh.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+        ],
+        "mlp",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
+        [w1, w2],
+    )
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
 def parse(text: str) -> onnx.ModelProto:
     model = onnx.parser.parse_model(text)
     onnx.checker.check_model(model, full_check=True)

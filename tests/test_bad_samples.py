@@ -11,35 +11,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 from onnx import helper as oh
 
 from infercc.data.samples import load_samples
 from infercc.errors import InferccError
-from tests.helpers import make_model
+from tests.helpers import make_model, mlp_model
 from tests.inproc import run_main
 
 
 def _model(path: Path) -> Path:
-    """y = relu(x @ w1) @ w2, batch symbolic, weights big enough for int4 blocks."""
-    rng = np.random.default_rng(3)
-    w1 = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w2")
-    graph = oh.make_graph(
-        [
-            oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
-            oh.make_node("Relu", ["h"], ["r"]),
-            oh.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
-        ],
-        "mlp",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
-        [w1, w2],
-    )
-    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, path)
-    return path
+    """tests.helpers.mlp_model (seed 3)."""
+    return mlp_model(path, seed=3)
 
 
 def _samples(directory: Path, bad: str) -> Path:

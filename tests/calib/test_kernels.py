@@ -261,14 +261,10 @@ def _host_row():
 
 
 def _amx_bug_here() -> bool:
-    from infercc.calib.forms import AMX_BUG, _version
+    from infercc.calib.forms import amx_bug
 
     row = _host_row()
-    return (
-        row is not None
-        and row.name == "x86-amx"
-        and (AMX_BUG[0] <= _version(ort.__version__) < AMX_BUG[1])
-    )
+    return amx_bug(None if row is None else row.name)
 
 
 def test_the_hosts_own_int8_form_is_exact_on_its_kernels():

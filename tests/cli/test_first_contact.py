@@ -18,26 +18,12 @@ from onnx import numpy_helper
 
 from infercc.cli import app, main
 from infercc.cli.app import PIPE_WIDTH, hoist_globals
+from tests.cli.test_cli import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CNN = ROOT / "examples" / "small_cnn.onnx"
 ENCODER = ROOT / "examples" / "tiny_encoder.onnx"
 
-MODEL = """
-<ir_version: 8, opset_import: ["" : 17]>
-g (float[N, 4] x) => (float[N, 4] y) {
-  a = Identity(x)
-  b = Relu(a)
-  y = Add(b, w)
-}
-"""
-
-
-def write_model(path: Path) -> Path:
-    proto = onnx.parser.parse_model(MODEL)
-    proto.graph.initializer.append(numpy_helper.from_array(np.arange(4, dtype=np.float32), "w"))
-    onnx.save(proto, path)
-    return path
 
 
 @pytest.fixture(autouse=True)

@@ -29,29 +29,15 @@ from rich.console import Console
 
 from infercc.util import json_float, json_safe, json_text
 from tests.decoders import tiny_decoder
-from tests.helpers import make_model
+from tests.helpers import make_model, mlp_model
 from tests.inproc import run_main
 
 POISONS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "none": None}
 
 
 def _mlp(path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w2")
-    graph = oh.make_graph(
-        [
-            oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
-            oh.make_node("Relu", ["h"], ["r"]),
-            oh.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
-        ],
-        "mlp",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
-        [w1, w2],
-    )
-    onnx.save(make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
-    return path
+    """tests.helpers.mlp_model (seed 0)."""
+    return mlp_model(path, seed=0)
 
 
 @pytest.fixture(scope="module")

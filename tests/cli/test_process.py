@@ -16,29 +16,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
+from tests.cli.test_cli import write_model
 from tests.helpers import run_cli, run_cli_process
-
-MODEL = """
-<ir_version: 8, opset_import: ["" : 17]>
-g (float[N, 4] x) => (float[N, 4] y) {
-  a = Identity(x)
-  b = Relu(a)
-  y = Add(b, w)
-}
-"""
-
-
-def write_model(path: Path) -> Path:
-    proto = onnx.parser.parse_model(MODEL)
-    proto.graph.initializer.append(numpy_helper.from_array(np.arange(4, dtype=np.float32), "w"))
-    onnx.save(proto, path)
-    return path
-
 
 CASES = {
     # a listing: exit 0 and the whole JSON document on stdout, nothing on stderr

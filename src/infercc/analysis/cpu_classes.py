@@ -48,22 +48,6 @@ INT7_MAX = 64  # 2 x 255 x 64 = 32,640 < 2**15: a u8 x s7 pair never saturates i
 
 X86, ARM64 = "x86_64", "arm64"
 _MACHINES = {"x86_64": X86, "amd64": X86, "x64": X86, "aarch64": ARM64, "arm64": ARM64}
-# The flags a row may name, in the order reports list them.
-ROW_FLAGS = (
-    "fma",
-    "avx2",
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx_vnni",
-    "avx512_vnni",
-    "amx_int8",
-    "asimd",
-    "asimddp",
-    "i8mm",
-    "sve",
-)
-
 _VNNI_WHY = "VNNI sums four u8 x s8 products into int32: exact for 8-bit weights"
 _PAIRS_WHY = (
     "no VNNI: u8 x s8 pairs are summed into int16 with saturation (vpmaddubsw); weights "
@@ -191,8 +175,3 @@ def get_class(name: str) -> CpuClass:
         hint = "CPU rows: " + ", ".join(NAMES)
         raise InferccError(f"unknown CPU class {name!r}", hint) from None
 
-
-def row_flags(flags: Iterable[str]) -> tuple[str, ...]:
-    """The flags rows decide on, among `flags`, in `ROW_FLAGS` order."""
-    have = set(flags)
-    return tuple(f for f in ROW_FLAGS if f in have)

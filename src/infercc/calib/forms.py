@@ -183,7 +183,7 @@ def kernel_cause(plan: Int8Plan, version: str | None = None) -> str:
     """Why onnxruntime's fused int8 kernel on this host can disagree with its Q/DQ graph, and
     what to do: the remedy the report names beside a node kept in float."""
     version = version or ort.__version__
-    if plan.host_row == "x86-amx" and AMX_BUG[0] <= _version(version) < AMX_BUG[1]:
+    if amx_bug(plan.host_row, version):
         return (
             f"onnxruntime {version} computes some u8 x s8 products wrong on AMX-INT8 CPUs "
             "(onnxruntime#26324, fixed in 1.25): kept in float; upgrade onnxruntime to 1.25 or "
@@ -193,6 +193,13 @@ def kernel_cause(plan: Int8Plan, version: str | None = None) -> str:
         f"no known cause in onnxruntime {version} on {plan.host_row or 'this CPU'}: kept in "
         "float, so the model computes what its Q/DQ graph means"
     )
+
+
+def amx_bug(host_row: str | None, version: str | None = None) -> bool:
+    """Whether onnxruntime `version` (the installed one) has onnxruntime#26324 on a host of
+    row `host_row`: wrong u8 x s8 products on AMX-INT8, 1.21 to 1.24."""
+    version = version or ort.__version__
+    return host_row == "x86-amx" and AMX_BUG[0] <= _version(version) < AMX_BUG[1]
 
 
 def _version(text: str) -> tuple[int, int]:

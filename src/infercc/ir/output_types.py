@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import onnx
 
 from infercc.ir import symbolic as S
-from infercc.ir.exporter import export_model, type_proto_of
+from infercc.ir.exporter import export_model
 from infercc.ir.graph import Model, Value
-from infercc.ir.shapes import _KEEP_DATA_ELEMENTS, _typed_skeleton
+from infercc.ir.shapes import _typed_skeleton, add_weightless_constants
 from infercc.ir.symbolic_shapes import SymbolicShapes
 
 log = logging.getLogger(__name__)
@@ -69,14 +69,7 @@ def _declared_skeleton(model: Model) -> onnx.ModelProto:
     """The model without weight bytes, its declared types kept, small constants inlined."""
     skeleton = export_model(model, with_weights=False)
     del skeleton.graph.initializer[:]
-    for v in model.graph.initializers.values():
-        const = v.const
-        assert const is not None
-        if const.size <= _KEEP_DATA_ELEMENTS and not const.is_external:
-            skeleton.graph.initializer.append(const.to_proto(v.name))
-        else:
-            vi = skeleton.graph.input.add(name=v.name)
-            vi.type.CopyFrom(type_proto_of(v))
+    add_weightless_constants(model, skeleton.graph)
     return skeleton
 
 

@@ -51,16 +51,23 @@ def _typed_skeleton(model: Model) -> onnx.ModelProto:
     """The model without weight bytes: large initializers become typed graph inputs."""
     skeleton = export_model(model, with_weights=False)
     _forget_declared_shapes(skeleton.graph)
+    add_weightless_constants(model, skeleton.graph)
+    _standard_stand_ins(skeleton.graph)
+    return skeleton
+
+
+def add_weightless_constants(model: Model, graph: onnx.GraphProto) -> None:
+    """Give a weightless skeleton's `graph` the model's constants: small ones (shape targets,
+    at most `_KEEP_DATA_ELEMENTS`) as initializers with their data, the others as typed graph
+    inputs, so that shape inference sees every constant's type and the small ones' values."""
     for v in model.graph.initializers.values():
         const = v.const
         assert const is not None
         if const.size <= _KEEP_DATA_ELEMENTS and not const.is_external:
-            skeleton.graph.initializer.append(const.to_proto(v.name))
+            graph.initializer.append(const.to_proto(v.name))
         else:
-            vi = skeleton.graph.input.add(name=v.name)
+            vi = graph.input.add(name=v.name)
             vi.type.CopyFrom(type_proto_of(v))
-    _standard_stand_ins(skeleton.graph)
-    return skeleton
 
 
 def _standard_stand_ins(graph: onnx.GraphProto) -> None:
