@@ -201,7 +201,7 @@ def embedding_model() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
 
 def test_embedding_and_lm_head():
     proto, table, w = embedding_model()
-    out, report = quantized(proto, symmetric=False)
+    out, report = quantized(proto, symmetric=False, embeddings=True)
     assert report.embeddings == ["embed"] and report.quantized == ["lm_head"]
     assert Counter(n.op_type for n in out.graph.node) == {
         "GatherBlockQuantized": 1,
@@ -215,6 +215,7 @@ def test_embedding_and_lm_head():
     kept, report = quantized(proto, embeddings=False, lm_head=False)
     assert report.quantized == [] and report.embeddings == []
     assert "LM head" in report.kept_float["lm_head"]
+    assert "--embeddings makes it int4" in report.kept_float["embed"]
     assert Counter(n.op_type for n in kept.graph.node) == {"Gather": 1, "MatMul": 1}
 
 

@@ -63,11 +63,11 @@ def test_rtn_decoder_without_data(decoder, tmp_path):
     assert d["passed"] and d["precision"] == "int4" and d["form"] == "MatMulNBits"
     assert d["samples"]["evaluated_on"] == "random inputs (no --data)"
     # 2 layers x (fused q/k/v, output projection, MLP up, MLP down) + the LM head
-    assert d["quantized_nodes"] == 9 and len(d["embeddings"]) == 2
-    assert {k["reason"] for k in d["kept_float"]} == {
+    assert d["quantized_nodes"] == 9 and d["embeddings"] == []  # tables float by default
+    assert {k["reason"] for k in d["kept_float"] if k["cause"] == "quantizer"} == {
         "its weight is not a constant (a MatMul of two activations)"
     }
-    assert d["size"]["ratio"] < 0.25
+    assert d["size"]["ratio"] < 0.35
     assert 0.0 < d["top1_agreement"] <= 1.0 and d["perplexity"] > 0
     assert sorted(p.name for p in out.iterdir()) == [
         "calibration_report.json",
@@ -82,7 +82,7 @@ def test_rtn_decoder_without_data(decoder, tmp_path):
     model = onnx.load(out / "model_int4.onnx")
     onnx.checker.check_model(model)
     ops = Counter(n.op_type for n in model.graph.node)
-    assert ops["MatMulNBits"] == 9 and ops["GatherBlockQuantized"] == 2
+    assert ops["MatMulNBits"] == 9 and ops["GatherBlockQuantized"] == 0
     # the int4 decoder still runs the KV-cache loop
     prompt = np.array([[1, 2, 3, 4]], np.int64)
     assert greedy_reference(out / "model_int4.onnx", prompt, 5).shape == (1, 5)

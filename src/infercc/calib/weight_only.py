@@ -2,8 +2,9 @@
 
 `calibrate_int4(model, out_dir, ...)`:
 
-1. **Form.** The cpu target (onnxruntime) gets `com.microsoft.MatMulNBits` (and
-   GatherBlockQuantized embeddings); `portable=True` or a GPU target (TensorRT) gets standard
+1. **Form.** The cpu target (onnxruntime) gets `com.microsoft.MatMulNBits` (and, with
+   `embeddings=True`, GatherBlockQuantized embeddings: float by default, `infercc.calib.int4`
+   says why); `portable=True` or a GPU target (TensorRT) gets standard
    blocked int4 `DequantizeLinear` (opset 21: a model of an older opset is converted with
    `onnx.version_converter` first). Symmetric by default on GPU targets (TensorRT's int4 takes
    no zero point), asymmetric on the cpu target (`infercc.calib.int4`).
@@ -84,11 +85,13 @@ from infercc.calib.int4 import (
     ACCURACY_LEVELS,
     DEFAULT_BLOCK_SIZE,
     DQ_BLOCK_OPSET,
+    EMBEDDINGS_DEFAULT_REASON,
     Blocks,
     Int4Options,
     Int4Report,
     check_block_size,
     check_symmetry,
+    embedding_gathers,
     is_target,
     quantize_int4,
     target_weight,
@@ -238,6 +241,8 @@ class Int4CalibrationReport:
 def _cause(reason: str) -> str:
     if reason == "excluded by the user" or "--no-lm-head" in reason:
         return "user"
+    if reason.startswith(EMBEDDINGS_DEFAULT_REASON):
+        return "default"
     return "quantizer"
 
 
@@ -254,7 +259,7 @@ class Int4Job:
     form: str = "nbits"
     accuracy_level: str | int = "auto"
     lm_head: bool = True
-    embeddings: bool = True
+    embeddings: bool = False
     exclude: tuple[str, ...] = ()
     speed_check: bool = True
     assumptions: tuple[str, ...] = ()
@@ -338,7 +343,7 @@ def calibrate_int4(
     accuracy_level: str | int = "auto",
     exclude: Sequence[str] = (),
     lm_head: bool = True,
-    embeddings: bool = True,
+    embeddings: bool = False,
     num_samples: int | None = None,
     holdout: float = 0.2,
     preprocess: str | None = None,
@@ -366,6 +371,12 @@ def calibrate_int4(
             "--assume has no effect on the standard DequantizeLinear form: only the cpu "
             "target's decoder fusions use it",
             "drop --assume, or quantize for the cpu target without --portable",
+        )
+    if embeddings and form != "nbits":
+        raise InferccError(
+            "--embeddings has no effect on the standard DequantizeLinear form: standard ONNX "
+            "has no block-quantized Gather, so embedding tables stay float there",
+            "drop --embeddings, or quantize for the cpu target without --portable",
         )
     if not 0.0 <= holdout < 1.0:
         raise InferccError(f"holdout must be in [0, 1), got {holdout}", "e.g. 0.2")
@@ -527,6 +538,12 @@ class _Run:
             raise InferccError(
                 "the model has no MatMul or Gemm with a constant float32 weight to quantize",
                 "int4 weight-only quantization takes MatMul/Gemm weights (and embeddings)",
+            )
+        if self.job.embeddings and not embedding_gathers(ir):
+            raise InferccError(
+                "--embeddings has no effect: the model has no embedding table (a Gather on "
+                "axis 0 of a constant float32 [V, D] table)",
+                "drop --embeddings",
             )
         save_model(ir, self.fp32_path)
 

@@ -81,7 +81,7 @@ def run_int4(
         accuracy_level=pick("accuracy_level", "auto"),
         exclude=exclude,
         lm_head=pick("lm_head", True),
-        embeddings=pick("embeddings", True),
+        embeddings=pick("embeddings", False),
         num_samples=num_samples,
         holdout=holdout,
         preprocess=preprocess,
