@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,8 @@ from infercc.backends.registry import get_backend, require_available
 from infercc.check import coverage
 from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
-from infercc.config import BuildConfig, OrtOptions, TrtOptions, canonical_target, read_ranges
+from infercc.config import BuildConfig, canonical_target, read_ranges
 from infercc.data.feeds import input_ranges as generated_ranges
-from infercc.data.profiles import ShapeProfile, as_shapes
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
@@ -30,6 +30,7 @@ from infercc.ir.output_types import reconcile_output_types, strictly_typed
 from infercc.ir.sources import IN_MEMORY, ModelInput, is_proto, model_file
 from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
 from infercc.ir.tensor import external_info
+from infercc.options import keyword_defaults
 from infercc.outputs import Staging, check_output_file, publish_files
 from infercc.passes.manager import run_passes
 from infercc.passes.pipelines import optimize_stages
@@ -200,94 +201,43 @@ def check_inputs_untouched(src: Path, model: Model, out: Path, artifact: bool) -
                 )
 
 
-def build_config(
-    *,
-    target: str = "cpu",
-    backend: str | None = None,
-    precision: str | None = None,
-    fp16: bool = False,
-    fp16_io: bool = False,
-    keep_fp32: Sequence[str] = (),
-    fp16_ranges: str | os.PathLike[str] | Mapping[str, tuple[float, float]] | None = None,
-    portable: bool = False,
-    assume: Sequence[str] = (),
-    fold_limit: int | str | None = None,
-    freeze_initializers: bool = False,
-    disable_passes: Iterable[str] = (),
-    shapes: Mapping[str, str | int | Sequence[int]] | None = None,
-    profiles: Sequence[ShapeProfile] | None = None,
-    static_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    verify: bool = False,
-    external_data: bool | None = None,
-    alignment: int = 64,
-    tune: bool = True,
-    run_validation: bool = True,
-    data: str | os.PathLike[str] | None = None,
-    input_ranges: Mapping[str, tuple[float, float] | str] | Sequence[str] = (),
-    atol: float | None = None,
-    rtol: float | None = None,
-    min_cosine: float | None = None,
-    tolerances: Mapping[str, tuple[float, float]] | None = None,
-    strict_coverage: bool = False,
-    bisect: bool = False,
-    ort: OrtOptions | None = None,
-    tensorrt: TrtOptions | None = None,
-) -> BuildConfig:
-    """The `BuildConfig` that `optimize`'s keyword arguments stand for.
+def build_config(**options: Any) -> BuildConfig:
+    """The `BuildConfig` that `optimize`'s keyword arguments stand for: one keyword per field
+    of `BuildConfig` (its default as there; `infercc.config` declares each), `ort` and
+    `tensorrt` as `OrtOptions`/`TrtOptions` or dicts of their fields. None means not given.
 
-    `fp16=True` is `precision="fp16"`; `fp16_ranges` (with fp16) are calibrated tensor ranges,
-    a `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max); `profiles`
-    (from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes for, and `shapes` pins one
-    concrete shape per input (it wins over a profile of the same input), a tuple of ints or a
-    `--shape` string (`{"image": (1, 3, 224, 224)}` or `{"image": "1x3x224x224"}`); a range's OPT is
-    validation's first shape profile and its MAX the second. `strict_coverage` fails a
-    rewritten If/Loop body the validation inputs never ran; `bisect` bisects a failed
-    validation however long it takes (else only when that is cheap). `static_shapes`
-    fixes inputs' dimensions in the model itself (`infercc.ir.static_shapes`): the result is
-    valid only for those shapes, which the report and the manifest record. `assume` names
-    assumptions about the inputs (`infercc.assumptions`) under which more rewrites are exact.
+    Older names still work: `run_validation` is `validate`, `fp16=True` is
+    `precision="fp16"`, `fp16_ranges` is `ranges` (with fp16: calibrated tensor ranges, a
+    `ranges.json` written by `infercc calibrate` or a mapping name -> (min, max)), and
+    `profiles` (`ShapeProfile`s, from `--shape NAME=MIN:OPT:MAX`) are what a backend tunes
+    for. `shapes` pins one concrete shape per input (it wins over a profile of the same
+    input), a tuple of ints or a `--shape` string (`{"image": (1, 3, 224, 224)}` or
+    `{"image": "1x3x224x224"}`); a range's OPT is validation's first shape profile and its
+    MAX the second. `strict_coverage` fails a rewritten If/Loop body the validation inputs
+    never ran; `bisect` bisects a failed validation however long it takes (else only when that
+    is cheap). `static_shapes` fixes inputs' dimensions in the model itself
+    (`infercc.ir.static_shapes`): the result is valid only for those shapes, which the report
+    and the manifest record. `assume` names assumptions about the inputs
+    (`infercc.assumptions`) under which more rewrites are exact.
 
     An initializer the model (IR >= 4) also lists as a graph input is a default the caller
     may override: it stays an input, and nothing is folded or fused through it, unless
     `freeze_initializers` makes such initializers constants (and drops them from the inputs);
     on a model that has none it is refused (it would change nothing).
+
+    An unknown keyword, or two names of one field given different values, is an
+    `InferccError`.
     """
-    pinned = as_shapes(shapes) or {}
-    pins = [ShapeProfile(name, d, d, d) for name, d in pinned.items()]
-    named = {p.name for p in pins}
-    return BuildConfig(
-        target=target,
-        backend=backend,
-        precision=precision or ("fp16" if fp16 else "fp32"),
-        fp16_io=fp16_io,
-        keep_fp32=tuple(keep_fp32),
-        ranges=read_ranges(fp16_ranges) if fp16_ranges is not None else (),
-        portable=portable,
-        assume=tuple(assume),
-        fold_limit=fold_limit,
-        freeze_initializers=freeze_initializers,
-        disable_passes=tuple(disable_passes),
-        shapes=(*[p for p in profiles or () if p.name not in named], *pins),
-        static_shapes=tuple(
-            ShapeProfile(name, tuple(d), tuple(d), tuple(d))
-            for name, d in (static_shapes or {}).items()
-        ),
-        verify=verify,
-        external_data=bool(external_data),
-        alignment=alignment,
-        tune=tune,
-        validate=run_validation,
-        data=str(data) if data is not None else None,
-        input_ranges=input_ranges,
-        atol=atol,
-        rtol=rtol,
-        min_cosine=min_cosine,
-        tolerances=dict(tolerances or {}),
-        strict_coverage=strict_coverage,
-        bisect=bisect,
-        ort=ort or OrtOptions(),
-        tensorrt=tensorrt or TrtOptions(),
-    )
+    return BuildConfig.from_keywords(options)
+
+
+build_config.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+        for name, default in keyword_defaults(BuildConfig)
+    ],
+    return_annotation=BuildConfig,
+)
 
 
 def optimize(
@@ -304,7 +254,7 @@ def optimize(
     `model` is a path or an in-memory `onnx.ModelProto` (which then needs an `output`).
 
     `config` is a `BuildConfig`; keyword `options` instead build one (`build_config` lists
-    them: `target`, `fp16`, `portable`, `run_validation`...). `config.check()` refuses
+    them: `target`, `precision`, `portable`, `validate`...). `config.check()` refuses
     combinations that would have no effect, before anything is read.
 
     `output` ending in `.onnx` gets the optimized model alone, with its memory plan

@@ -7,6 +7,14 @@ outputs, ops kept in float32, calibrated ranges), passes disabled and the consta
 limit, shape profiles, validation and its tolerances, and the typed options of each backend
 (`OrtOptions`, `TrtOptions`).
 
+Each field declares its option once (`infercc.options.Option` in the field's metadata): its
+flags with their help, the types of its TOML key, its API keyword and older aliases, the
+backend that alone reads it and where `optimize --help` lists it. The key table of
+`from_dict`, the API's keywords (`from_keywords`), the command line's options (`from_flags`,
+`infercc.cli.common`) and the rules "needs TensorRT", "needs ort" and "needs validation" are
+made from those declarations; `tests/test_options.py` checks that each field has its flag, key
+and keyword and that the three give the same config.
+
 Values are checked where they are made (an opt level of 7, an unknown hardware compatibility
 level, a size that is no size raise `InferccError`); combinations are checked by `check()`,
 which holds every rule of the form "X needs Y" or "X has no effect with Y" (`RULES`): a flag
@@ -28,15 +36,27 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from infercc import options as _options
 from infercc.assumptions import check_assumptions
 from infercc.data.loader import is_loader_spec, join_loader_spec, split_loader_spec
-from infercc.data.profiles import ShapeProfile, parse_profiles
+from infercc.data.profiles import ShapeProfile, as_shapes, parse_profiles
 from infercc.errors import InferccError
-from infercc.precisions import BUILD_PRECISIONS
+from infercc.options import (
+    BACKEND,
+    OUTPUT,
+    PASSES,
+    PRECISION,
+    SHAPES,
+    TENSORRT,
+    VALIDATION,
+    Flag,
+    option,
+)
+from infercc.precisions import BUILD_PRECISIONS, TOLERANCES, defaults_text, figure
 from infercc.util import first_line, parse_size
 
 DEFAULT_ALIGNMENT = 64
@@ -52,66 +72,7 @@ OutputTolerance = tuple[str, float, float]  # output name, atol, rtol
 InputRange = tuple[str, float, float]  # input name, low, high
 
 
-# --------------------------------------------------------------------------- backend options
-
-
-@dataclass(frozen=True)
-class OrtOptions:
-    """Options of the `ort` backend."""
-
-    optimized_model: bool = False  # --ort-optimized-model: save onnxruntime's optimized graph
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"optimized_model": self.optimized_model}
-
-
-@dataclass(frozen=True)
-class TrtOptions:
-    """TensorRT builder options (`infercc.backends.trt.settings` turns them into a build).
-
-    `workspace` is bytes (text such as "4GiB" is accepted); None lets the backend size it from
-    the target's memory. `profiles` are the optimization profiles after the first (which
-    `BuildConfig.shapes` gives), `shape_inputs` the value ranges of shape-tensor inputs.
-    """
-
-    workspace: int | None = None
-    opt_level: int | None = None
-    hw_compat: str = "none"
-    version_compatible: bool = False
-    timing_cache_strict: bool = False
-    strict_target: bool = False
-    plugins: tuple[str, ...] = ()
-    calib_cache: str | None = None
-    profiles: tuple[tuple[ShapeProfile, ...], ...] = ()
-    shape_inputs: tuple[ShapeProfile, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.workspace is not None:
-            _set(self, "workspace", parse_size(self.workspace, "--workspace"))
-        _check_opt_level(self.opt_level)
-        if self.hw_compat not in HW_COMPAT:
-            raise InferccError(
-                f"--hw-compat {self.hw_compat!r} is unknown", f"use one of {', '.join(HW_COMPAT)}"
-            )
-        _set(self, "plugins", tuple(str(p) for p in self.plugins))
-        if self.calib_cache is not None:
-            _set(self, "calib_cache", str(self.calib_cache))
-        _set(self, "profiles", tuple(_profile_set(p, i) for i, p in enumerate(self.profiles, 1)))
-        _set(self, "shape_inputs", _profile_list(self.shape_inputs, "--shape-input"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "workspace": self.workspace,
-            "opt_level": self.opt_level,
-            "hw_compat": self.hw_compat,
-            "version_compatible": self.version_compatible,
-            "timing_cache_strict": self.timing_cache_strict,
-            "strict_target": self.strict_target,
-            "plugins": list(self.plugins),
-            "calib_cache": self.calib_cache,
-            "profiles": [_specs(p) for p in self.profiles],
-            "shape_inputs": _specs(self.shape_inputs),
-        }
+# --------------------------------------------------------------------------- shape profiles
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
@@ -153,9 +114,9 @@ def _fixed_list(value: Any) -> tuple[ShapeProfile, ...]:
 
 
 def _profile_set(value: Any, index: int) -> tuple[ShapeProfile, ...]:
-    found = _profile_list(value, f"--profile {index}")
+    found = _profile_list(value, f"--trt-profile {index}")
     if not found:
-        raise InferccError(f"--profile {index} names no input", 'e.g. "ids=1x16:1x64:1x128"')
+        raise InferccError(f"--trt-profile {index} names no input", 'e.g. "ids=1x16:1x64:1x128"')
     return found
 
 
@@ -179,41 +140,640 @@ def _specs(profiles: Sequence[ShapeProfile]) -> dict[str, str]:
     return {p.name: _shape_spec(p) for p in profiles}
 
 
+# --------------------------------------------------------------------------- reading keys
+# How a TOML/JSON value becomes a field's (`Option.read`), paths relative to a manifest.
+
+
+def _path(value: Any, base: Path | None) -> str:
+    return str(Path(os.path.normpath(base / value))) if base is not None else str(value)
+
+
+def _data_path(value: Any, base: Path | None) -> str:
+    """A `data` path, or a data loader `script.py:fn` whose script path is relative."""
+    if is_loader_spec(value):
+        script, fn = split_loader_spec(value)
+        return join_loader_spec(_path(str(script), base), fn)
+    return _path(value, base)
+
+
+def _paths(value: Any, base: Path | None) -> tuple[str, ...]:
+    return tuple(_path(v, base) for v in value)
+
+
+def _ranges_from(value: Any, base: Path | None) -> Any:
+    return _path(value, base) if isinstance(value, str) else value
+
+
+def _shapes_from(value: Any, base: Path | None) -> tuple[ShapeProfile, ...]:
+    """Shapes from a {name: spec} table (each error names `shapes.NAME`) or a spec list."""
+    if not isinstance(value, Mapping):
+        return _profile_list(value, "shapes")
+    found: list[ShapeProfile] = []
+    for name, spec in value.items():
+        try:
+            found += _profile_list({name: spec}, f"shapes.{name}")
+        except InferccError as exc:
+            raise InferccError(f"shapes.{name}: {exc.message}", exc.hint) from None
+    return tuple(found)
+
+
+_NUMBER = (float,)  # an int is a float where one is due
+_LIST = (list, tuple)
+_TABLE = (dict, list, tuple)
+
+
+# --------------------------------------------------------------------------- flags, keywords
+# How a flag's parsed value (`Flag.value`), an API keyword's (`Option.api`) or a field's value
+# as data (`Option.dump`) differ from the field's own form.
+
+
+def _abspath(path: Any) -> str:
+    return os.path.abspath(path)
+
+
+def _abspaths(paths: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(os.path.abspath(p) for p in paths)
+
+
+def _loader(spec: str) -> str:
+    """--data-loader SCRIPT.py[:FN] with the script's path absolute."""
+    script, fn = split_loader_spec(spec)
+    return join_loader_spec(os.path.abspath(script), fn)
+
+
+def _off(on: bool) -> bool:
+    """--no-tune, --no-validate: given, the field is False."""
+    return not on
+
+
+def _fp16(on: bool) -> str:
+    return "fp16"
+
+
+def _bf16(on: bool) -> str:
+    return "bf16"
+
+
+def _int8(on: bool) -> str:
+    return "int8"
+
+
+def _fp16_keyword(on: bool) -> str | None:
+    """The API's `fp16=True` is `precision="fp16"`; False says nothing."""
+    return "fp16" if on else None
+
+
+def _pins(value: Any) -> Any:
+    """The API's `shapes`: {name: shape} pins one concrete shape per input (a range's opt;
+    `infercc.data.profiles.as_shapes`); a list of profiles or specs is taken as it is."""
+    if not isinstance(value, Mapping):
+        return value
+    return tuple(ShapeProfile(name, d, d, d) for name, d in (as_shapes(value) or {}).items())
+
+
+def _pins_win(given: Mapping[str, Any]) -> tuple[ShapeProfile, ...]:
+    """The API's `profiles` (what a backend tunes for) with `shapes` pins over them."""
+    pins = _profile_list(given.get("shapes", ()), "shapes")
+    named = {p.name for p in pins}
+    ranges = _profile_list(given.get("profiles", ()), "profiles")
+    return (*[p for p in ranges if p.name not in named], *pins)
+
+
+def _fixed_shapes(value: Any) -> Any:
+    """The API's `static_shapes`: {name: dims}, or a list of profiles or specs."""
+    if not isinstance(value, Mapping):
+        return value
+    return tuple(ShapeProfile(n, tuple(d), tuple(d), tuple(d)) for n, d in value.items())
+
+
+def _pairs(triples: Sequence[tuple[str, float, float]]) -> dict[str, list[float]]:
+    return {name: [a, b] for name, a, b in triples}
+
+
+def _spec_sets(sets: Sequence[Sequence[ShapeProfile]]) -> list[dict[str, str]]:
+    return [_specs(p) for p in sets]
+
+
+def _trt(default: Any, flag: Flag, types: tuple[type, ...], **kw: Any) -> Any:
+    """A TensorRT builder option: read by the tensorrt backend alone."""
+    return option(default, flag, types=types, panel=TENSORRT, backend="tensorrt", **kw)
+
+
+# --------------------------------------------------------------------------- backend options
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    """Options of the `ort` backend."""
+
+    optimized_model: bool = option(
+        False,
+        Flag(
+            "--ort-optimized-model",
+            "With --backend ort: also save onnxruntime's own optimized graph "
+            "(ort_optimized.onnx) for a faster start on this host.",
+        ),
+        types=(bool,),
+        panel=BACKEND,
+        backend="ort",
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _options.to_data(self)
+
+
+@dataclass(frozen=True)
+class TrtOptions:
+    """TensorRT builder options (`infercc.backends.trt.settings` turns them into a build).
+
+    `workspace` is bytes (text such as "4GiB" is accepted); None lets the backend size it from
+    the target's memory. `profiles` are the optimization profiles after the first (which
+    `BuildConfig.shapes` gives), `shape_inputs` the value ranges of shape-tensor inputs.
+    """
+
+    workspace: int | None = _trt(
+        None,
+        Flag(
+            "--workspace",
+            "The builder's workspace limit, bytes or e.g. 512MiB, 4GiB [default: the target's "
+            "memory less weights, activations and 512 MiB].",
+            str,
+            metavar="SIZE",
+        ),
+        (int, str),
+    )
+    opt_level: int | None = _trt(
+        None,
+        Flag(
+            "--opt-level",
+            "Builder optimization level 0-5 (TensorRT's default 3; higher builds slower, may "
+            "run faster).",
+            int,
+            metavar="0-5",
+            min=0,
+            max=5,
+        ),
+        (int,),
+    )
+    hw_compat: str = _trt(
+        "none",
+        Flag(
+            "--hw-compat",
+            "Hardware compatibility: none, ampere+ (runs on any GPU of compute capability >= "
+            "8.0) or same-cc (any GPU of the same compute capability); compatible engines may "
+            "run slower.",
+            str,
+            metavar="LEVEL",
+        ),
+        (str,),
+    )
+    version_compatible: bool = _trt(
+        False,
+        Flag(
+            "--version-compatible",
+            "Build an engine later TensorRT versions (same major) can load, at some speed cost.",
+        ),
+        (bool,),
+    )
+    timing_cache_strict: bool = _trt(
+        False,
+        Flag(
+            "--timing-cache-strict",
+            "Fail when no timing cache exists for this TensorRT, GPU and CUDA (reproducible CI "
+            "builds).",
+        ),
+        (bool,),
+    )
+    strict_target: bool = _trt(
+        False,
+        Flag(
+            "--strict-target",
+            "Refuse to build when the GPU here is not the --target's (engines are tuned for, "
+            "and tied to, the GPU that builds them).",
+        ),
+        (bool,),
+    )
+    plugins: tuple[str, ...] = _trt(
+        (),
+        Flag(
+            "--plugin",
+            "A TensorRT plugin library (.so) to load before parsing and loading (repeatable).",
+            Path,
+            many=True,
+            metavar="LIB",
+            value=_abspaths,
+        ),
+        _LIST,
+        read=_paths,
+    )
+    calib_cache: str | None = _trt(
+        None,
+        Flag(
+            "--calib-cache",
+            "With --int8 on TensorRT 10: a TensorRT calibration cache (infercc calibrate "
+            "writes one) giving the int8 scales.",
+            Path,
+            metavar="FILE",
+            value=_abspath,
+        ),
+        (str,),
+        read=_path,
+    )
+    profiles: tuple[tuple[ShapeProfile, ...], ...] = _trt(
+        (),
+        Flag(
+            "--trt-profile",
+            "One more TensorRT optimization profile, comma-separated NAME=MIN:OPT:MAX specs, "
+            'e.g. "ids=1x16:1x64:1x128" (repeatable; --shape is the first).',
+            str,
+            many=True,
+            metavar="SPECS",
+            old=("--profile",),
+        ),
+        _LIST,
+        dump=_spec_sets,
+    )
+    shape_inputs: tuple[ShapeProfile, ...] = _trt(
+        (),
+        Flag(
+            "--shape-input",
+            "The range of a shape-tensor input's values, x-separated, e.g. "
+            "new_shape=1x64:8x64:32x64 (repeatable).",
+            str,
+            many=True,
+            metavar="NAME=MIN:OPT:MAX",
+        ),
+        _TABLE,
+        dump=_specs,
+    )
+
+    def __post_init__(self) -> None:
+        if self.workspace is not None:
+            _set(self, "workspace", parse_size(self.workspace, "--workspace"))
+        _check_opt_level(self.opt_level)
+        if self.hw_compat not in HW_COMPAT:
+            raise InferccError(
+                f"--hw-compat {self.hw_compat!r} is unknown", f"use one of {', '.join(HW_COMPAT)}"
+            )
+        _set(self, "plugins", tuple(str(p) for p in self.plugins))
+        if self.calib_cache is not None:
+            _set(self, "calib_cache", str(self.calib_cache))
+        _set(self, "profiles", tuple(_profile_set(p, i) for i, p in enumerate(self.profiles, 1)))
+        _set(self, "shape_inputs", _profile_list(self.shape_inputs, "--shape-input"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _options.to_data(self)
+
+
 # --------------------------------------------------------------------------- the config
+
+_FP16_COSINE = figure(TOLERANCES["fp16"].min_cosine)
 
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Everything a build depends on (see the module doc). Field comments give the CLI flag."""
+    """Everything a build depends on (see the module doc); each field declares its option."""
 
-    target: str = "cpu"  # --target
-    backend: str | None = None  # --backend; None: decided by resolve()
-    precision: str = "fp32"  # --fp16, --bf16, --int8
-    fp16_io: bool = False  # --fp16-io
-    keep_fp32: tuple[str, ...] = ()  # --keep-fp32 (op types or node names)
-    ranges: tuple[Range, ...] = ()  # --ranges (calibrated tensor ranges, sorted by name)
-    portable: bool = False  # --portable
-    assume: tuple[str, ...] = ()  # --assume (infercc.assumptions; sorted, each once)
-    fold_limit: int | None = None  # --fold-limit; None: fold-constants' default (16 MiB)
-    freeze_initializers: bool = False  # --freeze-initializers (IR >= 4 inputs with defaults)
-    disable_passes: tuple[str, ...] = ()  # --disable-pass
-    shapes: tuple[ShapeProfile, ...] = ()  # --shape
-    static_shapes: tuple[ShapeProfile, ...] = ()  # --static-shapes (fixed in the model)
-    verify: bool = False  # --verify
-    external_data: bool = False  # --external-data (always on above 2 GB)
-    alignment: int = DEFAULT_ALIGNMENT  # --align
-    tune: bool = True  # --no-tune
-    validate: bool = True  # --no-validate
-    data: str | None = None  # --data (samples) or --data-loader (script.py:fn)
-    input_ranges: tuple[InputRange, ...] = ()  # --input-range NAME=LOW:HIGH (generated inputs)
-    atol: float | None = None  # --atol; None: the precision's (infercc.precisions)
-    rtol: float | None = None  # --rtol
-    min_cosine: float | None = None  # --min-cosine
-    tolerances: tuple[OutputTolerance, ...] = ()  # --tol OUTPUT=ATOL:RTOL
-    strict_coverage: bool = False  # --strict-coverage: a rewritten body never run fails
-    bisect: bool = False  # --bisect: on failure always bisect (else only when it is cheap)
-    ort: OrtOptions = field(default_factory=OrtOptions)
-    tensorrt: TrtOptions = field(default_factory=TrtOptions)
+    target: str = option(
+        "cpu",
+        Flag(
+            "--target",
+            "Target to optimize for (`infercc targets` lists them).",
+            str,
+            metavar="NAME",
+        ),
+        types=(str,),
+        panel=BACKEND,
+    )
+    backend: str | None = option(  # None: decided by resolve()
+        None,
+        Flag(
+            "--backend",
+            "With -o DIR: the backend that builds the artifact (ort, tensorrt, none) [default: "
+            "ort for cpu, tensorrt for GPU targets].",
+            str,
+            metavar="NAME",
+        ),
+        types=(str,),
+        panel=BACKEND,
+    )
+    precision: str = option(
+        "fp32",
+        Flag(
+            "--fp16",
+            "Convert weights and compute to float16 (inputs and outputs keep their types; risky "
+            "ops stay float32, listed in the report). Validated by cosine >= "
+            f"{_FP16_COSINE} against the original.",
+            value=_fp16,
+        ),
+        Flag(
+            "--bf16",
+            "With --backend tensorrt 10.x: let TensorRT choose bfloat16 kernels "
+            "(BuilderFlag.BF16). TensorRT 11 takes precision from the graph only.",
+            value=_bf16,
+        ),
+        Flag(
+            "--int8",
+            "Build int8 from the graph's Q/DQ pairs (infercc calibrate writes such a model), or "
+            "with --backend tensorrt on TensorRT 10 from --calib-cache.",
+            value=_int8,
+        ),
+        types=(str,),
+        panel=PRECISION,
+        aliases=(("fp16", _fp16_keyword),),
+        exclusive="a build has one precision",
+    )
+    fp16_io: bool = option(
+        False,
+        Flag("--fp16-io", "With --fp16: float16 inputs and outputs too."),
+        types=(bool,),
+        panel=PRECISION,
+    )
+    keep_fp32: tuple[str, ...] = option(  # op types or node names
+        (),
+        Flag(
+            "--keep-fp32",
+            "With --fp16: an op type or node name to keep in float32 (repeatable).",
+            str,
+            many=True,
+            metavar="OP_OR_NODE",
+        ),
+        types=_LIST,
+        panel=PRECISION,
+    )
+    ranges: tuple[Range, ...] = option(  # calibrated tensor ranges, sorted by name
+        (),
+        Flag(
+            "--ranges",
+            "With --fp16: calibrated ranges (the ranges.json `infercc calibrate` writes); a "
+            "tensor whose range overflows float16 stays float32.",
+            Path,
+            metavar="FILE",
+            value=_abspath,
+        ),
+        types=(dict, str, list, tuple),
+        panel=PRECISION,
+        read=_ranges_from,
+        dump=_pairs,
+        aliases=(("fp16_ranges", None),),
+    )
+    portable: bool = option(
+        False,
+        Flag(
+            "--portable",
+            "Keep standard ONNX only (no onnxruntime contrib ops; they are made only for "
+            "onnxruntime on the cpu target).",
+        ),
+        types=(bool,),
+        panel=PASSES,
+    )
+    assume: tuple[str, ...] = option(  # infercc.assumptions; sorted, each once
+        (),
+        Flag(
+            "--assume",
+            "State an assumption about the inputs (repeatable) under which more rewrites are "
+            "exact; the model is then exact only on inputs that satisfy it. nonempty-sequences: "
+            "no sequence is all padding (its attention_mask is not all zeros) and no decoder "
+            "prompt is padded on the left, which removes the NaN guard after attention Softmax "
+            "and turns a decoder's attention with its KV cache into GroupQueryAttention. "
+            "Recorded in the manifest and the report; validation's random inputs satisfy it.",
+            str,
+            many=True,
+            metavar="NAME",
+        ),
+        types=_LIST,
+        panel=PASSES,
+    )
+    fold_limit: int | None = option(  # None: fold-constants' default (16 MiB)
+        None,
+        Flag(
+            "--fold-limit",
+            "Largest constant that folding may create: bytes or a size, e.g. 1MiB [default: "
+            "16MiB].",
+            str,
+            metavar="SIZE",
+        ),
+        types=(int, str),
+        panel=PASSES,
+    )
+    freeze_initializers: bool = option(  # IR >= 4 inputs with defaults become constants
+        False,
+        Flag(
+            "--freeze-initializers",
+            "Treat initializers the model also lists as graph inputs (IR >= 4: defaults a "
+            "caller may override) as constants, so they fold and fuse; they stop being inputs. "
+            "Without it they stay inputs.",
+        ),
+        types=(bool,),
+        panel=PASSES,
+    )
+    disable_passes: tuple[str, ...] = option(
+        (),
+        Flag(
+            "--disable-pass",
+            "Skip a pass by name (repeatable); `infercc passes` lists them.",
+            str,
+            many=True,
+            metavar="PASS",
+        ),
+        types=_LIST,
+        panel=PASSES,
+    )
+    shapes: tuple[ShapeProfile, ...] = option(
+        (),
+        Flag(
+            "--shape",
+            "Pin an input's shape, e.g. --shape input_ids=1x128 (repeatable), or give a range "
+            "MIN:OPT:MAX, e.g. input_ids=1x128:8x128:32x512 (artifacts are tuned at each). "
+            "Symbolic dims not pinned default to 1 (first axis) and 8 (others).",
+            str,
+            many=True,
+            metavar="NAME=SHAPE",
+            value=parse_profiles,
+        ),
+        types=_TABLE,
+        panel=SHAPES,
+        read=_shapes_from,
+        dump=_specs,
+        api=_pins,
+        aliases=(("profiles", None),),
+        merge=_pins_win,
+    )
+    static_shapes: tuple[ShapeProfile, ...] = option(  # fixed in the model
+        (),
+        Flag(
+            "--static-shapes",
+            "Fix an input's dimensions in the model itself, e.g. --static-shapes "
+            "input_ids=1x128 (repeatable), so all shape arithmetic after it folds. The result "
+            "is valid only for those input shapes (the report and manifest say so); without "
+            "it, symbolic dimensions stay symbolic.",
+            str,
+            many=True,
+            metavar="NAME=DIMS",
+            value=parse_profiles,
+        ),
+        types=_TABLE,
+        panel=SHAPES,
+        read=_shapes_from,
+        dump=_specs,
+        api=_fixed_shapes,
+    )
+    verify: bool = option(
+        False,
+        Flag("--verify", "Check the IR's invariants after every pass (slower)."),
+        types=(bool,),
+        panel=PASSES,
+    )
+    external_data: bool = option(  # always on above 2 GB
+        False,
+        Flag(
+            "--external-data",
+            "Write weights to <output>.data even when under 2 GB (always done above 2 GB).",
+        ),
+        types=(bool,),
+        panel=OUTPUT,
+        api=bool,
+    )
+    alignment: int = option(
+        DEFAULT_ALIGNMENT,
+        Flag("--align", "Byte alignment of tensors in the memory plan.", int, metavar="N", min=1),
+        types=(int,),
+        panel=OUTPUT,
+    )
+    tune: bool = option(
+        True,
+        Flag("--no-tune", "Build the artifact without autotuning.", value=_off),
+        types=(bool,),
+        panel=BACKEND,
+    )
+    validate: bool = option(
+        True,
+        Flag("--no-validate", "Skip comparing outputs with the original.", value=_off),
+        types=(bool,),
+        panel=VALIDATION,
+        aliases=(("run_validation", None),),
+    )
+    data: str | None = option(  # samples, or a data loader script.py:fn
+        None,
+        Flag(
+            "--data",
+            "Validate on samples: a directory of .npz (one sample each, keyed by input name) or "
+            "<input>.npy files, or one .npz.",
+            Path,
+            metavar="PATH",
+            value=_abspath,
+        ),
+        Flag(
+            "--data-loader",
+            "Validate on the samples a Python function returns: SCRIPT.py[:FUNCTION] (default "
+            "function load_data), a list or generator of {input name: array} dicts "
+            "(Polygraphy's --data-loader-script).",
+            str,
+            metavar="SCRIPT.py[:FN]",
+            value=_loader,
+        ),
+        types=(str,),
+        panel=VALIDATION,
+        read=_data_path,
+        validation=True,
+        exclusive="both give the samples",
+    )
+    input_ranges: tuple[InputRange, ...] = option(  # ranges of generated inputs
+        (),
+        Flag(
+            "--input-range",
+            "Draw the generated validation input NAME uniformly from LOW..HIGH (integers: both "
+            "ends included), e.g. --input-range pixel_values=0:1 (repeatable; Polygraphy's "
+            "--val-range).",
+            str,
+            many=True,
+            metavar="NAME=LOW:HIGH",
+        ),
+        types=_TABLE,
+        panel=VALIDATION,
+        dump=_pairs,
+        validation=True,
+    )
+    atol: float | None = option(  # None: the precision's (infercc.precisions)
+        None,
+        Flag(
+            "--atol",
+            f"Absolute tolerance [default: {defaults_text('atol')}].",
+            float,
+            metavar="X",
+            min=0.0,
+        ),
+        types=_NUMBER,
+        panel=VALIDATION,
+        validation=True,
+    )
+    rtol: float | None = option(
+        None,
+        Flag(
+            "--rtol",
+            f"Relative tolerance [default: {defaults_text('rtol')}].",
+            float,
+            metavar="X",
+            min=0.0,
+        ),
+        types=_NUMBER,
+        panel=VALIDATION,
+        validation=True,
+    )
+    min_cosine: float | None = option(
+        None,
+        Flag(
+            "--min-cosine",
+            f"Minimum cosine per output [default: {defaults_text('min_cosine')}].",
+            float,
+            metavar="X",
+            min=0.0,
+            max=1.0,
+        ),
+        types=_NUMBER,
+        panel=VALIDATION,
+        validation=True,
+    )
+    tolerances: tuple[OutputTolerance, ...] = option(
+        (),
+        Flag(
+            "--tol",
+            "Tolerance of one output, OUTPUT=ATOL:RTOL, e.g. logits=1e-3:1e-2 (repeatable).",
+            str,
+            many=True,
+            metavar="OUTPUT=ATOL:RTOL",
+        ),
+        types=_TABLE,
+        panel=VALIDATION,
+        dump=_pairs,
+        validation=True,
+    )
+    strict_coverage: bool = option(
+        False,
+        Flag(
+            "--strict-coverage",
+            "Fail validation when a rewritten If/Loop body never ran on the validation inputs "
+            "(its rewrites were not checked); without it the report only warns. Give samples "
+            "that reach it with --data.",
+        ),
+        types=(bool,),
+        panel=VALIDATION,
+        validation=True,
+    )
+    bisect: bool = option(  # on failure always bisect (else only when it is cheap)
+        False,
+        Flag(
+            "--bisect",
+            "When validation fails (or the optimized model does not run), rebuild with passes "
+            "disabled to name the pass, rewrite and node that broke it, however long it takes "
+            "(without it, only when that should take under 20 s).",
+        ),
+        types=(bool,),
+        panel=VALIDATION,
+        validation=True,
+    )
+    ort: OrtOptions = option(factory=OrtOptions)
+    tensorrt: TrtOptions = option(factory=TrtOptions)
 
     def __post_init__(self) -> None:
         if self.precision not in BUILD_PRECISIONS:
@@ -318,31 +878,35 @@ class BuildConfig:
                 raise InferccError(*broken)
         return self
 
-    # -- as data ------------------------------------------------------------------------------
+    # -- as data, flags and keywords: made from the fields' options ----------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """JSON data (the manifest's `build` section); `from_dict` reads it back."""
-        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        data.update(
-            keep_fp32=list(self.keep_fp32),
-            ranges={name: [lo, hi] for name, lo, hi in self.ranges},
-            disable_passes=list(self.disable_passes),
-            assume=list(self.assume),
-            shapes=_specs(self.shapes),
-            static_shapes=_specs(self.static_shapes),
-            tolerances={name: [a, r] for name, a, r in self.tolerances},
-            input_ranges={name: [lo, hi] for name, lo, hi in self.input_ranges},
-            ort=self.ort.to_dict(),
-            tensorrt=self.tensorrt.to_dict(),
-        )
-        return data
+        return _options.to_data(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], base: Path | None = None) -> BuildConfig:
         """A config from `to_dict()` data, a ci manifest entry or JSON; InferccError naming the
         key on anything else. Relative paths (data, ranges, plugins, calib_cache) are taken
         relative to `base` when it is given."""
-        return cls(**_read_keys(data, _TOP_KEYS, "", base))
+        return cls(**_options.read_table(cls, data, "", base))
+
+    @classmethod
+    def from_flags(cls, values: Mapping[str, Any]) -> BuildConfig:
+        """A config from the command line's parsed flags, by parameter name (`align`,
+        `no_tune`, `disable_pass`; `infercc.cli.common.build_parameters` makes them)."""
+        return _options.from_flags(cls, values)
+
+    @classmethod
+    def from_keywords(cls, options: Mapping[str, Any]) -> BuildConfig:
+        """A config from the Python API's keywords (`infercc.api.build_config`): field names,
+        tables as dicts or `OrtOptions`/`TrtOptions`, and the older names (`run_validation`,
+        `fp16`, `fp16_ranges`, `profiles`)."""
+        return _options.from_keywords(cls, options)
+
+
+# Every top-level key of a build table (a ci manifest's model entry takes these).
+BUILD_KEYS = tuple(f.name for f in fields(BuildConfig))
 
 
 # --------------------------------------------------------------------------- normalizing
@@ -384,11 +948,14 @@ def read_ranges(
 
 
 def _output_tolerances(value: Any) -> tuple[OutputTolerance, ...]:
-    """Per-output (atol, rtol) from a {name: (atol, rtol) | "ATOL:RTOL" | {atol, rtol}} table
-    or a sequence of (name, atol, rtol)."""
-    items = value.items() if isinstance(value, Mapping) else [(v[0], v[1:]) for v in value]
-    found = []
-    for name, pair in items:
+    """Per-output (atol, rtol) from a {name: (atol, rtol) | "ATOL:RTOL" | {atol, rtol}} table,
+    `--tol OUTPUT=ATOL:RTOL` specs or a sequence of (name, atol, rtol); sorted by name."""
+    if isinstance(value, Mapping):
+        items = [(name, pair, f"for output {name!r}: {pair!r}") for name, pair in value.items()]
+    else:
+        items = [_tol_spec(v) if isinstance(v, str) else (v[0], v[1:], repr(v)) for v in value]
+    found: dict[str, tuple[float, float]] = {}
+    for name, pair, shown in items:
         if isinstance(pair, str):
             pair = pair.split(":")
         if isinstance(pair, Mapping) and set(pair) <= {"atol", "rtol"}:
@@ -397,13 +964,24 @@ def _output_tolerances(value: Any) -> tuple[OutputTolerance, ...]:
             atol, rtol = (float(x) for x in pair)
         except (TypeError, ValueError):
             atol = rtol = -1.0
-        if min(atol, rtol) < 0:
+        if min(atol, rtol) < 0 or math.isnan(atol + rtol):
             raise InferccError(
-                f"bad --tol for output {name!r}: {pair!r}",
-                "write OUTPUT=ATOL:RTOL, e.g. --tol logits=1e-3:1e-2",
+                f"bad --tol {shown}", "write OUTPUT=ATOL:RTOL, e.g. --tol logits=1e-3:1e-2"
             )
-        found.append((str(name), atol, rtol))
-    return tuple(sorted(found))
+        if str(name) in found:
+            raise InferccError(f"--tol given twice for output {name!r}", "pass one per output")
+        found[str(name)] = (atol, rtol)
+    return tuple(sorted((name, a, r) for name, (a, r) in found.items()))
+
+
+def _tol_spec(spec: str) -> tuple[str, str, str]:
+    """`OUTPUT=ATOL:RTOL` -> (output, "ATOL:RTOL", the spec as messages show it)."""
+    name, sep, rest = spec.rpartition("=")
+    if not sep or not name:
+        raise InferccError(
+            f"bad --tol {spec!r}", "write OUTPUT=ATOL:RTOL, e.g. --tol logits=1e-3:1e-2"
+        )
+    return name, rest, repr(spec)
 
 
 def input_ranges(value: Any) -> tuple[InputRange, ...]:
@@ -479,148 +1057,10 @@ def default_backend(target: str) -> str:
     return "ort" if is_cpu(target) else "tensorrt"
 
 
-# --------------------------------------------------------------------------- from data
-
-# key -> (type, how to read it); `None`: the value as is.
-_Reader = Callable[[Any, Path | None], Any] | None
-
-
-def _path(value: Any, base: Path | None) -> str:
-    return str(Path(os.path.normpath(base / value))) if base is not None else str(value)
-
-
-def _data_path(value: Any, base: Path | None) -> str:
-    """A `data` path, or a data loader `script.py:fn` whose script path is relative."""
-    if is_loader_spec(value):
-        script, fn = split_loader_spec(value)
-        return join_loader_spec(_path(str(script), base), fn)
-    return _path(value, base)
-
-
-def _paths(value: Any, base: Path | None) -> tuple[str, ...]:
-    return tuple(_path(v, base) for v in value)
-
-
-def _ranges_from(value: Any, base: Path | None) -> Any:
-    return _path(value, base) if isinstance(value, str) else value
-
-
-def _shapes_from(value: Any, base: Path | None) -> tuple[ShapeProfile, ...]:
-    """Shapes from a {name: spec} table (each error names `shapes.NAME`) or a spec list."""
-    if not isinstance(value, Mapping):
-        return _profile_list(value, "shapes")
-    found: list[ShapeProfile] = []
-    for name, spec in value.items():
-        try:
-            found += _profile_list({name: spec}, f"shapes.{name}")
-        except InferccError as exc:
-            raise InferccError(f"shapes.{name}: {exc.message}", exc.hint) from None
-    return tuple(found)
-
-
-_TRT_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {
-    "workspace": ((int, str), None),
-    "opt_level": ((int,), None),
-    "hw_compat": ((str,), None),
-    "version_compatible": ((bool,), None),
-    "timing_cache_strict": ((bool,), None),
-    "strict_target": ((bool,), None),
-    "plugins": ((list, tuple), _paths),
-    "calib_cache": ((str,), _path),
-    "profiles": ((list, tuple), None),
-    "shape_inputs": ((dict, list, tuple), None),
-}
-_ORT_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {"optimized_model": ((bool,), None)}
-
-
-def _trt_from(value: Any, base: Path | None) -> TrtOptions:
-    return TrtOptions(**_read_keys(value, _TRT_KEYS, "tensorrt.", base))
-
-
-def _ort_from(value: Any, base: Path | None) -> OrtOptions:
-    return OrtOptions(**_read_keys(value, _ORT_KEYS, "ort.", base))
-
-
-_NUMBER = (float,)  # an int is a float where one is due
-_TOP_KEYS: dict[str, tuple[tuple[type, ...], _Reader]] = {
-    "target": ((str,), None),
-    "backend": ((str,), None),
-    "precision": ((str,), None),
-    "fp16_io": ((bool,), None),
-    "keep_fp32": ((list, tuple), None),
-    "ranges": ((dict, str, list, tuple), _ranges_from),
-    "portable": ((bool,), None),
-    "assume": ((list, tuple), None),
-    "fold_limit": ((int, str), None),
-    "freeze_initializers": ((bool,), None),
-    "disable_passes": ((list, tuple), None),
-    "shapes": ((dict, list, tuple), _shapes_from),
-    "static_shapes": ((dict, list, tuple), _shapes_from),
-    "verify": ((bool,), None),
-    "external_data": ((bool,), None),
-    "alignment": ((int,), None),
-    "tune": ((bool,), None),
-    "validate": ((bool,), None),
-    "data": ((str,), _data_path),
-    "input_ranges": ((dict, list, tuple), None),
-    "atol": (_NUMBER, None),
-    "rtol": (_NUMBER, None),
-    "min_cosine": (_NUMBER, None),
-    "tolerances": ((dict, list, tuple), None),
-    "strict_coverage": ((bool,), None),
-    "bisect": ((bool,), None),
-    "ort": ((dict,), _ort_from),
-    "tensorrt": ((dict,), _trt_from),
-}
-BUILD_KEYS = tuple(_TOP_KEYS)
-
-
-def _of_type(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool):
-        return bool in types
-    return isinstance(value, types) or (float in types and isinstance(value, int))
-
-
-def _read_keys(
-    data: Any, keys: Mapping[str, tuple[tuple[type, ...], _Reader]], prefix: str, base: Path | None
-) -> dict[str, Any]:
-    """Keyword arguments from a table: every key known and of its type, None meaning unset."""
-    if not isinstance(data, Mapping):
-        raise InferccError(f"build {prefix.rstrip('.') or 'config'} must be a table", "fix it")
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in keys:
-            raise InferccError(
-                f"unknown build key {prefix}{key!r}", "known keys: " + ", ".join(sorted(keys))
-            )
-        if value is None:
-            continue
-        types, reader = keys[key]
-        if not _of_type(value, types):
-            wanted = " or ".join(t.__name__ for t in types)
-            raise InferccError(f"{prefix}{key} must be a {wanted}", f"fix {key} = ...")
-        out[key] = reader(value, base) if reader is not None else value
-    return out
-
-
 # --------------------------------------------------------------------------- rules
 
 Broken = tuple[str, str] | None  # (message naming the flag, hint)
 Rule = Callable[[BuildConfig], Broken]
-
-_TRT_FLAGS = {
-    "workspace": "--workspace",
-    "opt_level": "--opt-level",
-    "hw_compat": "--hw-compat",
-    "version_compatible": "--version-compatible",
-    "timing_cache_strict": "--timing-cache-strict",
-    "strict_target": "--strict-target",
-    "plugins": "--plugin",
-    "calib_cache": "--calib-cache",
-    "profiles": "--profile",
-    "shape_inputs": "--shape-input",
-}
-
 
 def _backend_words(c: BuildConfig) -> str:
     if c.backend == "none":
@@ -678,18 +1118,21 @@ def _bf16_needs_a_target_with_bf16(c: BuildConfig) -> Broken:
     return None
 
 
+def _backend_option_given(c: BuildConfig, backend: str) -> str | None:
+    """The flag of the first option that `backend` alone reads (its field's `Option.backend`)
+    and that `c` sets to other than its default."""
+    return next((leaf.option.flag for leaf in _options.given(c, backend=backend)), None)
+
+
 def _tensorrt_options_need_tensorrt(c: BuildConfig) -> Broken:
     """Every TensorRT builder option changes only a TensorRT engine."""
-    if c.backend == "tensorrt":
-        return None
-    default = TrtOptions()
-    for name, flag in _TRT_FLAGS.items():
-        if getattr(c.tensorrt, name) != getattr(default, name):
-            return (
-                f"{flag} has no effect: it is a TensorRT builder option and this build has "
-                f"{_backend_words(c)}",
-                "build with --backend tensorrt -o DIR, or drop it",
-            )
+    flag = _backend_option_given(c, "tensorrt") if c.backend != "tensorrt" else None
+    if flag is not None:
+        return (
+            f"{flag} has no effect: it is a TensorRT builder option and this build has "
+            f"{_backend_words(c)}",
+            "build with --backend tensorrt -o DIR, or drop it",
+        )
     return None
 
 
@@ -700,9 +1143,10 @@ def _calib_cache_needs_int8(c: BuildConfig) -> Broken:
 
 
 def _ort_options_need_ort(c: BuildConfig) -> Broken:
-    if c.ort.optimized_model and c.backend != "ort":
+    flag = _backend_option_given(c, "ort") if c.backend != "ort" else None
+    if flag is not None:
         return (
-            f"--ort-optimized-model has no effect: this build has {_backend_words(c)}",
+            f"{flag} has no effect: this build has {_backend_words(c)}",
             "build with --backend ort -o DIR, or drop it",
         )
     return None
@@ -728,20 +1172,12 @@ def _no_tune_needs_a_tuning_backend(c: BuildConfig) -> Broken:
 
 def _validation_options_need_validation(c: BuildConfig) -> Broken:
     """Tolerances, samples, coverage and the bisection of a failure are only read by
-    validation."""
-    given = {
-        "--atol": c.atol,
-        "--rtol": c.rtol,
-        "--min-cosine": c.min_cosine,
-        "--tol": c.tolerances or None,
-        "--data": c.data,
-        "--input-range": c.input_ranges or None,
-        "--strict-coverage": c.strict_coverage or None,
-        "--bisect": c.bisect or None,
-    }
-    for flag, value in given.items():
-        if value is not None and not c.validate:
-            return (f"{flag} has no effect with --no-validate", f"drop {flag} or --no-validate")
+    validation (the options that declare `validation`)."""
+    if c.validate:
+        return None
+    for leaf in _options.given(c, validation=True):
+        flag = leaf.option.flag
+        return (f"{flag} has no effect with --no-validate", f"drop {flag} or --no-validate")
     return None
 
 

@@ -25,7 +25,8 @@ Two lists, because they answer different questions:
   near zero after a large cancellation, so reduced precisions are judged by direction, per
   output.
 
-A user's atol, rtol or min_cosine replaces the table's figure (`tolerance()`).
+A user's atol, rtol or min_cosine replaces the table's figure (`tolerance()`). Help texts
+state the defaults from the table (`defaults_text`), never as figures of their own.
 
 An fp32 element outside the table's bounds still passes within `RUNTIME_ROUNDING_MULTIPLE`
 times what onnxruntime's own optimizer moves that output by (`infercc.check.compare`), where
@@ -95,3 +96,22 @@ def tolerance(
         base.rtol if rtol is None else float(rtol),
         base.min_cosine if min_cosine is None else float(min_cosine),
     )
+
+
+def figure(value: float) -> str:
+    """A tolerance figure as help texts write it: 1e-4, 0.999, none (unbounded)."""
+    if math.isinf(value):
+        return "none"
+    if 0 < value < 0.01:
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
+    return f"{value:g}"
+
+
+def defaults_text(name: str) -> str:
+    """The table's `name` (atol, rtol or min_cosine) for each precision a build can ask for,
+    equal figures together: `1e-4 for fp32; none for fp16/bf16/int8`."""
+    groups: dict[float, list[str]] = {}
+    for precision in BUILD_PRECISIONS:
+        groups.setdefault(getattr(TOLERANCES[precision], name), []).append(precision)
+    return "; ".join(f"{figure(v)} for {'/'.join(names)}" for v, names in groups.items())

@@ -155,7 +155,9 @@ class Command(typer.core.TyperCommand):
         return pieces
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
-        args, opts = [], []
+        """Arguments, then the options: under their panels (`rich_help_panel`, in the order
+        the options come) where they have one, the rest under "Options", one column width."""
+        args, panels = [], {}
         for p in self.get_params(ctx):
             if p.param_type_name == "argument" and not p.hidden:
                 args.append((_argument_name(p), _argument_help(p, ctx)))
@@ -163,13 +165,30 @@ class Command(typer.core.TyperCommand):
                 _readable_metavar(p)
                 record = p.get_help_record(ctx)
                 if record is not None:
-                    opts.append(record)
+                    panel = getattr(p, "rich_help_panel", None) or "Options"
+                    panels.setdefault(panel, []).append(record)
         if args:
             with formatter.section("Arguments"):
                 formatter.write_dl(args)
-        if opts:
-            with formatter.section("Options"):
-                formatter.write_dl(opts)
+        if "Options" in panels:  # click's -h/--help: last
+            panels["Options"] = panels.pop("Options")
+        width = max((len(first) for rows in panels.values() for first, _ in rows), default=0)
+        for panel, rows in panels.items():
+            with formatter.section(panel):
+                formatter.write_dl(_one_width(rows, min(width, _FIRST_COLUMN)))
+
+
+_FIRST_COLUMN = 30  # click's widest first column (write_dl's col_max)
+
+
+def _one_width(rows: list[tuple[str, str]], width: int) -> list[tuple[str, str]]:
+    """`rows` whose widest first column is `width` wide, so that every panel's second column
+    starts where the others' do (padding only a row that has help after it)."""
+    widest = max(range(len(rows)), key=lambda i: len(rows[i][0]))
+    first, text = rows[widest]
+    if text and len(first) < width:
+        rows = [*rows[:widest], (first.ljust(width), text), *rows[widest + 1 :]]
+    return rows
 
 
 def _argument_name(p: Any) -> str:

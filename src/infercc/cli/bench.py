@@ -57,13 +57,16 @@ def bench(
             "--iters runs), as trtexec's --duration.",
         ),
     ] = None,
-    profile: Annotated[
+    ort_profile: Annotated[
         bool,
         typer.Option(
-            "--profile",
+            "--ort-profile",
             help="Also profile each batch size with onnxruntime's profiler (a separate "
             "session, after the timing) and list the op types and nodes that take the time.",
         ),
+    ] = False,
+    profile: Annotated[
+        bool, typer.Option("--profile", hidden=True, help="The old spelling of --ort-profile.")
     ] = False,
     compare: Annotated[
         Path | None,
@@ -116,19 +119,20 @@ def bench(
     With --generate N: the generation benchmark of a decoder (time to first token, time per
     output token, decode tokens/s, peak memory).
 
-    --duration times for a while instead of a number of runs; --profile adds onnxruntime's
+    --duration times for a while instead of a number of runs; --ort-profile adds onnxruntime's
     per-op profile (top ops by time)."""
     from infercc.cli.render import render_bench, render_compare
     from infercc.data.profiles import parse_shapes
     from infercc.runtime import bench as engine
 
     batches = parse_batches(batch)
+    profile = ort_profile or profile  # --profile: the old spelling
     if generate is not None:
         if shape:
             raise InferccError(
                 "--shape has no effect with --generate", "the prompt sets the shapes: drop it"
             )
-        for flag, on in (("--duration", duration is not None), ("--profile", profile)):
+        for flag, on in (("--duration", duration is not None), ("--ort-profile", profile)):
             if on:
                 raise InferccError(
                     f"{flag} has no effect with --generate", "time the generation without it"
@@ -155,8 +159,8 @@ def bench(
     runs = iters if iters is not None else (1 if seconds is not None else DEFAULT_ITERS)
     if profile and compare is not None:
         raise InferccError(
-            "--profile has no effect with --compare: races are not profiled",
-            "profile each model with its own `infercc bench MODEL --profile`",
+            "--ort-profile has no effect with --compare: races are not profiled",
+            "profile each model with its own `infercc bench MODEL --ort-profile`",
         )
     with Progress(as_json, "compare" if compare else "bench") as progress:
         if compare is not None:

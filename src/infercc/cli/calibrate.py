@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from infercc.cli.app import app
-from infercc.cli.common import JsonOpt, Progress, finish
+from infercc.cli.common import JsonOpt, Progress, VerifyOpt, finish
 from infercc.errors import InferccError
 
 
@@ -260,9 +260,7 @@ def calibrate(
             "`infercc passes` lists them.",
         ),
     ] = None,
-    verify: Annotated[
-        bool, typer.Option("--verify", help="Check the IR's invariants after every pass (slower).")
-    ] = False,
+    verify: VerifyOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT

@@ -1,12 +1,17 @@
 """What the commands share: option types, one progress display, and the tail every report
 command ends with (JSON or tables, then exit 0 or 1).
 
+A build option's flags are Typer options made from its field's declaration
+(`infercc.options.Flag`): `with_build_options` gives `optimize` all of them, and the options
+other commands share with it (`--shape`, the tolerances, `--data-loader`) are the same flags.
+
 Every JSON report that is an object carries `run`: the command, infercc's version and the
 resolved value of every option (defaults filled in, paths absolute), so a report says exactly
 what ran (`infercc optimize --config REPORT.json` replays an optimize)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from enum import Enum
@@ -18,78 +23,128 @@ from rich.console import Console
 from rich.markup import escape
 
 from infercc.cli.app import err, out, settings, silence_stdout
+from infercc.config import BuildConfig
 from infercc.errors import EXIT_VALIDATION_FAILED
+from infercc.options import PANELS, Flag, Leaf, flags_by_name, leaves, param_name
 from infercc.util import json_text
 from infercc.version import __version__
 
 # --------------------------------------------------------------------------- option types
 
-ShapeOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--shape",
-        metavar="NAME=SHAPE",
-        help="Pin an input's shape, e.g. --shape input_ids=1x128 (repeatable), or give a range "
-        "MIN:OPT:MAX, e.g. input_ids=1x128:8x128:32x512 (artifacts are tuned at each). "
-        "Symbolic dims not pinned default to 1 (first axis) and 8 (others).",
-    ),
-]
+
+def flag_type(flag: Flag, default: Any, panel: str | None = None, spelling: str = "") -> Any:
+    """The `Annotated` type of a Typer option for a build option's `flag` (its name, help,
+    value type, metavar and bounds as declared on the field, `infercc.config`); under an old
+    `spelling` the option is hidden."""
+    kind: Any = bool if flag.takes is None else flag.takes
+    if flag.many:
+        kind = list[kind]
+    if default is None:
+        kind = kind | None
+    info = typer.Option(
+        spelling or flag.name,
+        metavar=flag.metavar,
+        help=flag.help,
+        min=flag.min,
+        max=flag.max,
+        rich_help_panel=panel,
+        hidden=bool(spelling),
+    )
+    return Annotated[kind, info]
+
+
+def flag_default(flag: Flag, leaf: Leaf) -> Any:
+    """What a flag is when not given: off, no value, or its field's default where the flag's
+    value is the field's (`--align` 64, `--target` cpu)."""
+    if flag.takes is None:
+        return False
+    if flag.many or flag.value is not None or len(leaf.option.flags) > 1:
+        return None
+    return leaf.default
+
+
+def build_parameters() -> list[inspect.Parameter]:
+    """A keyword parameter for every flag of every build option (old spellings hidden), in
+    the declaration's order, each listed in --help under its option's panel."""
+    found = []
+    for leaf in leaves(BuildConfig):
+        for flag in leaf.option.flags:
+            default = flag_default(flag, leaf)
+            for spelling in flag.spellings:
+                old = "" if spelling == flag.name else spelling
+                found.append(
+                    inspect.Parameter(
+                        param_name(spelling),
+                        inspect.Parameter.KEYWORD_ONLY,
+                        default=default,
+                        annotation=flag_type(flag, default, leaf.option.panel, old),
+                    )
+                )
+    return found
+
+
+def with_build_options(command: Callable[..., Any], first: tuple[str, ...] = ()) -> None:
+    """Give `command` (whose `**flags` takes them) a signature with every build option's
+    flags, its options sorted by panel (`infercc.options.PANELS`; `first` at the head of
+    theirs), so typer makes them options and --help lists them panel by panel."""
+    own = inspect.signature(command, eval_str=True).parameters.values()
+    fixed = [p for p in own if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [p for p in fixed if p.default is not inspect.Parameter.empty and _panel(p)]
+    head = [p for p in fixed if p not in options]
+    built = build_parameters()
+
+    def order(item: tuple[int, inspect.Parameter]) -> tuple[int, int, int]:
+        i, p = item
+        rank = 0 if p.name in first else 1 if i >= len(options) else 2  # own options last
+        return PANELS.index(_panel(p) or ""), rank, i
+
+    ranked = [p for _, p in sorted(enumerate([*options, *built]), key=order)]
+    params = [*head, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in ranked)]
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+
+
+def _panel(p: inspect.Parameter) -> str | None:
+    for meta in getattr(p.annotation, "__metadata__", ()):
+        panel = getattr(meta, "rich_help_panel", None)
+        if panel is not None:
+            return panel
+    return None
+
+
+FLAGS = flags_by_name(BuildConfig)
+
+
+def _shared(name: str) -> Any:
+    """A build option's flag as other commands take it (same name and help, no panel)."""
+    flag = FLAGS[name]
+    return flag_type(flag, False if flag.takes is None else None)
+
+
+ShapeOpt = _shared("--shape")
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")
 ]
-CacheDirOpt = Annotated[
-    Path | None,
-    typer.Option(
+
+
+def cache_dir_option(panel: str | None = None) -> Any:
+    return typer.Option(
         metavar="DIR",
         help="Tuning cache directory [default: $INFERCC_CACHE_DIR or ~/.cache/infercc].",
         envvar="INFERCC_CACHE_DIR",
-    ),
-]
+        rich_help_panel=panel,
+    )
+
+
+CacheDirOpt = Annotated[Path | None, cache_dir_option()]
 SeedOpt = Annotated[int, typer.Option(metavar="N", help="Seed of the random inputs.")]
+VerifyOpt = _shared("--verify")
 
 # Tolerances: optimize's validation and `infercc validate` (defaults: infercc.precisions).
-AtolOpt = Annotated[
-    float | None,
-    typer.Option(
-        metavar="X",
-        min=0.0,
-        help="Absolute tolerance [default: 1e-4 for fp32; none for fp16, bf16, int8].",
-    ),
-]
-RtolOpt = Annotated[
-    float | None,
-    typer.Option(
-        metavar="X",
-        min=0.0,
-        help="Relative tolerance [default: 1e-3 for fp32; none for fp16, bf16, int8].",
-    ),
-]
-MinCosineOpt = Annotated[
-    float | None,
-    typer.Option(
-        metavar="X",
-        min=0.0,
-        max=1.0,
-        help="Minimum cosine per output [default: 0.9999 fp32, 0.999 fp16/bf16, 0.99 int8].",
-    ),
-]
-StrictCoverageOpt = Annotated[
-    bool,
-    typer.Option(
-        "--strict-coverage",
-        help="Fail validation when a rewritten If/Loop body never ran on the validation "
-        "inputs (its rewrites were not checked); without it the report only warns. Give "
-        "samples that reach it with --data.",
-    ),
-]
-TolOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--tol",
-        metavar="OUTPUT=ATOL:RTOL",
-        help="Tolerance of one output, OUTPUT=ATOL:RTOL, e.g. logits=1e-3:1e-2 (repeatable).",
-    ),
-]
+AtolOpt = _shared("--atol")
+RtolOpt = _shared("--rtol")
+MinCosineOpt = _shared("--min-cosine")
+StrictCoverageOpt = _shared("--strict-coverage")
+TolOpt = _shared("--tol")
 
 
 # --------------------------------------------------------------------------- progress
@@ -195,7 +250,8 @@ def run_record(ctx: Any = None) -> dict[str, Any] | None:
     ctx = ctx or _current_context()
     if ctx is None:
         return None
-    names, options = [], {}
+    names: list[str] = []
+    options: dict[str, Any] = {}
     node = ctx
     while node is not None:
         if node.parent is not None:
@@ -232,26 +288,8 @@ def _plain(value: Any) -> Any:
 
 # --------------------------------------------------------------------------- validation inputs
 
-InputRangeOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--input-range",
-        help="Draw the generated validation input NAME uniformly from LOW..HIGH (integers: "
-        "both ends included), e.g. --input-range pixel_values=0:1 (repeatable; Polygraphy's "
-        "--val-range).",
-        metavar="NAME=LOW:HIGH",
-    ),
-]
-DataLoaderOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--data-loader",
-        help="Validate on the samples a Python function returns: SCRIPT.py[:FUNCTION] "
-        "(default function load_data), a list or generator of {input name: array} dicts "
-        "(Polygraphy's --data-loader-script).",
-        metavar="SCRIPT.py[:FN]",
-    ),
-]
+InputRangeOpt = _shared("--input-range")
+DataLoaderOpt = _shared("--data-loader")
 
 
 def data_source(data: str | Path | None, data_loader: str | None) -> str | None:

@@ -473,7 +473,7 @@ def _profiler(path: Path) -> Runner:
     runner, _ = open_runner(path)
     if not hasattr(runner, "profile_prefix"):
         raise InferccError(
-            f"--profile reads onnxruntime's profiler, and {path} runs on "
+            f"--ort-profile reads onnxruntime's profiler, and {path} runs on "
             f"{backend_name(path)}",
             "profile the .onnx model (or an ort artifact) instead",
         )

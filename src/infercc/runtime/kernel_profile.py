@@ -1,4 +1,4 @@
-"""`bench --profile`: onnxruntime's per-node profile, summarised as the ops that take the time.
+"""`bench --ort-profile`: onnxruntime's per-node profile, summarised as the ops that take the time.
 
 onnxruntime writes one JSON trace per session (`SessionOptions.enable_profiling`): an event per
 run (`model_run`) and per kernel (`cat` "Node", named `<node>_kernel_time`, with `args.op_name`

@@ -100,7 +100,7 @@ def session_options(config: Mapping[str, Any]) -> tuple[Any, list[Any]]:
     opts.log_severity_level = 3
     for key, value in config.get("session_config", {}).items():
         opts.add_session_config_entry(key, str(value))
-    if config.get("profile_prefix"):  # bench --profile: onnxruntime's per-node profile
+    if config.get("profile_prefix"):  # bench --ort-profile: onnxruntime's per-node profile
         opts.enable_profiling = True
         opts.profile_file_prefix = str(config["profile_prefix"])
     return opts, _providers(config)

@@ -105,7 +105,7 @@ class OrtRunner:
         # Idle intra-op threads spin after a run by default (good for back-to-back latency);
         # a comparison that interleaves two runners turns it off so neither starves the other.
         self.spinning = True
-        # Set (a path prefix): new sessions record onnxruntime's profile (`bench --profile`).
+        # Set (a path prefix): new sessions record onnxruntime's profile (`bench --ort-profile`).
         self.profile_prefix: str | None = None
 
     def end_profiling(self) -> list[Path]:

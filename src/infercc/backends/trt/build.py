@@ -377,7 +377,9 @@ def compile_artifact(
     here = hooks.fingerprint(trt)
     portability = _check_target(target, here, settings.strict_target)
     proto = read_model(model)[0]
-    more = [profiles.as_profiles(p, f"--profile {i}") for i, p in enumerate(settings.profiles, 1)]
+    more = [
+        profiles.as_profiles(p, f"--trt-profile {i}") for i, p in enumerate(settings.profiles, 1)
+    ]
     resolved = profiles.resolve_all(proto, shapes, more)
     shape_values = profiles.shape_input_values(settings.shape_inputs)
     graph = precision.graph_precisions(proto)

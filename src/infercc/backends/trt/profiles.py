@@ -9,8 +9,8 @@ Where profiles come from:
   range). Inputs not named take `infercc.data.signature.resolve_shapes` defaults at each of min, opt
   and max, sharing symbols with the pinned ones (as the ort backend does): so `--shape
   ids=1x128:8x128:32x128` also sizes an `attention_mask[batch, seq]` input.
-- Each `--profile` option adds one more profile: a comma-separated list of specs in the same
-  form, `--profile "ids=1x16:1x64:1x128,mask=1x16:1x64:1x128"`.
+- Each `--trt-profile` option adds one more profile: a comma-separated list of specs in the
+  same form, `--trt-profile "ids=1x16:1x64:1x128,mask=1x16:1x64:1x128"`.
 - Shape-tensor inputs (inputs whose *values* are shapes, e.g. the target shape of a Reshape)
   take values, not shapes: `--shape-input NAME=MIN:OPT:MAX` gives the tensor's values at each
   end, `x`-separated (`--shape-input new_shape=1x64:8x64:32x64`); they go through
@@ -64,11 +64,11 @@ def check_profiles(profiles: Sequence[ShapeProfile], where: str = "--shape") -> 
 
 
 def parse_profile_set(spec: str) -> list[ShapeProfile]:
-    """One `--profile` value: comma-separated `NAME=MIN:OPT:MAX` (or fixed) specs."""
+    """One `--trt-profile` value: comma-separated `NAME=MIN:OPT:MAX` (or fixed) specs."""
     parts = [part.strip() for part in spec.split(",") if part.strip()]
     if not parts:
         raise InferccError(
-            f"--profile {spec!r} names no input",
+            f"--trt-profile {spec!r} names no input",
             'give NAME=MIN:OPT:MAX specs separated by commas, e.g. "ids=1x16:1x64:1x128"',
         )
     return parse_profiles(parts)
@@ -104,10 +104,10 @@ def resolve_all(
     first: Sequence[ShapeProfile],
     more: Sequence[Sequence[ShapeProfile]] = (),
 ) -> list[Profile]:
-    """The `--shape` profile, then each `--profile`, resolved; duplicates dropped."""
+    """The `--shape` profile, then each `--trt-profile`, resolved; duplicates dropped."""
     found = [resolve_profile(proto, first, "--shape")]
     for index, extra in enumerate(more, start=1):
-        profile = resolve_profile(proto, extra, f"--profile {index}")
+        profile = resolve_profile(proto, extra, f"--trt-profile {index}")
         if profile not in found:
             found.append(profile)
     return found
@@ -234,7 +234,7 @@ def select_profile(profiles: Sequence[Profile], shapes: Mapping[str, Sequence[in
     ranges = "; ".join(", ".join(f"{n}={_fmt(r)}" for n, r in sorted(p.items())) for p in profiles)
     raise InferccError(
         f"input shapes {given} are outside every optimization profile of this engine ({ranges})",
-        "rebuild with a --shape range (or another --profile) that covers them",
+        "rebuild with a --shape range (or another --trt-profile) that covers them",
     )
 
 

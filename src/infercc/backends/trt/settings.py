@@ -13,7 +13,7 @@
 - `version_compatible` [--version-compatible]: `BuilderFlag.VERSION_COMPATIBLE`.
 - `timing_cache_strict` [--timing-cache-strict], `strict_target` [--strict-target].
 - `calib_cache` [--calib-cache FILE], with precision int8 on TensorRT 10.
-- `profiles` [--profile, repeatable], `shape_inputs` [--shape-input]: see `profiles`.
+- `profiles` [--trt-profile, repeatable], `shape_inputs` [--shape-input]: see `profiles`.
 
 From the rest of `CompileOptions`: `precision` (the build's: fp32, fp16, bf16 or int8),
 `cache_dir` (where timing caches live when no tuning cache is passed: `--no-tune`) and
