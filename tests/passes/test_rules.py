@@ -1,5 +1,6 @@
-"""The rule contract's driver: dispatch by op type, refusals and bisection limits handled for
-the rule, rule order, nodes a rewrite creates, subgraphs."""
+"""The rule contract's driver: dispatch by op type, refusals (NoMatch, with the node or value
+matching failed at) and bisection limits handled for the rule, rule order, nodes a rewrite
+creates, subgraphs."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from infercc.ir import export_model, import_model
-from infercc.ir.graph import Node
+from infercc.ir.graph import Node, Value
 from infercc.passes import PassContext
 from infercc.passes.match import producer
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules, require
 from tests.helpers import assert_same_outputs, make_model, op_counts, parse
 
 NEGS = """
@@ -27,18 +28,17 @@ g (float[4] x) => (float[4] y, float[4] z) {
 }"""
 
 
-def _double_neg(node: Node, ctx: PassContext):
-    inner = producer(node.input(0), "Neg")
-    if inner is None:
-        return None
+def _double_neg(node: Node, ctx: PassContext) -> Value:
+    inner = require(producer(node.input(0), "Neg"))
     if node.output.is_graph_output:
-        return Refuse("output is a graph output")
-    return inner.input(0)
+        raise NoMatch("output is a graph output")
+    return require(inner.input(0))
 
 
-def _drop(node: Node, x, ctx: PassContext) -> None:
-    node.graph.replace_all_uses_with(node.output, x)
-    node.graph.remove(node)
+def _drop(node: Node, x: Value, ctx: PassContext) -> None:
+    graph = node.owning_graph()
+    graph.replace_all_uses_with(node.output, x)
+    graph.remove(node)
 
 
 DOUBLE_NEG = Rule("double_neg", ("Neg",), _double_neg, _drop)
@@ -63,6 +63,8 @@ def test_a_rule_fires_on_its_anchors_and_the_driver_records_refusals() -> None:
         ("n6", "output is a graph output"),
     ]
     assert [(r.node, r.reason) for r in ctx.refusals] == [(n.name, r) for n, r in run.refused]
+    # no `at`: matching failed at the anchor itself
+    assert [r.at for r in ctx.refusals] == ["'n4' (Neg)", "'n6' (Neg)"]
     assert ctx.rewrites["test"] == [("n2", "Neg")]
     out = export_model(model)
     assert op_counts(out) == {"Neg": 5, "Relu": 1}
@@ -87,6 +89,7 @@ def test_standard_only_and_wildcard_rules() -> None:
 
     def look(node: Node, ctx: PassContext):
         seen.append(node.op_type)
+        raise NoMatch()
 
     graph = helper.make_graph(
         [
@@ -113,7 +116,7 @@ def test_rules_are_tried_in_order_a_refusal_lets_the_next_try_a_match_ends_it() 
 
     def refuse(node, ctx):
         calls.append("refuse")
-        return Refuse("not this way")
+        raise NoMatch("not this way")
 
     def match(node, ctx):
         calls.append("match")
@@ -168,7 +171,7 @@ def test_nodes_a_rewrite_creates_are_visited_next() -> None:
 
     def neg(node: Node, ctx):
         order.append(node.name)
-        return None
+        raise NoMatch()
 
     model = import_model(parse(NEGS))
     rules = [Rule("relu", ("Relu",), relu, expand), Rule("neg", ("Neg",), neg, _drop)]
@@ -212,3 +215,26 @@ def test_subgraphs_are_walked_unless_asked_not_to(subgraphs: bool) -> None:
     run = apply_rules(model.graph, _ctx(), [DOUBLE_NEG], subgraphs=subgraphs)
     assert not run.counts  # inner2's output is the body's output
     assert [n.name for n, _ in run.refused] == (["inner2"] if subgraphs else [])
+
+
+def test_a_refusal_names_the_node_or_value_where_matching_failed() -> None:
+    """NoMatch(reason, at=...) records the anchor and where the match failed (a node by name
+    and op, a value as a tensor); a bare NoMatch() is no refusal, and require() narrows."""
+
+    def at_producer(node: Node, ctx: PassContext) -> Value:
+        inner = require(producer(node.input(0), "Neg"))  # no Neg before: quietly none
+        if node.output.is_graph_output:
+            raise NoMatch("output is a graph output", at=inner)
+        raise NoMatch("the input is not wanted", at=require(inner.input(0)))
+
+    ctx = _ctx()
+    rule = Rule("t", ("Neg",), at_producer, _drop)
+    run = apply_rules(import_model(parse(NEGS)).graph, ctx, [rule])
+    assert not run.counts
+    got = [(r.node, r.op_type, r.reason, r.at) for r in ctx.refusals]
+    assert got == [
+        ("n2", "Neg", "the input is not wanted", "tensor 'x'"),
+        ("n4", "Neg", "output is a graph output", "'n3' (Neg)"),
+        ("n6", "Neg", "output is a graph output", "'n5' (Neg)"),
+    ]
+    assert ctx.refusals[0].to_dict()["at"] == "tensor 'x'"

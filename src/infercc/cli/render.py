@@ -175,10 +175,10 @@ def _render_refusals(report: OptimizeReport, console: Console) -> None:
         console.print("no rewrite was refused")
         return
     t = table("refused rewrites")
-    for col in ("pass", "node", "op", "reason"):
+    for col in ("pass", "node", "op", "reason", "failed at"):
         text_column(t, col)
     for r in report.refusals:
-        t.add_row(r["pass"], r["node"], r["op"], r["reason"])
+        t.add_row(r["pass"], r["node"], r["op"], r["reason"], r.get("at", ""))
     console.print(t)
 
 

@@ -178,6 +178,13 @@ class Node:
         assert out is not None
         return out
 
+    def out(self, i: int) -> Value:
+        """Output `i`, which must be there (a node a pass made, or an output a check saw)."""
+        value = self._outputs[i] if i < len(self._outputs) else None
+        if value is None:
+            raise IRError(f"{self!r} has no output {i}")
+        return value
+
     def input(self, i: int) -> Value | None:
         return self._inputs[i] if i < len(self._inputs) else None
 
@@ -257,6 +264,12 @@ class Node:
     def is_standard(self) -> bool:
         return self.domain in STANDARD_DOMAINS
 
+    def owning_graph(self) -> Graph:
+        """The graph holding the node (a rewrite's node always has one); IRError if none."""
+        if self.graph is None:
+            raise IRError(f"{self!r} is not in a graph")
+        return self.graph
+
 
 class Graph:
     """A graph (or subgraph): inputs, constants, nodes in topological order, outputs."""
@@ -300,10 +313,19 @@ class Graph:
         return self.owner.graph if self.owner is not None else None
 
     def fresh_name(self, base: str) -> str:
+        return self.owning_model().fresh_name(base)
+
+    def owning_model(self) -> Model:
+        """The model holding the graph; IRError when it is attached to none."""
         model = self.model
         if model is None:
             raise IRError("graph is not attached to a model")
-        return model.fresh_name(base)
+        return model
+
+    def ensure_opset(self, domain: str, version: int = 1) -> None:
+        """Import `domain` into the model (at `version`, unless it imports it already): what
+        a rewrite that writes an op of that domain calls."""
+        self.owning_model().opset_imports.setdefault(domain, version)
 
     # -- node list ----------------------------------------------------------------------------
 

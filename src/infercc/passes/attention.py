@@ -56,7 +56,7 @@ only.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,7 +66,7 @@ from infercc.ir.ops import MS_DOMAIN
 from infercc.ir.tensor import Tensor
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_ints, const_value, default_opset, is_live, producer
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules, require
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ def guard_of(where: Node) -> Node | None:
 
 def _last_axis(softmax: Node) -> bool:
     axis = softmax.attr("axis", -1 if default_opset(softmax) >= 13 else 1)
-    rank = softmax.input(0).rank if softmax.input(0) is not None else None
+    scores = softmax.input(0)
+    rank = scores.rank if scores is not None else None
     return axis == -1 or (rank is not None and axis == rank - 1)
 
 
@@ -176,18 +177,16 @@ def _scalar_step(node: Node) -> tuple[Value, float] | None:
     return None
 
 
-def _check_guard(where: Node, ctx: PassContext) -> _Guard | Refuse | None:
-    softmax = guard_of(where)
-    if softmax is None:
-        return None
+def _check_guard(where: Node, ctx: PassContext) -> _Guard:
+    softmax = require(guard_of(where))
     if not is_live(where):
-        return None  # replaced already (emit-attention), dead until eliminate-dead-code
-    reason = rows_never_empty(softmax.input(0))  # type: ignore[arg-type]
+        raise NoMatch()  # replaced already (emit-attention), dead until eliminate-dead-code
+    reason = rows_never_empty(require(softmax.input(0)))
     if reason is None:
         return _Guard(where, softmax, assumed=False)
     if ctx.stated(NONEMPTY_SEQUENCES):
         return _Guard(where, softmax, assumed=True)
-    return Refuse(f"{reason}; --assume {NONEMPTY_SEQUENCES} states it cannot")
+    raise NoMatch(f"{reason}; --assume {NONEMPTY_SEQUENCES} states it cannot", softmax)
 
 
 def _remove_guard(where: Node, guard: _Guard, ctx: PassContext) -> None:
@@ -210,10 +209,11 @@ def remove_nan_guard(graph: Graph, ctx: PassContext) -> PassResult:
 # --------------------------------------------------------------------------- Attention
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Block:
     """A matched self-attention block (module docstring)."""
 
+    scores: Value  # the Softmax input
     x: Value
     weight: Value
     bias: Value | None
@@ -238,17 +238,15 @@ class _Emitter:
         self.biases: dict[Value, Value] = {}
         self.stats: dict[str, int] = {}
 
-    def check(self, softmax: Node, ctx: PassContext) -> _Block | Refuse | None:
+    def check(self, softmax: Node, ctx: PassContext) -> _Block:
         if ctx.target != "cpu" or not ctx.fused_ops_allowed:
-            return None
+            raise NoMatch()
         found = match_block(softmax)
-        if not isinstance(found, _Block):
-            return found
         if found.guard is not None and found.mask is not None:
-            reason = rows_never_empty(softmax.input(0))  # type: ignore[arg-type]
+            reason = rows_never_empty(found.scores)
             if reason is not None:
-                found.assumed = ctx.stated(NONEMPTY_SEQUENCES)
-                found.filter_nan = not found.assumed
+                assumed = ctx.stated(NONEMPTY_SEQUENCES)
+                found = replace(found, assumed=assumed, filter_nan=not assumed)
         return found
 
     def rewrite(self, softmax: Node, block: _Block, ctx: PassContext) -> None:
@@ -272,26 +270,22 @@ def emit_attention(graph: Graph, ctx: PassContext) -> PassResult:
     return PassResult(changed=bool(emitter.stats), stats=emitter.stats)
 
 
-def match_block(softmax: Node) -> _Block | Refuse | None:
-    """The self-attention block around `softmax`, None when it is no attention Softmax, or a
-    refusal naming what does not fit."""
-    scores = softmax.input(0)
-    mask = _additive_mask(scores) if scores is not None else "no input"
+def match_block(softmax: Node) -> _Block:
+    """The self-attention block around `softmax`; NoMatch without a reason when it is no
+    attention Softmax, with one naming what does not fit."""
+    scores = require(softmax.input(0))
+    mask = _additive_mask(scores)
     if isinstance(mask, str):
-        return None
-    product = _scaled_product(scores if mask is None else _other_addend(scores, mask))
-    if product is None:
-        return None
-    qk, scale = product
+        raise NoMatch()
+    qk, scale = require(_scaled_product(scores if mask is None else _other_addend(scores, mask)))
     if softmax.outputs[0] is None or softmax.outputs[0].dtype not in (None, FLOAT):
-        return Refuse("attention is not float32")
+        raise NoMatch("attention is not float32")
     if not _last_axis(softmax):
-        return Refuse("Softmax is not on the last axis")
-    found = _Matcher(softmax, qk, scale, mask).run()
-    return found
+        raise NoMatch("Softmax is not on the last axis")
+    return _Matcher(softmax, scores, qk, scale, mask).run()
 
 
-def _other_addend(scores: Value, mask: Value) -> Value | None:
+def _other_addend(scores: Value, mask: Value | None) -> Value | None:
     add = producer(scores, "Add")
     assert add is not None
     return add.input(1) if add.input(0) is mask else add.input(0)
@@ -300,32 +294,28 @@ def _other_addend(scores: Value, mask: Value) -> Value | None:
 class _Matcher:
     """Walks the block from the Softmax outwards; each step returns a reason on failure."""
 
-    def __init__(self, softmax: Node, qk: Node, scale: float, mask: Value | None):
+    def __init__(self, softmax: Node, scores: Value, qk: Node, scale: float, mask: Value | None):
         self.softmax, self.qk, self.scale, self.mask = softmax, qk, scale, mask
+        self.scores = scores
         self.inside: set[Node] = {softmax, qk}
         self.names: dict[Value, tuple[str, ...]] = {}
         self.transposes: dict[Node, Node] = {}
-        value = softmax.input(0)
+        value: Value | None = scores
         while value is not None and value is not qk.outputs[0]:
             node = producer(value)
             assert node is not None  # _scaled_product / _additive_mask walked this chain
             self.inside.add(node)
             self.names[value] = ("B", "H", "S", "S")
-            value = _other_addend(value, mask) if node.op_type == "Add" else _scalar_step(node)[0]  # type: ignore[index]
+            step = _scalar_step(node) if node.op_type != "Add" else None
+            value = _other_addend(value, mask) if step is None else step[0]
 
-    def run(self) -> _Block | Refuse:
-        try:
-            return self._run()
-        except _NoMatch as e:
-            return Refuse(str(e))
-
-    def _run(self) -> _Block:
+    def run(self) -> _Block:
         q_heads = self._scaled_input(self.qk.input(0), (0, 2, 1, 3))
         k_heads = self._scaled_input(self.qk.input(1), (0, 2, 3, 1))
         probs, guard = self._probabilities()
         pv = _sole_matmul_reader(probs)
         if pv is None:
-            raise _NoMatch("the attention probabilities are not only multiplied by V")
+            raise NoMatch("the attention probabilities are not only multiplied by V", probs)
         self.inside.add(pv)
         v_heads = self._heads(pv.input(1), (0, 2, 1, 3))
         split = self._split(q_heads, k_heads, v_heads)
@@ -338,6 +328,7 @@ class _Matcher:
         output, anchor = self._output(pv.outputs[0], heads, sizes[2])
         self._only_read_inside(anchor)
         return _Block(
+            scores=self.scores,
             x=x,
             weight=weight,
             bias=bias,
@@ -359,9 +350,9 @@ class _Matcher:
         while value is not None:
             node = producer(value)
             step = _scalar_step(node) if node is not None else None
-            if step is None:
+            if node is None or step is None:
                 break
-            self.inside.add(node)  # type: ignore[arg-type]
+            self.inside.add(node)
             value, factor = step
             self.scale *= factor
         return self._heads(value, perm)
@@ -370,10 +361,11 @@ class _Matcher:
         """The Reshape under `Transpose<perm>` producing `value`."""
         transpose = producer(value, "Transpose")
         if transpose is None or tuple(transpose.attr("perm", [])) != perm:
-            raise _NoMatch(f"a head split is not Transpose<{list(perm)}>(Reshape(...))")
+            at = value.producer if value is not None else None
+            raise NoMatch(f"a head split is not Transpose<{list(perm)}>(Reshape(...))", at or value)
         reshape = producer(transpose.input(0), "Reshape")
         if reshape is None:
-            raise _NoMatch("a head split is not Transpose(Reshape(...))")
+            raise NoMatch("a head split is not Transpose(Reshape(...))", transpose)
         self.inside.update((transpose, reshape))
         self.transposes[reshape] = transpose
         return reshape
@@ -391,15 +383,17 @@ class _Matcher:
     def _split(self, *reshapes: Node) -> Node:
         split = producer(reshapes[0].input(0), "Split")
         if split is None or len(split.outputs) != 3:
-            raise _NoMatch("Q, K and V are not the three outputs of one Split (fuse-qkv)")
+            raise NoMatch(
+                "Q, K and V are not the three outputs of one Split (fuse-qkv)", reshapes[0]
+            )
         for i, reshape in enumerate(reshapes):
             if reshape.input(0) is not split.outputs[i]:
-                raise _NoMatch("Q, K and V are not outputs 0, 1, 2 of one Split")
+                raise NoMatch("Q, K and V are not outputs 0, 1, 2 of one Split", reshape)
         axis = split.attr("axis", 0)
         x = split.input(0)
         rank = x.rank if x is not None else None
         if not (axis == -1 or (rank is not None and axis == rank - 1)):
-            raise _NoMatch("the Q/K/V Split is not on the last axis")
+            raise NoMatch("the Q/K/V Split is not on the last axis", split)
         self.inside.add(split)
         return split
 
@@ -412,18 +406,18 @@ class _Matcher:
         else:
             mm = producer(value, "MatMul")
         if mm is None:
-            raise _NoMatch("Q/K/V are not split from a MatMul of the block input")
+            raise NoMatch("Q/K/V are not split from a MatMul of the block input", split)
         x, weight = mm.input(0), mm.input(1)
         w = const_value(weight)
         if x is None or weight is None or w is None or w.ndim != 2 or w.dtype != np.float32:
-            raise _NoMatch("the packed Q/K/V weight is not a constant float32 matrix")
+            raise NoMatch("the packed Q/K/V weight is not a constant float32 matrix", mm)
         widths = _split_widths(split, int(w.shape[1]))
         if widths is None:
-            raise _NoMatch("the Q/K/V Split sizes are not known")
+            raise NoMatch("the Q/K/V Split sizes are not known", split)
         if widths[0] != widths[1]:
-            raise _NoMatch("Q and K have different widths")
+            raise NoMatch("Q and K have different widths", split)
         if x.rank is not None and x.rank != 3:
-            raise _NoMatch("the block input is not [batch, sequence, hidden]")
+            raise NoMatch("the block input is not [batch, sequence, hidden]", x)
         self.inside.update(n for n in (add, mm) if n is not None)
         return x, weight, bias, widths
 
@@ -433,34 +427,35 @@ class _Matcher:
             b = const_value(add.input(1 - i))
             if mm is not None and b is not None and b.ndim == 1 and b.dtype == np.float32:
                 return mm, add.input(1 - i)
-        raise _NoMatch("the Q/K/V bias is not a constant vector")
+        raise NoMatch("the Q/K/V bias is not a constant vector", add)
 
     def _head_counts(
         self, q: Node, k: Node, v: Node, widths: tuple[int, int, int]
     ) -> tuple[int, tuple[int, int, int]]:
         """(H, head sizes of Q, K, V) from the three head-split targets."""
-        found = [self._split_target(r, w) for r, w in zip((q, k, v), widths, strict=True)]
-        heads = {h for h, _ in found}
-        if len(heads) != 1:
-            raise _NoMatch("Q, K and V are split into different numbers of heads")
-        return heads.pop(), tuple(d for _, d in found)  # type: ignore[return-value]
+        (hq, dq), (hk, dk), (hv, dv) = (
+            self._split_target(r, w) for r, w in zip((q, k, v), widths, strict=True)
+        )
+        if not hq == hk == hv:
+            raise NoMatch("Q, K and V are split into different numbers of heads", q)
+        return hq, (dq, dk, dv)
 
     def _split_target(self, reshape: Node, width: int) -> tuple[int, int]:
         """(H, D) of a [B,S,E] -> [B,S,H,D] reshape whose B and S are the block input's."""
         entries = _target_entries(reshape)
         if entries is None or len(entries) != 4:
-            raise _NoMatch("a head-split Reshape target is not a known 4-element shape")
+            raise NoMatch("a head-split Reshape target is not a known 4-element shape", reshape)
         if not all(self._is_dim(e, reshape, i, "BS"[i]) for i, e in enumerate(entries[:2])):
-            raise _NoMatch("a head-split Reshape does not keep the batch and sequence dims")
+            raise NoMatch("a head-split Reshape does not keep the batch and sequence dims", reshape)
         h, d = entries[2], entries[3]
         if not (isinstance(h, int) and isinstance(d, int)):
-            raise _NoMatch("the head count and head size are not constants")
+            raise NoMatch("the head count and head size are not constants", reshape)
         if h == -1 and d > 0 and width % d == 0:
             h = width // d
         elif d == -1 and h > 0 and width % h == 0:
             d = width // h
         if h <= 0 or d <= 0 or h * d != width:
-            raise _NoMatch("heads x head size differs from the projection width")
+            raise NoMatch("heads x head size differs from the projection width", reshape)
         return h, d
 
     def _is_dim(self, entry: object, reshape: Node, index: int, symbol: str) -> bool:
@@ -496,7 +491,7 @@ class _Matcher:
         for r in (q, k, v):
             self._name(r.input(0), ("B", "S", "E"))
             self.names[_out(r)] = bshd
-            self.names[self.transposes[r].outputs[0]] = ("B", "H", "D", "S") if r is k else bhsd  # type: ignore[index]
+            self.names[_out(self.transposes[r])] = ("B", "H", "D", "S") if r is k else bhsd
         for node in self.inside:
             if node.op_type in ("Mul", "Div") and node.outputs[0] is not None:
                 src = node.input(0) if node.input(0) in self.names else node.input(1)
@@ -520,18 +515,20 @@ class _Matcher:
             o = node.outputs[0]
             node = _sole_reader(o)
         if node is None or node.op_type != "Transpose" or node.attr("perm") != [0, 2, 1, 3]:
-            raise _NoMatch("the attention output is not Transpose<0,2,1,3> then Reshape")
+            raise NoMatch("the attention output is not Transpose<0,2,1,3> then Reshape", o)
         self.inside.add(node)
         self.names[_out(node)] = ("B", "S", "H", "D")
         final = _sole_reader(node.outputs[0])
         if final is None or final.op_type != "Reshape":
-            raise _NoMatch("the attention output is not merged by a Reshape")
+            raise NoMatch("the attention output is not merged by a Reshape", node)
         entries = _target_entries(final)
         if entries is None or len(entries) != 3:
-            raise _NoMatch("the output Reshape target is not a known [B, S, E] shape")
+            raise NoMatch("the output Reshape target is not a known [B, S, E] shape", final)
         ok = [self._is_dim(e, final, i, "BS"[i]) for i, e in enumerate(entries[:2])]
         if not all(ok) or entries[2] not in (-1, heads * dv):
-            raise _NoMatch("the output Reshape is not to [batch, sequence, heads x head size]")
+            raise NoMatch(
+                "the output Reshape is not to [batch, sequence, heads x head size]", final
+            )
         self.inside.add(final)
         return _out(final), final
 
@@ -539,7 +536,7 @@ class _Matcher:
         """A Reshape of O [B,H,S,D] whose target keeps B, S and D (so H too): an identity."""
         entries = _target_entries(node)
         if entries is None or len(entries) != 4:
-            raise _NoMatch("a Reshape of the attention output has an unknown target")
+            raise NoMatch("a Reshape of the attention output has an unknown target", node)
         checks = [
             self._is_dim(entries[0], node, 0, "B"),
             entries[1] in (-1, heads) or self._is_dim(entries[1], node, 1, "H"),
@@ -547,7 +544,7 @@ class _Matcher:
             entries[3] in (-1, dv) or self._is_dim(entries[3], node, 3, "D"),
         ]
         if not all(checks) or entries.count(-1) > 1:
-            raise _NoMatch("a Reshape of the attention output changes its shape")
+            raise NoMatch("a Reshape of the attention output changes its shape", node)
 
     def _only_read_inside(self, final: Node) -> None:
         """No intermediate of the block is read outside it (Shape nodes excepted, which die
@@ -559,14 +556,11 @@ class _Matcher:
                 if out is None:
                     continue
                 if out.is_graph_output:
-                    raise _NoMatch(f"{out.name!r} is a graph output")
+                    raise NoMatch(f"{out.name!r} is a graph output", out)
                 for user, _ in out.uses():
                     if user not in self.inside and user.op_type != "Shape":
-                        raise _NoMatch(f"{out.name!r} is also read by {user.op_type} {user.name!r}")
-
-
-class _NoMatch(Exception):
-    pass
+                        reason = f"{out.name!r} is also read by {user.op_type} {user.name!r}"
+                        raise NoMatch(reason, user)
 
 
 def _out(node: Node) -> Value:
@@ -692,7 +686,7 @@ def _emit(graph: Graph, block: _Block, biases: dict[Value, Value]) -> Value:
         name="attention",
         attributes=attrs,
     )
-    graph.model.opset_imports.setdefault(MS_DOMAIN, 1)  # type: ignore[union-attr]
+    graph.ensure_opset(MS_DOMAIN)
     out = node.outputs[0]
     assert out is not None
     out.dtype, out.shape = FLOAT, block.output.shape

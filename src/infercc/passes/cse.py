@@ -34,7 +34,7 @@ from onnx import TensorProto
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import DRAWS_IN_TRAINING, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
-from infercc.passes.rules import Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 _SAMPLE = 4096  # bytes hashed at each end of a constant before its whole is read
 _PROBES = 32  # and this many 64-byte probes spread over it
@@ -195,17 +195,17 @@ class _Duplicate:
     first: Node
 
 
-def _duplicates() -> Rule:
+def _duplicates() -> Rule[_Duplicate]:
     """A rule for one graph: its check remembers the first node of each key it sees."""
     seen: dict[tuple, Node] = {}
 
-    def check(node: Node, ctx: PassContext) -> _Duplicate | None:
+    def check(node: Node, ctx: PassContext) -> _Duplicate:
         key = _node_key(node)
         if key is None:
-            return None
+            raise NoMatch()
         first = seen.setdefault(key, node)
         if first is node or not _can_take_outputs(node, first):
-            return None
+            raise NoMatch()
         return _Duplicate(first)
 
     return Rule("nodes", None, check, _merge_node)

@@ -50,7 +50,7 @@ from infercc.passes.evaluate import (
 )
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import constant_node_tensor, default_opset, is_live
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules, require
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ NEVER_FOLD = {
     **dict.fromkeys(RANDOM_OPS, "random op: folding would freeze one sample"),
     **dict.fromkeys(NON_TENSOR_OPS, "its output is a sequence or optional, not a tensor"),
 }
-
-
-class _Refuse(Exception):
-    """A node cannot be folded; the message is the reason."""
 
 
 @register_pass("fold-constants")
@@ -111,25 +107,22 @@ class _Folder:
         opsets = dict(model.opset_imports)
         self.evaluator = Evaluator(opsets, ir_version_for(opsets, model.ir_version))
 
-    def check(self, node: Node, ctx: PassContext) -> _Values | _Branch | Refuse | None:
+    def check(self, node: Node, ctx: PassContext) -> _Values | _Branch:
         if not is_live(node):
-            return None
-        try:
-            return self._fold(node)
-        except _Refuse as e:
-            return Refuse(str(e))
+            raise NoMatch()
+        return self._fold(node)
 
-    def _fold(self, node: Node) -> _Values | _Branch | None:
+    def _fold(self, node: Node) -> _Values | _Branch:
         if node.domain not in STANDARD_DOMAINS:
             if _all_inputs_constant(node):
-                raise _Refuse(f"domain {node.domain!r} is not evaluated")
-            return None
+                raise NoMatch(f"domain {node.domain!r} is not evaluated")
+            raise NoMatch()
         if node.op_type == "Constant":
             return _Values("constants", [_constant_tensor(node)])
         if node.op_type in ("Shape", "Size") and _shape_known(node):
             return _Values("shapes", [Tensor(_shape_value(node))])
         if not _all_inputs_constant(node):
-            return None
+            raise NoMatch()
         if node.op_type == "If":
             return _Branch(_if_taken(node))
         return _Values("folded", self.evaluate(node))
@@ -137,22 +130,23 @@ class _Folder:
     def evaluate(self, node: Node) -> list[Tensor | None]:
         reason = self._why_not(node)
         if reason is not None:
-            raise _Refuse(reason)
+            raise NoMatch(reason)
         try:
             arrays, by = self.evaluator.values(node, self._plan, _known)
         except EvaluationError as e:
-            raise _Refuse(str(e)) from None
+            raise NoMatch(str(e)) from None
         size = sum(a.nbytes for a in arrays)
         if size > self.limit:
-            raise _Refuse(f"result is {size} bytes, over the fold limit of {self.limit}")
-        return [_tensor(a, v, by) if v is not None else None for a, v in _pair(node, arrays)]
+            raise NoMatch(f"result is {size} bytes, over the fold limit of {self.limit}")
+        it = iter(arrays)  # the arrays of the outputs present, in order
+        return [_tensor(next(it), v, by) if v is not None else None for v in node.outputs]
 
     def _why_not(self, node: Node) -> str | None:
         """Why a node with known inputs must not be evaluated, or None."""
         try:
             _check_foldable(node, self.opset)
-        except _Refuse as e:
-            return str(e)
+        except NoMatch as e:
+            return e.reason
         predicted = predicted_nbytes(node)
         if predicted is not None and predicted > self.limit:
             return f"result would be {predicted} bytes, over the fold limit of {self.limit}"
@@ -233,13 +227,13 @@ def _all_inputs_constant(node: Node) -> bool:
 def _check_foldable(node: Node, opset: int) -> None:
     reason = NEVER_FOLD.get(node.op_type)
     if reason is not None:
-        raise _Refuse(reason)
+        raise NoMatch(reason)
     if node.op_type == "Dropout" and _dropout_draws(node, opset):
-        raise _Refuse("Dropout in training mode is random: folding would freeze one sample")
+        raise NoMatch("Dropout in training mode is random: folding would freeze one sample")
     if node.subgraphs():
-        raise _Refuse("control flow with subgraphs is not evaluated")
+        raise NoMatch("control flow with subgraphs is not evaluated")
     if any(v is not None and v.non_tensor for v in node.outputs):
-        raise _Refuse("its output is a sequence, map or optional, not a tensor")
+        raise NoMatch("its output is a sequence, map or optional, not a tensor")
 
 
 def _dropout_draws(node: Node, opset: int) -> bool:
@@ -275,18 +269,16 @@ def _selected_dims(node: Node, shape: tuple) -> tuple:
 
 
 def _shape_value(node: Node) -> np.ndarray:
-    dims = _selected_dims(node, node.input(0).shape)  # type: ignore[union-attr]
+    """The value of a Shape or Size node whose input's shape `_shape_known` holds."""
+    x = node.input(0)
+    assert x is not None and x.shape is not None
+    dims = _selected_dims(node, x.shape)
     if node.op_type == "Size":
         return np.array(math.prod(dims), dtype=np.int64)
     return np.array(dims, dtype=np.int64)
 
 
 # -- results -----------------------------------------------------------------------------------
-
-
-def _pair(node: Node, arrays: list[np.ndarray]) -> list[tuple[np.ndarray | None, Value | None]]:
-    it = iter(arrays)
-    return [(next(it) if v is not None else None, v) for v in node.outputs]
 
 
 def _tensor(arr: np.ndarray, v: Value, by: str) -> Tensor:
@@ -308,7 +300,7 @@ def _tensor(arr: np.ndarray, v: Value, by: str) -> Tensor:
 def _constant_tensor(node: Node) -> Tensor:
     tensor = constant_node_tensor(node)
     if tensor is None:
-        raise _Refuse("sparse or empty Constant stays a node")
+        raise NoMatch("sparse or empty Constant stays a node")
     return tensor
 
 
@@ -334,9 +326,9 @@ def _substitute(graph: Graph, node: Node, tensors: list[Tensor | None]) -> None:
 
 def _if_taken(node: Node) -> bool:
     """The constant condition of an If (True: the then branch runs)."""
-    cond = node.input(0).numpy()  # type: ignore[union-attr]
+    cond = require(node.input(0)).numpy()
     if cond.size != 1:
-        raise _Refuse(f"If condition has {cond.size} elements")
+        raise NoMatch(f"If condition has {cond.size} elements")
     return bool(cond.reshape(-1)[0])
 
 
@@ -352,14 +344,14 @@ def _inline_if(graph: Graph, node: Node, then: bool) -> list[Node]:
     moved = [_move_node(graph, old, node, mapping) for old in taken.nodes]
     for new in moved:
         _remap_subgraphs(new, mapping)
-    outs = [mapping.get(id(v), v) for v in taken.outputs]
+    outs: list[Value] = [mapping.get(id(v), v) for v in taken.outputs]
     _retire(model, dropped)
     for old in taken:
         old.clear_inputs()  # its replacement reads the same values now
     names = [(v.name if v is not None else "") for v in node.outputs]
-    for old, new in zip(node.outputs, outs, strict=True):
-        if old is not None:
-            graph.replace_all_uses_with(old, new)
+    for old_out, new_out in zip(node.outputs, outs, strict=True):
+        if old_out is not None:
+            graph.replace_all_uses_with(old_out, new_out)
     # Both branches are dealt with (moved or retired): detach them so that removing the If
     # does not release the nested subgraphs that moved with their nodes.
     node.attributes.pop("then_branch", None)
@@ -370,7 +362,7 @@ def _inline_if(graph: Graph, node: Node, then: bool) -> list[Node]:
 
 
 def _move_initializer(graph: Graph, old: Value) -> Value:
-    graph.model.release_value(old)  # type: ignore[union-attr]
+    graph.owning_model().release_value(old)
     new = Value(old.name, const=old.const)
     new.doc_string = old.doc_string
     return graph.add_initializer(new)
@@ -414,8 +406,8 @@ def _remap_subgraphs(node: Node, mapping: dict[int, Value]) -> None:
 
 def _retire(model: Model, graph: Graph) -> None:
     """Drop a discarded branch's uses of outer values and release its names."""
-    for v in [*graph.inputs, *graph.initializers.values()]:
-        model.release_value(v)
+    for value in [*graph.inputs, *graph.initializers.values()]:
+        model.release_value(value)
     for n in graph.nodes:
         n.clear_inputs()
         model.release_node(n)

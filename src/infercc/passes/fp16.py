@@ -84,7 +84,7 @@ from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_value, default_opset
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class _State:
     def orig_dtype(self, v: Value) -> int | None:
         return self.converted.get(v, v.dtype)
 
-    def check(self, node: Node, ctx: PassContext) -> _Plan | Refuse | None:
+    def check(self, node: Node, ctx: PassContext) -> _Plan:
         """The node's plan, or why it keeps float32 (a refusal, listed in kept_fp32)."""
         return _decide(self, node)
 
@@ -194,17 +194,17 @@ def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
 # -- per-node decision ---------------------------------------------------------------------
 
 
-def _decide(st: _State, node: Node) -> _Plan | Refuse | None:
-    """The plan to convert; Refuse(reason) to keep float32; None to skip quietly."""
+def _decide(st: _State, node: Node) -> _Plan:
+    """The plan to convert; NoMatch(reason) to keep float32; NoMatch() to skip quietly."""
     if node.is_standard and node.op_type in _AGNOSTIC:
-        return None
+        raise NoMatch()
     tensors = [v for v in (*node.inputs, *node.outputs) if v is not None]
     dtypes = [st.orig_dtype(v) for v in tensors]
     if FLOAT not in dtypes:
-        return None  # integer or already-converted data: nothing to convert
+        raise NoMatch()  # integer or already-converted data: nothing to convert
     reason = _exclusion(st, node)
     if reason is not None:
-        return Refuse(reason)
+        raise NoMatch(reason)
     return _schema_plan(st, node)
 
 
@@ -236,24 +236,24 @@ def _exclusion(st: _State, node: Node) -> str | None:
     return None
 
 
-def _schema_plan(st: _State, node: Node) -> _Plan | Refuse | None:
+def _schema_plan(st: _State, node: Node) -> _Plan:
     schema = _schema(node.op_type, st.opset)
     groups = _type_groups(node, schema) if schema is not None else None
     if groups is None:
-        return Refuse("no ONNX schema for its inputs and outputs")
+        raise NoMatch("no ONNX schema for its inputs and outputs")
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
     plan = _plan_from_groups(st, node, groups, allowed)
-    if not isinstance(plan, _Plan):
-        return plan
     reason = _overflow_reason(st, node, plan) or _attr_overflow_reason(node)
     if reason is None and not plan.outputs:
         reason = _no_float_output_reason(st, node, plan)
-    return Refuse(reason) if reason is not None else plan
+    if reason is not None:
+        raise NoMatch(reason)
+    return plan
 
 
 def _plan_from_groups(
     st: _State, node: Node, groups: dict[str, list[tuple[bool, int]]], allowed: dict[str, set]
-) -> _Plan | Refuse | None:
+) -> _Plan:
     plan = _Plan(set(), set())
     coords = _COORD_INPUTS.get(node.op_type, ())
     unknown = already = False
@@ -271,10 +271,10 @@ def _plan_from_groups(
     if plan.inputs or plan.outputs:
         return plan
     if already:
-        return None  # converted before: float32 is left only where it must be
+        raise NoMatch()  # converted before: float32 is left only where it must be
     if unknown:
-        return Refuse("dtype unknown (shape inference did not type it)")
-    return Refuse("no float16 type for its float32 tensors in the ONNX schema")
+        raise NoMatch("dtype unknown (shape inference did not type it)")
+    raise NoMatch("no float16 type for its float32 tensors in the ONNX schema")
 
 
 def _member(node: Node, m: tuple[bool, int]) -> Value:

@@ -37,14 +37,14 @@ from onnx import TensorProto
 from infercc.ir.graph import Graph, Node, Value
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_scalar, has_perm, producer, sole_reader
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
 MS = "com.microsoft"
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Match:
     softmax: Node
     q: Value
@@ -61,6 +61,15 @@ class _Match:
     removed: list[Node]
 
 
+@dataclass(frozen=True)
+class _Cache:
+    """Concat(past, heads) -> present: the past input, the new [B, S, H * D] x, the present."""
+
+    past: Value
+    x: Value
+    present: Value
+
+
 def _only_reader(value: Value | None, op: str) -> Node | None:
     reader = sole_reader(value)
     if reader is None or reader.op_type != op or not reader.is_standard:
@@ -71,19 +80,23 @@ def _only_reader(value: Value | None, op: str) -> Node | None:
 _producer = producer
 
 
-def split_heads(value: Value, removed: list[Node]) -> Value | None:
+def _read_once(value: Value | None) -> bool:
+    return value is not None and len(value.uses()) == 1
+
+
+def split_heads(value: Value | None, removed: list[Node]) -> Value | None:
     """value = Transpose(Reshape(x, [*, *, H, D]), [0, 2, 1, 3]) -> x."""
     t = _producer(value, "Transpose")
-    if not has_perm(t, [0, 2, 1, 3]):
+    if t is None or not has_perm(t, [0, 2, 1, 3]):
         return None
     r = _producer(t.input(0), "Reshape")
-    if r is None or len(t.input(0).uses()) != 1:
+    if r is None or not _read_once(t.input(0)):
         return None
     removed += [t, r]
     return r.input(0)
 
 
-def _cache(concat: Node | None, removed: list[Node]) -> tuple[Value, Value, Value] | None:
+def _cache(concat: Node | None, removed: list[Node]) -> _Cache | None:
     """Concat(past, Transpose(Reshape(x)), axis=2) -> (past, x, present)."""
     if concat is None or concat.attr("axis") != 2 or len(concat.inputs) != 2:
         return None
@@ -91,7 +104,7 @@ def _cache(concat: Node | None, removed: list[Node]) -> tuple[Value, Value, Valu
     if past is None or new is None or not past.is_graph_input:
         return None
     x = split_heads(new, removed)
-    return None if x is None else (past, x, concat.output)
+    return None if x is None else _Cache(past, x, concat.output)
 
 
 def _scores(softmax: Node, removed: list[Node]) -> tuple[Node, float, Value | None] | None:
@@ -100,53 +113,56 @@ def _scores(softmax: Node, removed: list[Node]) -> tuple[Node, float, Value | No
         return None
     x, bias = softmax.input(0), None
     add = _producer(x, "Add")
-    if add is not None and len(x.uses()) == 1:
+    if add is not None and _read_once(x):
         a, b = add.inputs
         scaled, bias = (a, b) if _producer(a, "Div") or _producer(a, "Mul") else (b, a)
         removed.append(add)
         x = scaled
     op = _producer(x, "Div") or _producer(x, "Mul")
-    if op is None or len(x.uses()) != 1:
+    if op is None or not _read_once(x):
         return None
     c = const_scalar(op.input(1))
     mm = _producer(op.input(0), "MatMul")
-    if c is None or mm is None or len(op.input(0).uses()) != 1:
+    if c is None or mm is None or not _read_once(op.input(0)):
         return None
     scale = 1.0 / c if op.op_type == "Div" else c
     removed += [op]
     return mm, scale, bias
 
 
-def match(softmax: Node) -> _Match | str:
-    """The attention around `softmax`, or why it is not one."""
+def match(softmax: Node) -> _Match:
+    """The attention around `softmax`; NoMatch says why it is not one."""
     removed: list[Node] = [softmax]
     found = _scores(softmax, removed)
     if found is None:
-        return "the Softmax does not read MatMul(Q, K^T) scaled by a constant (+ a bias)"
+        raise NoMatch("the Softmax does not read MatMul(Q, K^T) scaled by a constant (+ a bias)")
     qk, scale, bias = found
     kt = _producer(qk.input(1), "Transpose")
-    if not has_perm(kt, [0, 1, 3, 2]):
-        return "K is not transposed [0, 1, 3, 2] before the score MatMul"
+    if kt is None or not has_perm(kt, [0, 1, 3, 2]):
+        raise NoMatch("K is not transposed [0, 1, 3, 2] before the score MatMul", at=qk)
     key_concat = _producer(kt.input(0), "Concat")
     av = _only_reader(softmax.output, "MatMul")
     value_concat = None if av is None else _producer(av.input(1), "Concat")
     if av is None or av.input(0) is not softmax.output:
-        return "the probabilities are not multiplied by V alone"
+        raise NoMatch("the probabilities are not multiplied by V alone")
     removed += [qk, kt, av]
     q = split_heads(qk.input(0), removed)
     key = _cache(key_concat, removed)
     value = _cache(value_concat, removed)
     if q is None or key is None or value is None:
-        return "Q, K or V is not Transpose(Reshape(x)) with K, V concatenated to a past input"
+        at = qk if q is None else kt if key is None else av
+        raise NoMatch(
+            "Q, K or V is not Transpose(Reshape(x)) with K, V concatenated to a past input", at
+        )
     out = merge_heads(av.output, removed)
     if out is None:
-        return "the attention output is not Transpose [0, 2, 1, 3] then Reshape"
+        raise NoMatch("the attention output is not Transpose [0, 2, 1, 3] then Reshape", at=av)
     return _finish(softmax, q, key, value, bias, out, scale, removed)
 
 
 def merge_heads(value: Value, removed: list[Node]) -> Value | None:
     t = _only_reader(value, "Transpose")
-    if not has_perm(t, [0, 2, 1, 3]):
+    if t is None or not has_perm(t, [0, 2, 1, 3]):
         return None
     r = _only_reader(t.output, "Reshape")
     if r is None:
@@ -155,23 +171,30 @@ def merge_heads(value: Value, removed: list[Node]) -> Value | None:
     return r.output
 
 
-def _finish(softmax, q, key, value, bias, out, scale, removed) -> _Match | str:
-    past_key, k, present_key = key
-    past_value, v, present_value = value
-    dims = past_key.shape
-    if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in (dims[1], dims[3])):
-        return "past_key has no fixed [batch, heads, past, head_size] shape"
-    heads, size = int(dims[1]), int(dims[3])
+def _finish(
+    softmax: Node,
+    q: Value,
+    key: _Cache,
+    value: _Cache,
+    bias: Value | None,
+    out: Value,
+    scale: float,
+    removed: list[Node],
+) -> _Match:
+    past_key, k, present_key = key.past, key.x, key.present
+    past_value, v, present_value = value.past, value.x, value.present
+    heads, size = fixed_heads(past_key)
     width = q.shape[-1] if q.shape else None
     if width != heads * size or (k.shape and k.shape[-1] != width):
-        return f"q's width {width} is not heads x head_size = {heads} x {size}"
+        raise NoMatch(f"q's width {width} is not heads x head_size = {heads} x {size}", q)
     if bias is not None and (bias.shape is None or len(bias.shape) != 4 or bias.shape[1] != 1):
-        return "the attention bias is not of shape [batch or 1, 1, new, total]"
-    if any(x.dtype != TensorProto.FLOAT for x in (q, k, v, past_key, past_value)):
-        return "not float32"
-    for present, readers in ((present_key, 1), (present_value, 1)):
-        if len(present.uses()) != readers:
-            return f"{present.name} has readers outside the attention"
+        raise NoMatch("the attention bias is not of shape [batch or 1, 1, new, total]", bias)
+    for x in (q, k, v, past_key, past_value):
+        if x.dtype != TensorProto.FLOAT:
+            raise NoMatch("not float32", x)
+    for present in (present_key, present_value):
+        if len(present.uses()) != 1:
+            raise NoMatch(f"{present.name} has readers outside the attention", present)
     if abs(scale * math.sqrt(size) - 1.0) > 1e-6:
         log.debug("attention scale %.6g is not 1/sqrt(head_size)", scale)
     return _Match(
@@ -191,6 +214,15 @@ def _finish(softmax, q, key, value, bias, out, scale, removed) -> _Match | str:
     )
 
 
+def fixed_heads(past_key: Value) -> tuple[int, int]:
+    """(heads, head size) of a past_key [batch, heads, past, head_size] with those fixed."""
+    dims = past_key.shape
+    heads, size = (dims[1], dims[3]) if dims is not None and len(dims) == 4 else (None, None)
+    if not isinstance(heads, int) or not isinstance(size, int):
+        raise NoMatch("past_key has no fixed [batch, heads, past, head_size] shape", past_key)
+    return heads, size
+
+
 def _rewrite(graph: Graph, m: _Match) -> None:
     inputs = [m.q, m.k, m.v, None, None, m.bias, m.past_key, m.past_value]
     node = graph.make_node(
@@ -202,12 +234,11 @@ def _rewrite(graph: Graph, m: _Match) -> None:
         name=f"MultiHeadAttention_{m.softmax.name}",
         attributes={"num_heads": m.heads, "scale": float(m.scale)},
     )
-    out, pk, pv = node.outputs
-    out.dtype, out.shape = m.out.dtype, m.out.shape
-    pk.dtype, pk.shape = m.present_key.dtype, m.present_key.shape
-    pv.dtype, pv.shape = m.present_value.dtype, m.present_value.shape
-    for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
-        graph.replace_all_uses_with(old, new)
+    for i, old in enumerate((m.out, m.present_key, m.present_value)):
+        new = node.out(i)
+        new.dtype, new.shape = old.dtype, old.shape
+    for i, old in enumerate((m.out, m.present_key, m.present_value)):
+        graph.replace_all_uses_with(old, node.out(i))
     for dead in reversed(in_order(graph, m.removed)):
         if not any(o is not None and (o.uses() or o.is_graph_output) for o in dead.outputs):
             graph.remove(dead)
@@ -218,17 +249,16 @@ def in_order(graph: Graph, nodes: list[Node]) -> list[Node]:
     return sorted(set(nodes), key=lambda n: order.get(n, -1))
 
 
-def _check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+def _check(node: Node, ctx: PassContext) -> _Match:
     if not has_cache_inputs(node.graph):
-        return None
+        raise NoMatch()
     if ctx.portable or ctx.target != "cpu":
-        return Refuse("--portable or a GPU target keeps standard ops")
-    found = match(node)
-    return Refuse(found) if isinstance(found, str) else found
+        raise NoMatch("--portable or a GPU target keeps standard ops")
+    return match(node)
 
 
 def _apply(node: Node, m: _Match, ctx: PassContext) -> None:
-    _rewrite(node.graph, m)
+    _rewrite(node.owning_graph(), m)
 
 
 ATTENTION = Rule("fused", ("Softmax",), _check, _apply)
@@ -240,7 +270,7 @@ def fuse_decoder_attention(graph: Graph, ctx: PassContext) -> PassResult:
     run = apply_rules(graph, ctx, [ATTENTION], subgraphs=False)
     fused = run.counts["fused"]
     if fused:
-        graph.model.opset_imports.setdefault(MS, 1)
+        graph.ensure_opset(MS)
     return PassResult(changed=fused > 0, stats={"fused": fused})
 
 

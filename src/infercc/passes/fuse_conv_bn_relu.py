@@ -58,7 +58,7 @@ from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_value, sole_reader
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -176,21 +176,21 @@ class _Fold:
     shift: np.ndarray | None
 
 
-def _check_bn(bn: Node, ctx: PassContext) -> _Fold | Refuse | None:
+def _check_bn(bn: Node, ctx: PassContext) -> _Fold:
     x = bn.input(0)
     p = x.producer if x is not None else None
     target = _bn_target(p) if p is not None and p.graph is bn.graph else None
     if target is None:
-        return None
+        raise NoMatch()
     assert p is not None
     reason = _bn_reason(bn) or _reader_reason(p, bn)
     if reason is not None:
-        return Refuse(reason)
+        raise NoMatch(reason)
     scale, shift = _bn_affine(bn)
     check = {"conv": _bn_conv_reason, "gemm": _bn_gemm_reason, "matmul": _bn_matmul_reason}
     reason = check[target](p, bn, scale)
     if reason is not None:
-        return Refuse(reason)
+        raise NoMatch(reason)
     key = {"Conv": "bn_into_conv", "ConvTranspose": "bn_into_convtranspose", "Gemm": "bn_into_gemm"}
     return _Fold(key.get(p.op_type, "bn_into_matmul"), p, scale, shift)
 
@@ -419,46 +419,46 @@ def _data_and_const(node: Node) -> tuple[Value, int, np.ndarray] | None:
     return (b, 0, ca) if ca is not None else (a, 1, cb)
 
 
-def _check_mul_add(node: Node, ctx: PassContext) -> _Fold | Refuse | None:
+def _check_mul_add(node: Node, ctx: PassContext) -> _Fold:
     found = _data_and_const(node)
     if found is None or found[0].producer is None or found[0].producer.graph is not node.graph:
-        return None  # no producer here (a graph input, or an outer-scope value)
+        raise NoMatch()  # no producer here (a graph input, or an outer-scope value)
     x, _, c = found
     p = x.producer
     assert p is not None
     if not p.is_standard or p.op_type not in (*_CONVS, "BatchNormalization"):
-        return None
+        raise NoMatch()
     if p.op_type in _CONVS:
         return _mul_add_conv(p, node, c)
     return _mul_add_bn(p, node, c)
 
 
-def _mul_add_conv(conv: Node, node: Node, c: np.ndarray) -> _Fold | Refuse:
+def _mul_add_conv(conv: Node, node: Node, c: np.ndarray) -> _Fold:
     reason = _reader_reason(conv, node) or _conv_reason(conv)
     if reason is not None:
-        return Refuse(reason)
+        raise NoMatch(reason)
     w = const_value(conv.input(1))
     if c.dtype != w.dtype:
-        return Refuse("constant dtype differs from the conv weight")
+        raise NoMatch("constant dtype differs from the conv weight")
     vec = _per_channel(c, w.ndim, _out_channels(conv))
     if vec is None:
-        return Refuse(f"{node.op_type} constant does not broadcast per output channel")
+        raise NoMatch(f"{node.op_type} constant does not broadcast per output channel")
     if node.op_type == "Mul":
         return _Fold("mul_into_conv", conv, vec, None)
     return _Fold("add_into_conv", conv, None, vec)
 
 
-def _mul_add_bn(bn: Node, node: Node, c: np.ndarray) -> _Fold | Refuse:
+def _mul_add_bn(bn: Node, node: Node, c: np.ndarray) -> _Fold:
     reason = _bn_reason(bn)
     if reason is None and not _reads_only(bn.output, node):
         reason = "BatchNormalization output has other readers"
     if reason is not None:
-        return Refuse(reason)
+        raise NoMatch(reason)
     gamma = const_value(bn.input(1))
     rank = bn.output.rank if bn.output.rank is not None else bn.input(0).rank
     vec = _per_channel(c, rank, len(gamma))
     if vec is None or c.dtype not in _FLOATS:
-        return Refuse(f"{node.op_type} constant does not broadcast per channel")
+        raise NoMatch(f"{node.op_type} constant does not broadcast per channel")
     if node.op_type == "Mul":
         return _Fold("affine_into_bn", bn, vec, None)
     return _Fold("affine_into_bn", bn, None, vec)
@@ -493,19 +493,19 @@ AFFINE_RULES = [
 # -- activation fusion (onnxruntime FusedConv) --------------------------------------------------
 
 
-def _check_activation(act: Node, ctx: PassContext) -> tuple[Node, list[float]] | Refuse | None:
+def _check_activation(act: Node, ctx: PassContext) -> tuple[Node, list[float]]:
     x = act.input(0)
     conv = x.producer if x is not None else None
     if conv is None or conv.op_type != "Conv" or not conv.is_standard:
-        return None
+        raise NoMatch()
     if conv.graph is not act.graph:
-        return None
+        raise NoMatch()
     reason = _fused_conv_reason(conv, act)
     params = _activation_params(act) if reason is None else None
     if isinstance(params, str):
         reason = params
     if reason is not None:
-        return Refuse(reason)
+        raise NoMatch(reason)
     assert params is not None
     return conv, params
 

@@ -35,7 +35,7 @@ from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.tensor import Tensor
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_ints, const_tensor, default_opset, producer, sole_reader
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +60,23 @@ class _Match:
     key: str
 
 
-def _check(add: Node, ctx: PassContext) -> _Match | Refuse | None:
+def _check(add: Node, ctx: PassContext) -> _Match:
     found = _matmul_and_bias(add)
     if found is None:
-        return None
+        raise NoMatch()
     mm, bias = found
     weight = const_tensor(mm.input(1))
     if weight is None or len(weight.shape) != 2 or weight.dtype not in _FLOATS:
-        return None
+        raise NoMatch()
     a = mm.input(0)
     if a is None or (a.dtype is not None and a.dtype != weight.dtype):
-        return None
+        raise NoMatch()
     if bias.dtype != weight.dtype or not _bias_broadcasts(bias, int(weight.shape[1])):
-        return None
+        raise NoMatch()
     if sole_reader(mm.outputs[0]) is not add or add.outputs[0] is None:
-        return None
+        raise NoMatch()
     if default_opset(add) < 11:
-        return Refuse("opset below 11 (Gemm's C does not broadcast the same way)")
+        raise NoMatch("opset below 11 (Gemm's C does not broadcast the same way)")
     if a.rank == 2 and len(bias.shape) <= 2:
         return _Match(mm, bias, None, None, "rank2")
     return _through_reshapes(add, mm, bias)
@@ -99,24 +99,24 @@ def _bias_broadcasts(bias: Tensor, n: int) -> bool:
     return all(d == 1 for d in shape[:-1]) and shape[-1] in (1, n)
 
 
-def _through_reshapes(add: Node, mm: Node, bias: Tensor) -> _Match | Refuse | None:
+def _through_reshapes(add: Node, mm: Node, bias: Tensor) -> _Match:
     inner = producer(mm.input(0), "Reshape")
     outer = sole_reader(add.outputs[0])
     if inner is None or outer is None or outer.op_type != "Reshape" or not outer.is_standard:
-        return None
+        raise NoMatch()
     if outer.input(0) is not add.outputs[0]:
-        return None
+        raise NoMatch()
     t1, t2 = const_ints(inner.input(1)), const_ints(outer.input(1))
     if t1 is None or len(t1) < 2:
-        return Refuse("the Reshape before the MatMul has no constant target of rank >= 2")
+        raise NoMatch("the Reshape before the MatMul has no constant target of rank >= 2")
     if len(bias.shape) > len(t1):
-        return None
+        raise NoMatch()
     if t2 is None:
-        return Refuse("the Reshape after the bias has no constant target")
+        raise NoMatch("the Reshape after the bias has no constant target")
     if 0 in t2 and outer.attr("allowzero", 0) != 1:
-        return Refuse("the Reshape after the bias copies a dimension (a 0 in its target)")
+        raise NoMatch("the Reshape after the bias copies a dimension (a 0 in its target)")
     if sole_reader(mm.input(0)) is not mm:
-        return Refuse("the reshaped input has other readers")
+        raise NoMatch("the reshaped input has other readers")
     return _Match(mm, bias, inner, outer, "through_reshapes")
 
 

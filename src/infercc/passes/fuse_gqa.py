@@ -67,7 +67,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from onnx import TensorProto
@@ -76,8 +77,15 @@ from infercc.assumptions import NONEMPTY_SEQUENCES
 from infercc.ir import symbolic as S
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
+from infercc.ir.symbolic_shapes import Shape as SymShape
 from infercc.ir.symbolic_shapes import SymbolicShapes
-from infercc.passes.fuse_attention import has_cache_inputs, in_order, merge_heads, split_heads
+from infercc.passes.fuse_attention import (
+    fixed_heads,
+    has_cache_inputs,
+    in_order,
+    merge_heads,
+    split_heads,
+)
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import (
     const_ints,
@@ -88,7 +96,7 @@ from infercc.passes.match import (
     producer,
     sole_reader,
 )
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +123,7 @@ def runtime_support() -> str | None:
     return "this onnxruntime has no GroupQueryAttention"
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Side:
     """Q, K or V of one layer: the [B, S, width] value the heads were split from, and the
     rotation applied to the split heads (a com.microsoft.RotaryEmbedding), if any."""
@@ -125,7 +133,16 @@ class _Side:
     rotary: Node | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
+class _Cache:
+    """Concat(past, heads, axis=2) -> present: the past input, the new heads' side."""
+
+    past: Value
+    side: _Side
+    present: Value
+
+
+@dataclass(frozen=True)
 class _Match:
     softmax: Node
     q: _Side
@@ -137,6 +154,7 @@ class _Match:
     present_key: Value
     present_value: Value
     out: Value
+    anchor: Node  # the output's producer: the fused node goes before it
     heads: int
     kv_heads: int
     scale: float
@@ -157,16 +175,17 @@ def _side(value: Value, removed: list[Node], may_rotate: bool) -> _Side | None:
         and not rotary.attr("rotary_embedding_dim", 0)
         and len(value.uses()) == 1
     ):
-        flat = split_heads(rotary.input(0), removed)
-        if flat is None:
+        heads = rotary.input(0)
+        flat = split_heads(heads, removed)
+        if flat is None or heads is None:
             return None
         removed.append(rotary)
-        return _Side(flat, rotary.input(0), rotary)
+        return _Side(flat, heads, rotary)
     flat = split_heads(value, removed)
     return None if flat is None else _Side(flat, value)
 
 
-def _cache(value: Value | None, removed: list[Node], may_rotate: bool):
+def _cache(value: Value, removed: list[Node], may_rotate: bool) -> _Cache | None:
     """Concat(past, heads, axis=2) -> (past, the side, present)."""
     concat = producer(value, "Concat")
     if concat is None or concat.attr("axis") not in (2, -2) or len(concat.inputs) != 2:
@@ -175,28 +194,28 @@ def _cache(value: Value | None, removed: list[Node], may_rotate: bool):
     if past is None or new is None or not past.is_graph_input or len(new.uses()) != 1:
         return None
     side = _side(new, removed, may_rotate)
-    return None if side is None else (past, side, concat.output)
+    return None if side is None else _Cache(past, side, concat.output)
 
 
 def _repeated(value: Value, sym: SymbolicShapes, removed: list[Node]) -> tuple[Value, int]:
     """value = Reshape(Tile|Expand(Unsqueeze(K, [2]), ...), [B, G * KV, T, D]) -> (K, G);
     anything else is K itself, G = 1."""
     reshape = producer(value, "Reshape")
-    grow = None if reshape is None else reshape.input(0).producer
-    if grow is None or not grow.is_standard or grow.op_type not in ("Tile", "Expand"):
+    grow = None if reshape is None else producer(reshape.input(0))
+    if reshape is None or grow is None or grow.op_type not in ("Tile", "Expand"):
         return value, 1
     unsq = producer(grow.input(0), "Unsqueeze")
-    if unsq is None or const_ints(unsq.input(1)) != [2]:
+    cache = None if unsq is None else unsq.input(0)
+    if unsq is None or cache is None or const_ints(unsq.input(1)) != [2]:
         return value, 1
-    cache = unsq.input(0)
     src, mid, out = sym.shape(cache), sym.shape(grow.output), sym.shape(reshape.output)
     if src is None or mid is None or out is None or len(src) != 4 or len(mid) != 5:
         return value, 1
-    groups = mid[2]
-    if not isinstance(groups, int) or len(out) != 4:
+    groups, heads = mid[2], src[1]
+    if not isinstance(groups, int) or heads is None or len(out) != 4:
         return value, 1
-    want_mid = (src[0], src[1], groups, src[2], src[3])
-    want_out = (src[0], S.mul(src[1], groups), src[2], src[3])
+    want_mid = (src[0], heads, groups, src[2], src[3])
+    want_out = (src[0], S.mul(heads, groups), src[2], src[3])
     same = all(S.equal(a, b) for a, b in zip(mid, want_mid, strict=True)) and all(
         S.equal(a, b) for a, b in zip(out, want_out, strict=True)
     )
@@ -208,18 +227,32 @@ def _repeated(value: Value, sym: SymbolicShapes, removed: list[Node]) -> tuple[V
     return cache, groups
 
 
-def _scores(softmax: Node, removed: list[Node], sym: SymbolicShapes):
+@dataclass(frozen=True)
+class _Scores:
+    """Softmax(Add(scaled MatMul(Qh, K^T), bias)): Qh, K^T's input, the scale and the bias."""
+
+    q: Value
+    keys: Value
+    scale: float
+    bias: Value
+
+
+def _read_once(value: Value | None) -> bool:
+    return value is not None and len(value.uses()) == 1
+
+
+def _scores(softmax: Node, removed: list[Node], sym: SymbolicShapes) -> _Scores | None:
     """Softmax(Add(scaled scores, bias)) -> (Qh, K^T's input, scale, bias)."""
     if softmax.attr("axis", -1) not in (-1, 3):
         return None
     add = producer(softmax.input(0), "Add")
-    if add is None or len(softmax.input(0).uses()) != 1:
+    if add is None or not _read_once(softmax.input(0)) or len(add.inputs) != 2:
         return None
     a, b = add.inputs
     mm = producer(a, "MatMul") or producer(a, "Div") or producer(a, "Mul")
     scores, bias = (a, b) if mm is not None else (b, a)
     removed.append(add)
-    if len(scores.uses()) != 1:
+    if scores is None or bias is None or len(scores.uses()) != 1:
         return None
     node = scores.producer
     scale = 1.0
@@ -229,46 +262,54 @@ def _scores(softmax: Node, removed: list[Node], sym: SymbolicShapes):
             return None
         scale = 1.0 / c if node.op_type == "Div" else c
         removed.append(node)
-        if len(node.input(0).uses()) != 1:
+        scaled = node.input(0)
+        if scaled is None or len(scaled.uses()) != 1:
             return None
-        node = node.input(0).producer
-    if node is None or not node.is_standard or node.op_type != "MatMul":
+        node = scaled.producer
+    if node is None or not node.is_standard or node.op_type != "MatMul" or len(node.inputs) != 2:
         return None
     removed.append(node)
     q, kt = node.inputs
+    if q is None or kt is None:
+        return None
     for operand in (q, kt):  # SDPA's split scale: Mul(x, c) on each operand
         mul = producer(operand, "Mul")
         c = None if mul is None else const_scalar(mul.input(1))
-        if c is not None and len(operand.uses()) == 1:
+        unscaled = None if mul is None else mul.input(0)
+        if mul is not None and unscaled is not None and c is not None and _read_once(operand):
             scale *= c
             removed.append(mul)
             if operand is q:
-                q = mul.input(0)
+                q = unscaled
             else:
-                kt = mul.input(0)
+                kt = unscaled
     if len(kt.uses()) != 1:
         return None
     keys = _untransposed(kt, sym, removed)
-    return None if keys is None else (q, keys, scale, bias)
+    return None if keys is None else _Scores(q, keys, scale, bias)
 
 
 def _untransposed(kt: Value, sym: SymbolicShapes, removed: list[Node]) -> Value | None:
     """kt = Transpose(x, [0, 1, 3, 2]), or the dynamo exporter's form of it,
     Reshape(Transpose(Reshape(x, [B * H, T, D]), [0, 2, 1]), [B, H, D, T]) -> x."""
     t = producer(kt, "Transpose")
-    if has_perm(t, [0, 1, 3, 2]):
+    if t is not None and has_perm(t, [0, 1, 3, 2]):
         removed.append(t)
         return t.input(0)
     outer = producer(kt, "Reshape")
     t = None if outer is None else producer(outer.input(0), "Transpose")
-    inner = None if not has_perm(t, [0, 2, 1]) else producer(t.input(0), "Reshape")
-    if inner is None or len(t.output.uses()) != 1:
+    inner = None if t is None or not has_perm(t, [0, 2, 1]) else producer(t.input(0), "Reshape")
+    x = None if inner is None else inner.input(0)
+    if outer is None or t is None or inner is None or x is None or len(t.output.uses()) != 1:
         return None
-    x = inner.input(0)
-    dims = [sym.shape(v) for v in (x, inner.output, outer.output)]
-    if any(d is None for d in dims) or [len(d) for d in dims] != [4, 3, 4]:
+    shape, merged, back = (sym.shape(v) for v in (x, inner.output, outer.output))
+    if shape is None or merged is None or back is None:
         return None
-    (b, h, n, d), merged, back = dims
+    if [len(shape), len(merged), len(back)] != [4, 3, 4]:
+        return None
+    b, h, n, d = shape
+    if b is None or h is None:
+        return None
     want = [(S.mul(b, h), n, d), (b, h, d, n)]
     for got, expected in zip((merged, back), want, strict=True):
         if not all(S.equal(u, w) is True for u, w in zip(got, expected, strict=True)):
@@ -279,70 +320,81 @@ def _untransposed(kt: Value, sym: SymbolicShapes, removed: list[Node]) -> Value 
     return x
 
 
-def match(softmax: Node, sym: SymbolicShapes) -> _Match | str:
-    """The attention around `softmax`, or why it is not one."""
+def match(softmax: Node, sym: SymbolicShapes) -> _Match:
+    """The attention around `softmax`; NoMatch says why it is not one."""
     removed: list[Node] = [softmax]
     found = _scores(softmax, removed, sym)
     if found is None:
-        return "the Softmax does not read MatMul(Q, K^T) scaled by constants plus a bias"
-    qh, kx, scale, bias = found
+        raise NoMatch("the Softmax does not read MatMul(Q, K^T) scaled by constants plus a bias")
     av = sole_reader(softmax.output)
-    if av is None or av.op_type != "MatMul" or av.input(0) is not softmax.output:
-        return "the probabilities are not multiplied by V alone"
+    values = None if av is None else av.input(1)
+    if av is None or values is None or av.op_type != "MatMul" or av.input(0) is not softmax.output:
+        raise NoMatch("the probabilities are not multiplied by V alone")
     removed.append(av)
-    key_cache, groups = _repeated(kx, sym, removed)
-    value_cache, value_groups = _repeated(av.input(1), sym, removed)
+    key_cache, groups = _repeated(found.keys, sym, removed)
+    value_cache, value_groups = _repeated(values, sym, removed)
     if groups != value_groups:
-        return "K and V are not repeated the same number of times"
-    q = _side(qh, removed, may_rotate=True)
+        raise NoMatch("K and V are not repeated the same number of times", av)
+    q = _side(found.q, removed, may_rotate=True)
     key = _cache(key_cache, removed, may_rotate=True)
     value = _cache(value_cache, removed, may_rotate=False)
     if q is None or key is None or value is None:
-        return "Q, K or V is not Transpose(Reshape(x)) with K, V concatenated to a past input"
-    if (q.rotary is None) != (key[1].rotary is None):
-        return "Q and K are not rotated alike"
+        at = found.q if q is None else key_cache if key is None else value_cache
+        raise NoMatch(
+            "Q, K or V is not Transpose(Reshape(x)) with K, V concatenated to a past input", at
+        )
+    if (q.rotary is None) != (key.side.rotary is None):
+        raise NoMatch("Q and K are not rotated alike", q.rotary or key.side.rotary)
     out = merge_heads(av.output, removed)
-    if out is None:
-        return "the attention output is not Transpose [0, 2, 1, 3] then Reshape"
-    return _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym)
+    anchor = None if out is None else out.producer
+    if out is None or anchor is None:
+        raise NoMatch("the attention output is not Transpose [0, 2, 1, 3] then Reshape", av)
+    return _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
 
 
-def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _Match | str:
-    past_key, k, present_key = key
-    past_value, v, present_value = value
-    dims = past_key.shape
-    if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in (dims[1], dims[3])):
-        return "past_key has no fixed [batch, heads, past, head_size] shape"
-    kv_heads, size = int(dims[1]), int(dims[3])
+def _finish(
+    softmax: Node,
+    q: _Side,
+    key: _Cache,
+    value: _Cache,
+    scores: _Scores,
+    out: Value,
+    anchor: Node,
+    groups: int,
+    removed: list[Node],
+    sym: SymbolicShapes,
+) -> _Match:
+    past_key, k, present_key = key.past, key.side, key.present
+    past_value, v, present_value = value.past, value.side, value.present
+    kv_heads, size = fixed_heads(past_key)
     heads = kv_heads * groups
-    widths = [sym.shape(x.flat) for x in (q, k, v)]
-    if any(w is None or len(w) != 3 for w in widths):
-        return "Q, K or V is not of rank 3 before its heads are split"
-    if [w[2] for w in widths] != [heads * size, kv_heads * size, kv_heads * size]:
-        return f"Q, K, V widths {[w[2] for w in widths]} are not {heads}, {kv_heads} heads x {size}"
+    widths = _widths((q, k, v), sym)
+    got = [w[2] for w in widths]
+    if got != [heads * size, kv_heads * size, kv_heads * size]:
+        raise NoMatch(f"Q, K, V widths {got} are not {heads}, {kv_heads} heads x {size}", q.flat)
     for side, n in ((q, heads), (k, kv_heads), (v, kv_heads)):
         split = sym.shape(side.split)
         if split is None or len(split) != 4 or (split[1], split[3]) != (n, size):
-            return f"the heads are not split as [batch, {n}, new, {size}]"
+            raise NoMatch(f"the heads are not split as [batch, {n}, new, {size}]", side.split)
     # Q, K, V share the pasts' type: Concat and MatMul take operands of one type
-    if any(x.dtype != TensorProto.FLOAT for x in (past_key, past_value)):
-        return "not float32"
+    for past in (past_key, past_value):
+        if past.dtype != TensorProto.FLOAT:
+            raise NoMatch("not float32", past)
+    bias = scores.bias
     kept = {q.flat, k.flat, v.flat, past_key, past_value, bias}
     kept |= {x for side in (q, k) if side.rotary for x in side.rotary.inputs[1:] if x is not None}
     caches = [present_key.producer, present_value.producer]  # replaced, as `out` is
-    dead = dead_with([*removed, *caches], kept)
+    dead = dead_with([*removed, *(c for c in caches if c is not None)], kept)
     replaced = {out, present_key, present_value}
     for node in dead:  # every value but the replaced ones dies with its readers
-        for value in node.outputs:
-            if value is not None and value not in replaced and not _dies(value, dead):
-                return f"{value.name} has readers outside the attention"
+        for dying in node.outputs:
+            if dying is not None and dying not in replaced and not _dies(dying, dead):
+                raise NoMatch(f"{dying.name} has readers outside the attention", dying)
     for present in (present_key, present_value):
         if any(u not in dead for u in present.users()):
-            return f"{present.name} has readers outside the attention"
-    removed[:] = list(dead)
-    reason = bias_shape(bias, sym, widths[0][1])
-    if reason is not None:
-        return reason
+            raise NoMatch(f"{present.name} has readers outside the attention", present)
+    new = widths[0][1]
+    bias_shape(bias, sym, new)
     return _Match(
         softmax,
         q,
@@ -354,12 +406,22 @@ def _finish(softmax, q, key, value, bias, out, scale, groups, removed, sym) -> _
         present_key,
         present_value,
         out,
+        anchor,
         heads,
         kv_heads,
-        scale,
-        widths[0][1],
-        removed,
+        scores.scale,
+        new,
+        list(dead),
     )
+
+
+def _widths(sides: tuple[_Side, ...], sym: SymbolicShapes) -> list[SymShape]:
+    """The [B, S, width] shapes of the sides' flat values (NoMatch: one is not of rank 3)."""
+    widths = [sym.shape(x.flat) for x in sides]
+    found: list[SymShape] = [w for w in widths if w is not None and len(w) == 3]
+    if len(found) != len(sides):
+        raise NoMatch("Q, K or V is not of rank 3 before its heads are split")
+    return found
 
 
 def _dies(value: Value, dead: set[Node]) -> bool:
@@ -385,7 +447,7 @@ def dead_with(pattern: list[Node], kept: set[Value]) -> set[Node]:
 # --------------------------------------------------------------------------- the causal proof
 
 
-def _strip(value: Value, ops: tuple[str, ...]) -> Value:
+def _strip(value: Value | None, ops: tuple[str, ...]) -> Value | None:
     while True:
         p = producer(value)
         if p is None or p.op_type not in ops:
@@ -395,52 +457,57 @@ def _strip(value: Value, ops: tuple[str, ...]) -> Value:
         value = p.input(0)
 
 
-def bias_shape(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> str | None:
-    """None when `bias` is [B or 1, 1, S, T] with S = `new`; else why not."""
+def bias_shape(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> SymShape:
+    """The shape of `bias` when it is [B or 1, 1, S, T] with S = `new`; else NoMatch."""
     shape = sym.shape(bias)
     if shape is None or len(shape) != 4 or shape[1] != 1 or not S.equal(shape[2], new):
-        return "the attention bias is not of shape [batch or 1, 1, new, total]"
-    return None
+        raise NoMatch("the attention bias is not of shape [batch or 1, 1, new, total]", bias)
+    return shape
 
 
-def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> str | None:
-    """None when `bias` [B or 1, 1, S, T] is NEG at every key after its row's query position
-    T - S + s (module docstring), with S = `new`; else why that is not proven."""
-    reason = bias_shape(bias, sym, new)
-    if reason is not None:
-        return reason
-    shape = sym.shape(bias)
+def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> None:
+    """Returns when `bias` [B or 1, 1, S, T] is NEG at every key after its row's query
+    position T - S + s (module docstring), with S = `new`; else NoMatch says why that is not
+    proven."""
+    total = bias_shape(bias, sym, new)[3]
+    not_where = "the attention bias is not Where(condition, 0, a large negative number)"
     where = producer(bias, "Where")
     if where is None:
-        return "the attention bias is not Where(condition, 0, a large negative number)"
+        raise NoMatch(not_where, bias)
     zero, neg = const_value(where.input(1)), const_value(where.input(2))
     if zero is None or neg is None or np.any(zero != 0) or neg.size == 0:
-        return "the attention bias is not Where(condition, 0, a large negative number)"
+        raise NoMatch(not_where, where)
     if float(np.max(neg)) > NEG_LIMIT:
-        return f"the attention bias masks with {float(np.max(neg)):g}, not at most {NEG_LIMIT:g}"
-    total = shape[3]
-    if _has_causal_term(where.input(0), sym, new, total, depth=0):
-        return None
-    return "the attention bias is not provably causal (no key <= query position term)"
+        reason = f"the attention bias masks with {float(np.max(neg)):g}, not at most {NEG_LIMIT:g}"
+        raise NoMatch(reason, where)
+    if not _has_causal_term(where.input(0), sym, new, total, depth=0):
+        raise NoMatch(
+            "the attention bias is not provably causal (no key <= query position term)", where
+        )
 
 
-def _has_causal_term(cond: Value, sym, new, total, depth: int) -> bool:
-    cond = _strip(cond, ("Unsqueeze", "Expand", "Cast", "Identity"))
-    node = producer(cond)
+def _has_causal_term(
+    cond: Value | None, sym: SymbolicShapes, new: S.Dim | None, total: S.Dim | None, depth: int
+) -> bool:
+    node = producer(_strip(cond, ("Unsqueeze", "Expand", "Cast", "Identity")))
     if node is None or depth > 8:
         return False
     if node.op_type == "And":
         return any(_has_causal_term(x, sym, new, total, depth + 1) for x in node.inputs)
+    if len(node.inputs) != 2:
+        return False
     if node.op_type == "LessOrEqual":
         keys, queries = node.inputs
     elif node.op_type == "GreaterOrEqual":
         queries, keys = node.inputs
     else:
         return False
+    if keys is None or queries is None:
+        return False
     return _key_index(keys, sym, total) and _query_position(queries, sym, new, total)
 
 
-def _only_dim(value: Value, sym, axis: int) -> S.Dim | None:
+def _only_dim(value: Value, sym: SymbolicShapes, axis: int) -> S.Dim | None:
     """The size of `value` along `axis` when every other dimension is 1."""
     shape = sym.shape(value)
     if shape is None or len(shape) < 2:
@@ -451,18 +518,19 @@ def _only_dim(value: Value, sym, axis: int) -> S.Dim | None:
     return shape[axis % rank]
 
 
-def _range(value: Value, sym) -> tuple[S.Dim, S.Dim] | None:
+def _range(value: Value | None, sym: SymbolicShapes) -> tuple[S.Dim, S.Dim] | None:
     """value = Unsqueeze*(Range(start, limit, 1)) -> (start, limit)."""
     r = producer(_strip(value, ("Unsqueeze",)), "Range")
-    if r is None:
+    if r is None or len(r.inputs) != 3:
         return None
-    elems = [sym.elems(x) for x in r.inputs]
-    if any(e is None or len(e) != 1 or e[0] is None for e in elems) or elems[2][0] != 1:
+    elems = [sym.elems(x) if x is not None else None for x in r.inputs]
+    found = [e[0] for e in elems if e is not None and len(e) == 1 and e[0] is not None]
+    if len(found) != 3 or found[2] != 1:
         return None
-    return elems[0][0], elems[1][0]
+    return found[0], found[1]
 
 
-def _key_index(keys: Value, sym, total) -> bool:
+def _key_index(keys: Value, sym: SymbolicShapes, total: S.Dim | None) -> bool:
     """keys = Range(0, T, 1) laid along the last axis."""
     found = _range(keys, sym)
     size = _only_dim(keys, sym, -1)
@@ -474,18 +542,21 @@ def _key_index(keys: Value, sym, total) -> bool:
     )
 
 
-def _query_position(queries: Value, sym, new, total) -> bool:
+def _query_position(
+    queries: Value, sym: SymbolicShapes, new: S.Dim | None, total: S.Dim | None
+) -> bool:
     """queries = Range(T - S, T, 1), or Range(0, S, 1) + (T - S), along the last axis but one."""
-    if S.equal(_only_dim(queries, sym, -2), new) is not True:
+    if new is None or total is None or S.equal(_only_dim(queries, sym, -2), new) is not True:
         return False
     offset = S.sub(total, new)
     found = _range(queries, sym)
     if found is not None:
         return S.equal(found[0], offset) is True and S.equal(found[1], total) is True
     add = producer(_strip(queries, ("Unsqueeze",)), "Add")
-    if add is None:
+    x, y = add.inputs if add is not None and len(add.inputs) == 2 else (None, None)
+    if x is None or y is None:
         return False
-    for a, b in (add.inputs, reversed(add.inputs)):
+    for a, b in ((x, y), (y, x)):
         base, shift = _range(a, sym), sym.elems(b)
         if (
             base is not None
@@ -520,7 +591,7 @@ def _lengths(
     """From the bias [., 1, S, T] and a past_key [B, ., ., .] (graph inputs both, or computed
     from them, so readable by every later layer)."""
 
-    def op(op_type: str, inputs, **attrs) -> Value:
+    def op(op_type: str, inputs: list[Value], **attrs: int) -> Value:
         node = graph.make_node(
             op_type, inputs, 1, before=before, name=f"gqa_{op_type}", attributes=attrs
         )
@@ -539,10 +610,10 @@ def _lengths(
     return seqlens_k, scalar, query
 
 
-def _rewrite_with(lengths: _Lengths):
+def _rewrite_with(lengths: _Lengths) -> Callable[[Node, _Match, PassContext], None]:
     def rewrite(node: Node, m: _Match, ctx: PassContext) -> None:
-        graph = node.graph
-        anchor = m.out.producer
+        graph = node.owning_graph()
+        anchor = m.anchor
         q = _flat_input(graph, m.q, m.heads, anchor)
         k = _flat_input(graph, m.k, m.kv_heads, anchor)
         heads = {"kv_num_heads": m.kv_heads, "scale": float(m.scale)}
@@ -557,7 +628,7 @@ def _rewrite_with(lengths: _Lengths):
             inputs += [None] * (_GQA_INPUTS["attention_bias"] - len(inputs)) + [m.bias]
             inputs += [None] * (_GQA_INPUTS["query_seqlens"] - len(inputs)) + [query]
             attributes = {"num_heads": m.heads, **heads, "causal": 1}
-            graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
+            graph.ensure_opset(MS_DOMAIN)
         fused = graph.make_node(
             op,
             inputs,
@@ -567,7 +638,7 @@ def _rewrite_with(lengths: _Lengths):
             name=f"{op}_{m.softmax.name}",
             attributes=attributes,
         )
-        out, pk, pv = fused.outputs
+        out, pk, pv = (fused.out(i) for i in range(3))
         for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
             new.dtype, new.shape = old.dtype, old.shape
             graph.replace_all_uses_with(old, new)
@@ -619,30 +690,33 @@ def _flat_input(graph: Graph, side: _Side, heads: int, before: Node) -> Value:
     return node.output
 
 
-def _check_with(sym: SymbolicShapes):
-    def check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+def _check_with(sym: SymbolicShapes) -> Callable[[Node, PassContext], _Match]:
+    def check(node: Node, ctx: PassContext) -> _Match:
         if not has_cache_inputs(node.graph):
-            return None
+            raise NoMatch()
         contrib = ctx.fused_ops_allowed and ctx.target == "cpu"
         opset = default_opset(node)
         if not contrib and opset < ATTENTION_OPSET:
-            return Refuse(
+            raise NoMatch(
                 f"--portable or a GPU target keeps standard ops, and Attention needs opset "
                 f"{ATTENTION_OPSET} (the model has {opset})"
             )
         found = match(node, sym)
-        if isinstance(found, str):
-            return Refuse(found)
         if contrib:
-            support = runtime_support() or causal_bias(found.bias, sym, found.new)
+            support = runtime_support()
             if support is not None:
-                return Refuse(support)
-        elif any(s.rotary is not None and not s.rotary.is_standard for s in (found.q, found.k)):
-            return Refuse("the heads are rotated by a contrib op; the standard form keeps them")
+                raise NoMatch(support)
+            causal_bias(found.bias, sym, found.new)
         else:
-            found.form = "standard"
+            for side in (found.q, found.k):
+                if side.rotary is not None and not side.rotary.is_standard:
+                    raise NoMatch(
+                        "the heads are rotated by a contrib op; the standard form keeps them",
+                        side.rotary,
+                    )
+            found = replace(found, form="standard")
         if not ctx.assumes(NONEMPTY_SEQUENCES):
-            return Refuse(
+            raise NoMatch(
                 "GroupQueryAttention differs on a row that keeps no key (a left-padded "
                 "prompt's padding): needs --assume nonempty-sequences"
             )

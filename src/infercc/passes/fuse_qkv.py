@@ -56,7 +56,7 @@ from infercc.passes.match import (
     producer,
     through_identity,
 )
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -101,30 +101,28 @@ class _Fuser:
         self.plans: dict[Graph, dict[Node, list[_Member] | str]] = {}
         self.stats: dict[str, int] = {"groups": 0, "matmuls": 0, "biases": 0}
 
-    def check(self, mm: Node, ctx: PassContext) -> _Group | Refuse | None:
-        graph = mm.graph
-        assert graph is not None
+    def check(self, mm: Node, ctx: PassContext) -> _Group:
+        graph = mm.owning_graph()
         if graph not in self.plans:
             self.plans[graph] = _plan(graph)
         found = self.plans[graph].get(mm)
         if found is None:
-            return None
+            raise NoMatch()
         if isinstance(found, str):
-            return Refuse(found)
+            raise NoMatch(found)
         x = mm.input(0)
         # An earlier group's rewrite may have moved these MatMuls onto its Split's outputs
         # (when x was one of its projections): they are fused on the next round, if at all.
         moved = [m for m in found if m.matmul.graph is not graph or m.matmul.input(0) is not x]
         if x is None or moved:
-            return None
+            raise NoMatch()
         axis = _split_axis(x, default_opset(graph))
         if axis is None:
-            return Refuse("opset < 11 needs the activation's rank for the Split axis")
+            raise NoMatch("opset < 11 needs the activation's rank for the Split axis", x)
         return _Group(x, found, axis)
 
     def rewrite(self, mm: Node, group: _Group, ctx: PassContext) -> None:
-        assert mm.graph is not None
-        _rewrite(mm.graph, group)
+        _rewrite(mm.owning_graph(), group)
         _count(self.stats, group.members)
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from onnx import TensorProto
@@ -59,7 +59,7 @@ from infercc.passes.match import (
     producer,
     sole_reader,
 )
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,17 @@ FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
 RMS_OPSET = 23  # the standard RMSNormalization
 
 
-@dataclass
+@dataclass(frozen=True)
+class _Skip:
+    """The residual Add joining in: its inputs and its output (the sum), of one shape."""
+
+    a: Value
+    b: Value
+    add: Node
+    sum: Value
+
+
+@dataclass(frozen=True)
 class _Match:
     key: str  # the counter: "simplified", "skip" or "rms"
     x: Value  # the normalized input (x0)
@@ -75,9 +85,9 @@ class _Match:
     weight: Value | None  # None: no Mul by a weight (a weight of ones)
     eps: float
     anchor: Node
+    width: int  # D, x's static last dimension
     removed: list[Node] = field(default_factory=list)
-    skip: tuple[Value, Value] | None = None  # the residual Add's inputs
-    residual: Value | None = None  # the residual Add's output
+    skip: _Skip | None = None  # the residual Add, in the skip form
 
 
 def _next(value: Value, *ops: str) -> Node | None:
@@ -93,17 +103,19 @@ def _other(node: Node, value: Value) -> Value | None:
     return b if a is value else a if b is value else None
 
 
-def _squared(mean: Node) -> tuple[Value, Node] | str:
-    """ReduceMean's input is x * x or x ** 2: (x, the square node)."""
-    sq = producer(mean.input(0))
-    if sq is None or sq.op_type not in ("Pow", "Mul") or len(mean.input(0).uses()) != 1:
-        return "the mean is not of a square Pow(x, 2) or Mul(x, x) read only by it"
+def _squared(mean: Node) -> tuple[Value, Node]:
+    """ReduceMean's input is x * x or x ** 2: (x, the square node). Not every ReduceMean is a
+    norm: NoMatch gives a reason only where a square feeds it."""
+    squares = mean.input(0)
+    sq = producer(squares)
+    if squares is None or sq is None or sq.op_type not in ("Pow", "Mul"):
+        raise NoMatch()
     x = sq.input(0)
-    if sq.op_type == "Mul" and sq.input(1) is not x:
-        return "the mean is not of a square Pow(x, 2) or Mul(x, x) read only by it"
+    if x is None or len(squares.uses()) != 1 or (sq.op_type == "Mul" and sq.input(1) is not x):
+        raise NoMatch("the mean is not of a square Pow(x, 2) or Mul(x, x) read only by it", sq)
     if sq.op_type == "Pow":
         if const_scalar(sq.input(1)) != 2.0:
-            return "the Pow's exponent is not the constant 2"
+            raise NoMatch("the Pow's exponent is not the constant 2", sq)
     return x, sq
 
 
@@ -114,37 +126,39 @@ def _last_axis(mean: Node, x: Value) -> bool:
     return axes[0] == -1 or (x.rank is not None and axes[0] == x.rank - 1)
 
 
-def _root(mean: Node, removed: list[Node]) -> tuple[Value, float] | str:
+def _root(mean: Node, removed: list[Node]) -> tuple[Value, float]:
     """Sqrt(Add(mean, eps)) -> (the root, eps)."""
     add = _next(mean.output, "Add")
     eps = None if add is None else const_scalar(_other(add, mean.output))
-    if eps is None:
-        return "the mean is not read by one Add of a constant epsilon alone"
+    if add is None or eps is None:
+        raise NoMatch("the mean is not read by one Add of a constant epsilon alone")
     if not math.isfinite(eps) or eps < 0:
-        return f"epsilon {eps} is not finite and non-negative"
+        raise NoMatch(f"epsilon {eps} is not finite and non-negative", add)
     sqrt = _next(add.output, "Sqrt")
     if sqrt is None:
-        return "mean + epsilon is not read by one Sqrt alone"
+        raise NoMatch("mean + epsilon is not read by one Sqrt alone", add)
     removed += [add, sqrt]
     return sqrt.output, eps
 
 
-def _normalized(root: Value, x: Value, removed: list[Node]) -> Value | str:
+def _normalized(root: Value, x: Value, removed: list[Node]) -> Value:
     """Div(x, root), or Mul(x, Reciprocal(root) | Div(1, root)) -> the quotient."""
     reader = _next(root, "Div", "Reciprocal")
     if reader is not None and reader.op_type == "Div" and not _is_one(reader.input(0)):
         if reader.input(0) is not x or reader.input(1) is not root:
-            return "the Div does not divide x by the root"
+            raise NoMatch("the Div does not divide x by the root", reader)
         removed.append(reader)
         return reader.output
     if reader is not None and reader.op_type == "Div" and reader.input(1) is not root:
-        return "the Div does not divide x by the root"
+        raise NoMatch("the Div does not divide x by the root", reader)
     if reader is not None:
         mul = _next(reader.output, "Mul")
         if mul is not None and _other(mul, reader.output) is x:
             removed += [reader, mul]
             return mul.output
-    return "the root is not read by Div(x, root) or Mul(x, Reciprocal(root)) alone"
+    raise NoMatch(
+        "the root is not read by Div(x, root) or Mul(x, Reciprocal(root)) alone", root
+    )
 
 
 def _is_one(value: Value | None) -> bool:
@@ -154,139 +168,128 @@ def _is_one(value: Value | None) -> bool:
 def _upcast(x: Value) -> tuple[Value, Node | None]:
     """x = Cast(x0, to=float) with x0 float16 or float32 -> (x0, the Cast)."""
     cast = producer(x, "Cast")
-    if cast is None or cast.attr("to") != TensorProto.FLOAT or cast.input(0) is None:
+    x0 = None if cast is None else cast.input(0)
+    if cast is None or x0 is None or cast.attr("to") != TensorProto.FLOAT:
         return x, None
-    if cast.input(0).dtype not in FLOATS:
+    if x0.dtype not in FLOATS:
         return x, None
-    return cast.input(0), cast
+    return x0, cast
 
 
-def match(mean: Node) -> _Match | str:
-    """The RMSNorm around `mean`, or why it is not one."""
-    found = _squared(mean)
-    if isinstance(found, str):
-        return found
-    x, sq = found
+def match(mean: Node) -> _Match:
+    """The RMSNorm around `mean`; NoMatch says why it is not one."""
+    x, sq = _squared(mean)
     if not _last_axis(mean, x):
-        return "the mean is not over the last axis alone with keepdims=1"
+        raise NoMatch("the mean is not over the last axis alone with keepdims=1")
     removed = [sq, mean]
-    root = _root(mean, removed)
-    if isinstance(root, str):
-        return root
-    root, eps = root
+    root, eps = _root(mean, removed)
     n = _normalized(root, x, removed)
-    if isinstance(n, str):
-        return n
     x0, up = _upcast(x)
     if up is not None:
         down = _next(n, "Cast")
         if down is None or down.attr("to") != x0.dtype:
-            return "x was cast to float32 but the result is not cast back to its type"
+            raise NoMatch(
+                "x was cast to float32 but the result is not cast back to its type", up
+            )
         removed.append(down)
         n = down.output
         if not set(x.users()) <= set(removed):
-            return "the cast of x to float32 has readers outside the normalization"
+            raise NoMatch("the cast of x to float32 has readers outside the normalization", up)
         removed.append(up)
     return _weighted(mean, x0, n, eps, removed)
 
 
-def _weighted(mean, x0: Value, n: Value, eps: float, removed: list[Node]) -> _Match | str:
+def _weighted(mean: Node, x0: Value, n: Value, eps: float, removed: list[Node]) -> _Match:
     """The Mul by the weight, when there is one (eliminate-no-ops drops a Mul by ones)."""
     width = x0.shape[-1] if x0.shape else None
     if x0.dtype not in FLOATS:
-        return "x is not float32 or float16"
+        raise NoMatch("x is not float32 or float16", x0)
     if not isinstance(width, int):
-        return "x's last dimension is not static"
+        raise NoMatch("x's last dimension is not static", x0)
     mul = _next(n, "Mul")
     w = None if mul is None else _other(mul, n)
     weight = const_value(w)
-    if weight is None:
-        return _Match("simplified", x0, n, None, eps, mean, removed)
+    if mul is None or w is None or weight is None:
+        return _Match("simplified", x0, n, None, eps, mean, width, removed)
     if weight.ndim != 1 or weight.shape[0] != width:
-        return f"the weight's shape {list(weight.shape)} is not [D] with D x's last dim {width}"
+        raise NoMatch(
+            f"the weight's shape {list(weight.shape)} is not [D] with D x's last dim {width}", w
+        )
     if weight.dtype != _np(x0.dtype):
-        return "x and the weight are not both float32 or both float16"
+        raise NoMatch("x and the weight are not both float32 or both float16", w)
     removed.append(mul)
-    return _Match("simplified", x0, mul.output, w, eps, mean, removed)
+    return _Match("simplified", x0, mul.output, w, eps, mean, width, removed)
 
 
-def _np(dtype: int) -> np.dtype:
+def _np(dtype: int | None) -> np.dtype:
     return np.dtype(np.float32 if dtype == TensorProto.FLOAT else np.float16)
 
 
-def _residual(m: _Match) -> None:
-    """Make `m` the skip form when x0 is Add(a, b) of two rank-3 tensors of one shape."""
+def _residual(m: _Match) -> _Match:
+    """`m` in the skip form when x0 is Add(a, b) of two rank-3 tensors of one shape."""
     add = producer(m.x, "Add")
     if add is None or len(add.inputs) != 2 or m.x.shape is None or len(m.x.shape) != 3:
-        return
+        return m
     a, b = add.inputs
     if a is None or b is None or a.shape != m.x.shape or b.shape != m.x.shape:
-        return
+        return m
     if a.dtype != m.x.dtype or b.dtype != m.x.dtype or a.is_constant or b.is_constant:
-        return
-    m.key, m.skip, m.residual = "skip", (a, b), m.x
-    m.removed.append(add)
+        return m
+    return replace(m, key="skip", skip=_Skip(a, b, add, m.x), removed=[*m.removed, add])
 
 
 def _contrib(ctx: PassContext) -> bool:
     return ctx.fused_ops_allowed and ctx.target == "cpu"
 
 
-def _check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+def _check(node: Node, ctx: PassContext) -> _Match:
     found = match(node)
-    if isinstance(found, str):
-        # Not every ReduceMean is a norm: refuse only where a square feeds it.
-        sq = producer(node.input(0))
-        return Refuse(found) if sq is not None and sq.op_type in ("Pow", "Mul") else None
     if _contrib(ctx):
-        _residual(found)
-        return found
+        return _residual(found)
     opset = default_opset(node)
     if opset < RMS_OPSET:
-        return Refuse(
+        raise NoMatch(
             f"--portable or a GPU target keeps standard ops, and RMSNormalization needs "
             f"opset {RMS_OPSET} (the model has {opset})"
         )
-    found.key = "rms"
-    return found
+    return replace(found, key="rms")
 
 
 def _rewrite(node: Node, m: _Match, ctx: PassContext) -> None:
-    graph = node.graph
-    if m.weight is None:
-        ones = np.ones(m.x.shape[-1], _np(m.x.dtype))  # type: ignore[index]
-        m.weight = graph.make_constant(ones, "rms_norm_weight")
-    if m.key == "skip":
-        fused = _skip_node(graph, m)
+    graph = node.owning_graph()
+    weight = m.weight
+    if weight is None:
+        weight = graph.make_constant(np.ones(m.width, _np(m.x.dtype)), "rms_norm_weight")
+    if m.skip is not None:
+        fused = _skip_node(graph, m.skip, weight, m.eps)
     else:
         op = "SimplifiedLayerNormalization" if m.key == "simplified" else "RMSNormalization"
         attrs = {"axis": -1, "epsilon": m.eps, "stash_type": 1}
-        fused = graph.make_node(op, [m.x, m.weight], 1, before=m.anchor, name=op, attributes=attrs)
-    out = fused.outputs[0]
+        fused = graph.make_node(op, [m.x, weight], 1, before=m.anchor, name=op, attributes=attrs)
+    out = fused.out(0)
     out.dtype, out.shape = m.out.dtype, m.out.shape
     graph.replace_all_uses_with(m.out, out)
     _drop(graph, m.removed)
 
 
-def _skip_node(graph: Graph, m: _Match) -> Node:
+def _skip_node(graph: Graph, skip: _Skip, weight: Value, eps: float) -> Node:
     """SkipSimplifiedLayerNormalization right after the residual Add (the sum's other readers
     may come before the ReduceMean), its fourth output taking over the sum's readers."""
-    add = m.residual.producer  # type: ignore[union-attr]
     name = graph.fresh_node_name("SkipSimplifiedLayerNormalization")
     # Outputs 1 and 2 (mean, inverse deviation) are left out: nothing reads them.
-    outs = [Value(graph.fresh_name(f"{name}_out")), None, None, Value(graph.fresh_name(name))]
+    out, total = Value(graph.fresh_name(f"{name}_out")), Value(graph.fresh_name(name))
     fused = Node(
         "SkipSimplifiedLayerNormalization",
-        [*m.skip, m.weight],  # type: ignore[misc]
-        outs,
+        [skip.a, skip.b, weight],
+        [out, None, None, total],
         domain=MS_DOMAIN,
         name=name,
-        attributes={"epsilon": m.eps},
+        attributes={"epsilon": eps},
     )
-    graph.insert_after(add, fused)
-    graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
-    outs[3].dtype, outs[3].shape = m.residual.dtype, m.residual.shape  # type: ignore[union-attr]
-    graph.replace_all_uses_with(m.residual, outs[3])  # type: ignore[arg-type]
+    graph.insert_after(skip.add, fused)
+    graph.ensure_opset(MS_DOMAIN)
+    total.dtype, total.shape = skip.sum.dtype, skip.sum.shape
+    graph.replace_all_uses_with(skip.sum, total)
     return fused
 
 

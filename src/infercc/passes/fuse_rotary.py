@@ -43,7 +43,8 @@ Add.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 from onnx import TensorProto
@@ -54,14 +55,14 @@ from infercc.ir.ops import MS_DOMAIN
 from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_ints, default_opset, producer, sole_reader
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
 ROPE_OPSET = 23  # the standard RotaryEmbedding
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Match:
     key: str  # "contrib" or "standard"
     x: Value
@@ -79,31 +80,54 @@ def _head_axis(value: Value | None) -> Node | None:
     return unsq if unsq is not None and list(axes or []) == [1] else None
 
 
-def _mul_by(node: Node | None, op: str) -> tuple[Value, Node, bool] | None:
+@dataclass(frozen=True)
+class _Product:
+    """Mul(v, op(e)) or Mul(v, Unsqueeze(op(e), [1])): v, the op node, whether the Unsqueeze
+    comes after it, and the Mul."""
+
+    v: Value
+    trig: Node
+    outer: bool
+    mul: Node
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """Add(Mul(x, Cos(e)), Mul(rot, Sin(e))): the two products."""
+
+    cos: _Product
+    sin: _Product
+
+
+def _mul_by(node: Node | None, op: str) -> _Product | None:
     """Mul(v, op(e)) or Mul(v, Unsqueeze(op(e), [1])) in either order -> (v, the op node,
     whether the Unsqueeze comes after it)."""
     if node is None or node.op_type != "Mul" or len(node.inputs) != 2:
         return None
     for i in (0, 1):
-        other = node.input(1 - i)
+        v, other = node.input(i), node.input(1 - i)
+        if v is None:
+            continue
         trig = producer(other, op)
         if trig is not None:
-            return node.input(i), trig, False
+            return _Product(v, trig, False, node)
         unsq = _head_axis(other)
         trig = None if unsq is None else producer(unsq.input(0), op)
         if trig is not None:
-            return node.input(i), trig, True
+            return _Product(v, trig, True, node)
     return None
 
 
-def _terms(add: Node) -> tuple[Value, Value, Node, Node, bool, Node, Node] | None:
-    """Add(Mul(x, Cos(e)), Mul(rot, Sin(e))) -> (x, rot, cos, sin, whether the head axis is
-    added after Cos and Sin, the two Muls)."""
+def _terms(add: Node) -> _Terms | None:
+    """Add(Mul(x, Cos(e)), Mul(rot, Sin(e))) -> the cosine and the sine product (whose
+    head axes are added alike: both before or both after Cos and Sin)."""
+    if len(add.inputs) != 2:
+        return None
     a, b = (producer(v, "Mul") for v in add.inputs)
     for m_cos, m_sin in ((a, b), (b, a)):
         c, s = _mul_by(m_cos, "Cos"), _mul_by(m_sin, "Sin")
-        if c is not None and s is not None and c[2] == s[2]:
-            return c[0], s[0], c[1], s[1], c[2], m_cos, m_sin  # type: ignore[return-value]
+        if c is not None and s is not None and c.outer == s.outer:
+            return _Terms(c, s)
     return None
 
 
@@ -115,7 +139,7 @@ def _slice(value: Value | None, x: Value, d: int) -> tuple[int, int, Node] | Non
     starts, ends = const_ints(node.input(1)), const_ints(node.input(2))
     axes = const_ints(node.input(3)) if node.input(3) is not None else [0]
     steps = const_ints(node.input(4)) if len(node.inputs) > 4 and node.input(4) else [1]
-    if None in (starts, ends, axes, steps) or len(starts) != 1 or steps != [1]:
+    if starts is None or ends is None or axes is None or len(starts) != 1 or steps != [1]:
         return None
     if axes[0] not in (-1, 3):
         return None
@@ -186,37 +210,45 @@ def _angles(cos: Node, sin: Node, outer: bool) -> Value | None:
     return f
 
 
-def match(add: Node, sym: SymbolicShapes) -> _Match | str | None:
+def match(add: Node, sym: SymbolicShapes) -> _Match:
+    """The rotation whose sum `add` is; NoMatch: none (no reason: no cos/sin products)."""
     found = _terms(add)
     if found is None:
-        return None
-    x, rot, cos, sin, outer, m_cos, m_sin = found
+        raise NoMatch()
+    x, rot, m_cos, m_sin = found.cos.v, found.sin.v, found.cos.mul, found.sin.mul
     xs = sym.shape(x)
     d = xs[-1] if xs else None
     if xs is None or len(xs) != 4 or not isinstance(d, int) or d % 2:
-        return "x is not [batch, heads, sequence, head_size] with a static even head_size"
+        raise NoMatch(
+            "x is not [batch, heads, sequence, head_size] with a static even head_size", x
+        )
     if x.dtype != TensorProto.FLOAT:
-        return "not float32"
+        raise NoMatch("not float32", x)
     removed = [add, m_cos, m_sin]
     if not _rotated(rot, x, d, removed):
-        return "the sine term is not rotate_half(x): Concat(Neg(x[..., h:]), x[..., :h])"
-    f = _angles(cos, sin, outer)
+        raise NoMatch(
+            "the sine term is not rotate_half(x): Concat(Neg(x[..., h:]), x[..., :h])", m_sin
+        )
+    f = _angles(found.cos.trig, found.sin.trig, found.cos.outer)
     if f is None:
-        return "cos and sin are not of Unsqueeze(Concat(f, f, axis=-1), [1]) of one f [B, S, h]"
+        raise NoMatch(
+            "cos and sin are not of Unsqueeze(Concat(f, f, axis=-1), [1]) of one f [B, S, h]",
+            found.cos.trig,
+        )
     fs = sym.shape(f)
     width = fs[-1] if fs else None
     if isinstance(width, int) and width != d // 2:
-        return f"the angles' width {width} is not head_size / 2 = {d // 2}"
+        raise NoMatch(f"the angles' width {width} is not head_size / 2 = {d // 2}", f)
     if fs is None or len(fs) != 3 or S.equal(fs[1], xs[2]) is not True:
-        return "the angles' sequence is not proven equal to x's"
+        raise NoMatch("the angles' sequence is not proven equal to x's", f)
     shared = fs[0] == 1 and xs[0] != 1
     if not shared and S.equal(fs[0], xs[0]) is not True:
         # The kernel wants a cache row per (batch row, position) of x: angles of one batch row
         # broadcast over x's (position ids [1, S]) get position ids s in every row instead.
-        return "the angles' batch is neither x's nor 1"
+        raise NoMatch("the angles' batch is neither x's nor 1", f)
     for node in (m_cos, m_sin):
         if sole_reader(node.output) is not add:
-            return "a product of the rotation has readers outside it"
+            raise NoMatch("a product of the rotation has readers outside it", node)
     return _Match("contrib", x, f, d // 2, add, removed, shared)
 
 
@@ -224,34 +256,31 @@ def _contrib(ctx: PassContext) -> bool:
     return ctx.fused_ops_allowed and ctx.target == "cpu"
 
 
-def _check_with(sym: SymbolicShapes):
-    def check(node: Node, ctx: PassContext) -> _Match | Refuse | None:
+def _check_with(sym: SymbolicShapes) -> Callable[[Node, PassContext], _Match]:
+    def check(node: Node, ctx: PassContext) -> _Match:
         return _check(node, ctx, sym)
 
     return check
 
 
-def _check(node: Node, ctx: PassContext, sym: SymbolicShapes) -> _Match | Refuse | None:
+def _check(node: Node, ctx: PassContext, sym: SymbolicShapes) -> _Match:
     found = match(node, sym)
-    if found is None or isinstance(found, str):
-        return None if found is None else Refuse(found)
     if _contrib(ctx):
         return found
     opset = default_opset(node)
     if opset < ROPE_OPSET:
-        return Refuse(
+        raise NoMatch(
             f"--portable or a GPU target keeps standard ops, and RotaryEmbedding needs "
             f"opset {ROPE_OPSET} (the model has {opset})"
         )
-    found.key = "standard"
-    return found
+    return replace(found, key="standard")
 
 
 class _Caches:
     """The cos/sin caches (and position ids) built for each f, shared by every rotation."""
 
     def __init__(self) -> None:
-        self.built: dict[tuple[int, str], tuple[Value, ...]] = {}
+        self.built: dict[tuple[int, str, bool], tuple[Value, ...]] = {}
 
     def get(self, graph: Graph, m: _Match) -> tuple[Value, ...]:
         key = (id(m.angles), m.key, m.shared)
@@ -265,7 +294,7 @@ def _build(graph: Graph, m: _Match) -> tuple[Value, ...]:
     to [B * S, h] with position ids 0 .. B * S - 1 as [B, S] for the contrib op (f shared
     over the batch: [S, h], and the one position id [0], the kernel's start for every row)."""
 
-    def op(op_type: str, inputs, **attrs) -> Value:
+    def op(op_type: str, inputs: list[Value], **attrs: int) -> Value:
         node = graph.make_node(
             op_type, inputs, 1, before=m.add, name=f"rotary_{op_type}", attributes=attrs
         )
@@ -287,14 +316,14 @@ def _build(graph: Graph, m: _Match) -> tuple[Value, ...]:
     return ids, op("Reshape", [cos, rows]), op("Reshape", [sin, rows])
 
 
-def _rewrite_with(caches: _Caches):
+def _rewrite_with(caches: _Caches) -> Callable[[Node, _Match, PassContext], None]:
     def rewrite(node: Node, m: _Match, ctx: PassContext) -> None:
-        graph = node.graph
+        graph = node.owning_graph()
         parts = caches.get(graph, m)
         if m.key == "contrib":
             ids, cos, sin = parts
             inputs, domain, attrs = [m.x, ids, cos, sin], MS_DOMAIN, {"interleaved": 0}
-            graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
+            graph.ensure_opset(MS_DOMAIN)
         else:
             cos, sin = parts
             inputs, domain, attrs = [m.x, cos, sin], "", {"interleaved": 0}

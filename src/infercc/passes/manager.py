@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infercc.errors import InferccError, PassError
-from infercc.ir.graph import Graph, IRError, Model, Node
+from infercc.ir.graph import Graph, IRError, Model, Node, Value, node_label
 from infercc.ir.shapes import infer_shapes
 from infercc.passes.pipelines import OPTIMIZE
 
@@ -38,12 +38,14 @@ DEFAULT_FOLD_LIMIT = 16 * 2**20
 
 @dataclass
 class Refusal:
-    """A rewrite that matched but did not fire, and why."""
+    """A rewrite that matched but did not fire, and why: at the anchor `node`, matching
+    failed `at` a node or value (`where`'s label: the anchor's own when it failed there)."""
 
     pass_name: str
     node: str
     op_type: str
     reason: str
+    at: str = ""
 
     def to_dict(self) -> dict[str, str]:
         return {
@@ -51,7 +53,13 @@ class Refusal:
             "node": self.node,
             "op": self.op_type,
             "reason": self.reason,
+            "at": self.at,
         }
+
+
+def where(at: Node | Value) -> str:
+    """How a refusal names the node (`'name' (Op)`) or value (`tensor 'name'`) it failed at."""
+    return node_label(at) if isinstance(at, Node) else f"tensor {at.name!r}"
 
 
 @dataclass(frozen=True)
@@ -103,12 +111,16 @@ class PassContext:
     rewrites: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     _seen: set[tuple[str, str, str]] = field(default_factory=set)
 
-    def refuse(self, node: Node, reason: str) -> None:
-        """Record that a rewrite at `node` did not fire (shown by --explain)."""
+    def refuse(self, node: Node, reason: str, at: Node | Value | None = None) -> None:
+        """Record that a rewrite at `node` did not fire, matching having failed `at` a node or
+        value (None: `node` itself); --explain shows both."""
         key = (self.current_pass, node.name or str(id(node)), reason)
         if key not in self._seen:
             self._seen.add(key)
-            self.refusals.append(Refusal(self.current_pass, node.name, node.op_type, reason))
+            label = where(at if at is not None else node)
+            self.refusals.append(
+                Refusal(self.current_pass, node.name, node.op_type, reason, label)
+            )
 
     def allow_rewrite(self, node: Node) -> bool:
         """Ask before rewriting at `node`: False once the current pass has used up its

@@ -64,7 +64,7 @@ import numpy as np
 from infercc.ir.graph import Dim, Graph, Node, Value
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_ints, const_value, default_opset, producer
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules, require
 
 log = logging.getLogger(__name__)
 
@@ -88,40 +88,40 @@ class _Forward:
 
     src: Value
     key: str
+    out: Value  # the node's first output
 
 
 @dataclass(frozen=True)
 class _Rewire:
     """The node reads `src` as its first input (and takes `perm`, when given)."""
 
-    src: Value | None
+    src: Value
     key: str
     perm: list[int] | None = None
 
 
-Found = _Forward | _Rewire | Refuse | None
+Found = _Forward | _Rewire
 
 
-def _forward(node: Node, src: Value | None, kind: str) -> _Forward | Refuse | None:
+def _forward(node: Node, src: Value | None, kind: str) -> Found:
     """The forwarding of the node's first output to `src`, if its name can move."""
     graph = node.graph
     out = node.outputs[0]
     if graph is None or src is None or out is None:
-        return None
+        raise NoMatch()
     if out.is_graph_output and not graph.can_take_output_name(src):
-        return Refuse("output is a graph output and its input cannot take the output's name")
-    return _Forward(src, kind)
+        raise NoMatch("output is a graph output and its input cannot take the output's name")
+    return _Forward(src, kind, out)
 
 
 def _apply(node: Node, found: _Forward | _Rewire, ctx: PassContext) -> None:
-    graph = node.graph
-    assert graph is not None
+    graph = node.owning_graph()
     if isinstance(found, _Rewire):
         node.set_input(0, found.src)
         if found.perm is not None:
             node.set_attr("perm", found.perm)
         return
-    graph.replace_all_uses_with(node.outputs[0], found.src)  # type: ignore[arg-type]
+    graph.replace_all_uses_with(found.out, found.src)
     if not any(v is not None and (v.uses() or v.is_graph_output) for v in node.outputs):
         graph.remove(node)
     log.debug("eliminate-no-ops: %s %s", found.key, node.name)
@@ -167,7 +167,7 @@ def _dropout(node: Node, ctx: PassContext) -> Found:
         if mask is not None and (mask.uses() or mask.is_graph_output):
             reason = "the mask output is used"
     if reason is not None:
-        return Refuse(reason)
+        raise NoMatch(reason)
     return _forward(node, node.input(0), "dropout")
 
 
@@ -189,7 +189,7 @@ def _dropout_training(node: Node) -> str | None:
 def _cast(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     if x is None or x.dtype is None:
-        return Refuse("input dtype unknown")
+        raise NoMatch("input dtype unknown")
     if node.attr("to") != x.dtype:
         return _cast_round_trip(node, x)
     return _forward(node, x, "cast")
@@ -215,21 +215,21 @@ def _cast_round_trip(node: Node, x: Value) -> Found:
     """Cast(Cast(a, to=B), to=A) = a when a is of type A and B holds every value of A."""
     first = producer(x, "Cast")
     if first is None:
-        return None
+        raise NoMatch()
     a = first.input(0)
     if a is None or a.dtype is None or node.attr("to") != a.dtype:
-        return None
+        raise NoMatch()
     if (a.dtype, x.dtype) not in _EXACT_WIDENING:
-        return Refuse("the round trip goes through a type that does not hold every value")
+        raise NoMatch("the round trip goes through a type that does not hold every value")
     return _forward(node, a, "cast_round_trip")
 
 
 def _cast_like(node: Node, ctx: PassContext) -> Found:
     x, like = node.input(0), node.input(1)
     if x is None or like is None or x.dtype is None or like.dtype is None:
-        return Refuse("input dtype unknown")
+        raise NoMatch("input dtype unknown")
     if x.dtype != like.dtype:
-        return None
+        raise NoMatch()
     return _forward(node, x, "cast")
 
 
@@ -271,33 +271,36 @@ _RELABELS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
 def _reshape_chain(node: Node, target: list[int] | None, allowzero: bool) -> Found:
     """Reshape(R(x), s2) -> Reshape(x, s2) for R a Reshape, Squeeze, Unsqueeze or Flatten,
     when s2 never copies a dimension (each only relabels x's row-major buffer)."""
-    first = producer(node.input(0))
+    x = node.input(0)
+    first = producer(x)
     if first is not None and first.op_type not in _RELABELS:
         first = None
     if first is None:
-        if node.input(0) is not None and node.input(0).shape is None:
-            return Refuse("input shape unknown")
-        return None
+        if x is not None and x.shape is None:
+            raise NoMatch("input shape unknown")
+        raise NoMatch()
     if target is None:
-        return Refuse("shape is not a constant (cannot merge with the Reshape before it)")
+        raise NoMatch("shape is not a constant (cannot merge with the Reshape before it)")
     if 0 in target and not allowzero:
-        return Refuse("shape has a 0 copying a dimension of the Reshape before it")
-    return _Rewire(first.input(0), "reshape_chain")
+        raise NoMatch("shape has a 0 copying a dimension of the Reshape before it")
+    return _Rewire(require(first.input(0)), "reshape_chain")
 
 
 def _flatten(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     axis = node.attr("axis", 1)
     if x is None or x.rank is None or not -x.rank <= axis <= x.rank:
-        return None
+        raise NoMatch()
     if x.rank == 2 and axis in (1, -1):
         return _forward(node, x, "flatten")
     shape = x.static_shape
     if shape is None:
-        return None
+        raise NoMatch()
     axis = axis + x.rank if axis < 0 else axis
     flat = (math.prod(shape[:axis]), math.prod(shape[axis:]))
-    return _forward(node, x, "flatten") if flat == shape else None
+    if flat != shape:
+        raise NoMatch()
+    return _forward(node, x, "flatten")
 
 
 def _axes(node: Node) -> list[int] | None:
@@ -310,10 +313,12 @@ def _axes(node: Node) -> list[int] | None:
 def _squeeze_pair(node: Node, ctx: PassContext) -> Found:
     """Squeeze(Unsqueeze(x, a), a) or Unsqueeze(Squeeze(x, a), a): x, for equal axes."""
     inverse = "Unsqueeze" if node.op_type == "Squeeze" else "Squeeze"
-    first = producer(node.input(0), inverse)
-    if first is None:
+    x = node.input(0)
+    first = producer(x, inverse)
+    inner = None if first is None else first.input(0)
+    if x is None or first is None or inner is None:
         return _squeeze_keeps(node)
-    rank = node.input(0).rank if node.op_type == "Squeeze" else first.input(0).rank
+    rank = x.rank if node.op_type == "Squeeze" else inner.rank
     a1, a2 = _axes(first), _axes(node)
     if rank is not None and a1 is not None and a2 is not None:
         n1, n2 = _normalize(a1, rank), _normalize(a2, rank)
@@ -328,14 +333,14 @@ def _squeeze_keeps(node: Node) -> Found:
     the rank."""
     x = node.input(0)
     if node.op_type != "Squeeze" or x is None:
-        return None
+        raise NoMatch()
     given = node.input(1) is not None if default_opset(node) >= 13 else node.attr("axes")
     axes = _axes(node)
     if given and (axes is None or axes):
-        return None
+        raise NoMatch()
     shape = x.static_shape
     if shape is None or 1 in shape:
-        return None
+        raise NoMatch()
     return _forward(node, x, "squeeze")
 
 
@@ -343,11 +348,11 @@ def _expand(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     shape = const_ints(node.input(1))
     if shape is None:
-        return Refuse("target shape is not a constant")
+        raise NoMatch("target shape is not a constant")
     if x is None or x.shape is None:
-        return Refuse("input shape unknown")
+        raise NoMatch("input shape unknown")
     if not _broadcast_keeps(x.shape, shape):
-        return Refuse("Expand broadcasts to a larger shape")
+        raise NoMatch("Expand broadcasts to a larger shape")
     return _forward(node, x, "expand")
 
 
@@ -358,24 +363,25 @@ def _perm(node: Node) -> list[int] | None:
     perm = node.attr("perm")
     if perm is not None:
         return [int(p) for p in perm]
-    rank = node.input(0).rank if node.input(0) is not None else None
+    x = node.input(0)
+    rank = x.rank if x is not None else None
     return None if rank is None else list(range(rank))[::-1]
 
 
 def _transpose(node: Node, ctx: PassContext) -> Found:
     perm = _perm(node)
     if perm is None:
-        return Refuse("no perm and input rank unknown")
+        raise NoMatch("no perm and input rank unknown")
     if perm == list(range(len(perm))):
         return _forward(node, node.input(0), "transpose")
     first = producer(node.input(0), "Transpose")
     p1 = _perm(first) if first is not None else None
     if first is None or p1 is None or len(p1) != len(perm):
-        return None
+        raise NoMatch()
     composed = [p1[p] for p in perm]
     if composed == list(range(len(composed))):
         return _forward(node, first.input(0), "transpose_pair")
-    return _Rewire(first.input(0), "transpose_pair", composed)
+    return _Rewire(require(first.input(0)), "transpose_pair", composed)
 
 
 # -- Slice, Split, Concat, Pad ----------------------------------------------------------------
@@ -384,22 +390,22 @@ def _transpose(node: Node, ctx: PassContext) -> Found:
 def _slice(node: Node, ctx: PassContext) -> Found:
     x = node.input(0)
     if x is None or x.shape is None:
-        return Refuse("input shape unknown")
+        raise NoMatch("input shape unknown")
     starts = _ints_input_or_attr(node, 1, "starts")
     ends = _ints_input_or_attr(node, 2, "ends")
     axes = _ints_input_or_attr(node, 3, "axes")
     steps = const_ints(node.input(4)) if node.input(4) is not None else None
     if starts is None or ends is None or len(starts) != len(ends):
-        return None
+        raise NoMatch()
     axes = list(range(len(starts))) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
     if len(axes) != len(starts) or len(steps) != len(starts):
-        return None
-    if _normalize(axes, x.rank) is None:  # type: ignore[arg-type]
-        return None
+        raise NoMatch()
+    if _normalize(axes, len(x.shape)) is None:
+        raise NoMatch()
     for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
         if step != 1 or not _covers(x.shape[axis], start, end):
-            return None
+            raise NoMatch()
     return _forward(node, x, "slice")
 
 
@@ -412,28 +418,29 @@ def _covers(dim: Dim, start: int, end: int) -> bool:
 
 def _split(node: Node, ctx: PassContext) -> Found:
     if len(node.outputs) != 1:
-        return None
+        raise NoMatch()
     x = node.input(0)
     sizes = _ints_input_or_attr(node, 1, "split")
     if sizes is not None:
         axis = node.attr("axis", 0)
-        if x is None or x.rank is None or not -x.rank <= axis < x.rank:
-            return Refuse("input shape unknown")
-        if sizes != [x.shape[axis]]:  # type: ignore[index]
-            return Refuse("split size does not cover the whole axis")
+        shape = x.shape if x is not None else None
+        if shape is None or not -len(shape) <= axis < len(shape):
+            raise NoMatch("input shape unknown")
+        if sizes != [shape[axis]]:
+            raise NoMatch("split size does not cover the whole axis")
     return _forward(node, x, "split")
 
 
 def _concat(node: Node, ctx: PassContext) -> Found:
     if len(node.inputs) != 1:
-        return None
+        raise NoMatch()
     return _forward(node, node.input(0), "concat")
 
 
 def _pad(node: Node, ctx: PassContext) -> Found:
     pads = _ints_input_or_attr(node, 1, "pads") if default_opset(node) >= 11 else node.attr("pads")
     if pads is None or any(int(p) != 0 for p in pads):
-        return None
+        raise NoMatch()
     return _forward(node, node.input(0), "pad")
 
 
@@ -457,11 +464,11 @@ def _arith(node: Node, ctx: PassContext) -> Found:
             continue
         x = node.input(1 - side)
         if x is None or x.shape is None:
-            return Refuse("input shape unknown")
+            raise NoMatch("input shape unknown")
         if not _broadcast_keeps(x.shape, data.shape):
-            return Refuse("the constant's broadcast changes the output shape")
+            raise NoMatch("the constant's broadcast changes the output shape")
         return _forward(node, x, node.op_type.lower())
-    return None
+    raise NoMatch()
 
 
 RULES = [

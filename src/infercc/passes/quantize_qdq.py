@@ -86,7 +86,7 @@ from infercc.passes.manager import (
     run_passes,
 )
 from infercc.passes.match import const_value
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
 
@@ -423,14 +423,14 @@ class _Rewriter:
         self.report = QuantizeReport()
         self.shared: dict[Value, Value] = {}  # activation -> its DQ output
 
-    def check(self, node: Node, ctx: PassContext) -> list[_Operand] | Refuse:
+    def check(self, node: Node, ctx: PassContext) -> list[_Operand]:
         label = self.labels[node]
         plan = "excluded by name" if node.name in self.excluded else self._plan(node)
         if isinstance(plan, str):
             logger.info("%s stays float: %s", label, plan)
-            return Refuse(plan)
+            raise NoMatch(plan)
         if all(op.kind == "quantized" for op in plan):
-            return Refuse("already quantized (its inputs come from DQ nodes)")
+            raise NoMatch("already quantized (its inputs come from DQ nodes)")
         return plan
 
     def rewrite(self, node: Node, plan: list[_Operand], ctx: PassContext) -> None:

@@ -37,7 +37,9 @@ when the shapes are proven equal as polynomials.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -48,12 +50,13 @@ from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.symbolic_shapes import (
     TRACKED_TYPES,
     SymbolicShapes,
+    SymInfo,
     slice_params,
 )
 from infercc.ir.tensor import Tensor
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_ints, is_live
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ def fold_shapes(graph: Graph, ctx: PassContext) -> PassResult:
 
 
 def _fold(graph: Graph, ctx: PassContext, folder: _ShapeFolder) -> PassResult:
-    rules = [
+    rules: list[Rule[Any]] = [
         Rule("static_values", sorted(VALUE_OPS), folder.check_static, _fold_static),
         Rule("identities", _IDENTITY_OPS, folder.check_identity, _forward),
         Rule("reshape_targets", ("Reshape",), folder.check_reshape, _set_input),
@@ -132,6 +135,7 @@ class _Static:
 @dataclass(frozen=True)
 class _Forward:
     src: Value
+    out: Value  # the node's first output, whose readers read `src` instead
     key: str = "identities"
 
 
@@ -140,7 +144,7 @@ class _Inputs:
     """Replace inputs by new int64 constants (index -> elements), or by values (index ->
     Value)."""
 
-    values: dict[int, list[int] | Value]
+    values: Mapping[int, Sequence[int] | Value]
     key: str
 
 
@@ -153,57 +157,57 @@ class _ShapeFolder:
 
     # -- static values ------------------------------------------------------------------------
 
-    def check_static(self, node: Node, ctx: PassContext) -> _Static | Refuse | None:
+    def check_static(self, node: Node, ctx: PassContext) -> _Static:
         if not is_live(node) or not node.inputs:
-            return None
+            raise NoMatch()
         if all(v is None or v.const is not None for v in node.inputs):
-            return None  # every input constant: fold-constants' work
+            raise NoMatch()  # every input constant: fold-constants' work
         tensors: list[Tensor | None] = []
         for v in node.outputs:
             if v is None or not (v._uses or v.is_graph_output):
                 tensors.append(None)
                 continue
-            got = self._static_tensor(v)
-            if not isinstance(got, Tensor):
-                return got
-            tensors.append(got)
+            tensors.append(self._static_tensor(v))
         if all(t is None for t in tensors):
-            return None
+            raise NoMatch()
         return _Static(tensors)
 
-    def _static_tensor(self, v: Value) -> Tensor | Refuse | None:
+    def _static_tensor(self, v: Value) -> Tensor:
         dtype = v.dtype or _implied_dtype(v)
         if dtype not in TRACKED_TYPES:
-            return None  # activations: never a shape value (and no walk up their ancestry)
+            raise NoMatch()  # activations: never a shape value (and no walk up their ancestry)
         info = self.sym.info(v)
         if info.elems is None or info.shape is None:
-            return None
+            raise NoMatch()
         for i, e in enumerate(info.elems):
             if not isinstance(e, int):
                 what = "unknown" if e is None else f"{e} (from a symbolic dimension)"
-                return Refuse(f"element {i} of {v.name!r} is {what}: kept computed")
+                raise NoMatch(f"element {i} of {v.name!r} is {what}: kept computed")
+        shape = [d for d in info.shape if isinstance(d, int)]
+        if len(shape) != len(info.shape):  # elements are tracked for static shapes only
+            raise NoMatch()
         np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
-        arr = np.array(info.elems, dtype=np.int64).reshape(info.shape)
+        arr = np.array(info.elems, dtype=np.int64).reshape(shape)
         return Tensor(arr.astype(np_dtype), dtype=dtype)
 
     # -- identities ---------------------------------------------------------------------------
 
-    def check_identity(self, node: Node, ctx: PassContext) -> _Forward | Refuse | None:
+    def check_identity(self, node: Node, ctx: PassContext) -> _Forward:
         src = node.input(0)
         if node.op_type == "Where":
             src = self._where_choice(node)
         elif node.op_type == "Slice" and not self._slice_keeps_all(node):
-            return None
+            raise NoMatch()
         elif node.op_type == "Tile" and not self._tile_by_ones(node):
-            return None
-        if src is None or not self._same_shape(node.outputs[0], src):
-            return None
-        if node.outputs[0] is None or not is_live(node):
-            return None
-        graph = node.graph
-        if node.outputs[0].is_graph_output and not graph.can_take_output_name(src):  # type: ignore[union-attr]
-            return Refuse("output is a graph output and its input cannot take the output's name")
-        return _Forward(src)
+            raise NoMatch()
+        out = node.outputs[0]
+        if src is None or not self._same_shape(out, src):
+            raise NoMatch()
+        if out is None or not is_live(node):
+            raise NoMatch()
+        if out.is_graph_output and not node.owning_graph().can_take_output_name(src):
+            raise NoMatch("output is a graph output and its input cannot take the output's name")
+        return _Forward(src, out)
 
     def _same_shape(self, out: Value | None, src: Value) -> bool:
         if out is None:
@@ -243,19 +247,19 @@ class _ShapeFolder:
         elems = self.sym.info(reps).static_elems if reps is not None else None
         return elems is not None and all(r == 1 for r in elems)
 
-    def _info(self, v: Value | None):
+    def _info(self, v: Value | None) -> SymInfo | None:
         return None if v is None else self.sym.info(v)
 
     # -- Reshape targets, Expand shapes, Slice bounds -----------------------------------------
 
-    def check_reshape(self, node: Node, ctx: PassContext) -> _Inputs | Refuse | None:
+    def check_reshape(self, node: Node, ctx: PassContext) -> _Inputs:
         data, target = node.input(0), node.input(1)
         if data is None or target is None or target.const is not None or not is_live(node):
-            return None
+            raise NoMatch()
         elems = self.sym.info(target).elems
         shape = self.sym.shape(data)
         if elems is None or shape is None:
-            return None
+            raise NoMatch()
         allowzero = bool(node.attr("allowzero", 0))
         out: list[int | None] = []
         for i, e in enumerate(elems):
@@ -276,43 +280,43 @@ class _ShapeFolder:
         if loose:
             e = elems[loose[0]]
             what = "unknown" if e is None else str(e)
-            return Refuse(
+            raise NoMatch(
                 f"target element {loose[0]} ({what}) is neither static nor the input's "
                 "dimension: the target stays computed"
             )
-        return _Inputs({1: out}, "reshape_targets")  # type: ignore[dict-item]
+        return _Inputs({1: [x for x in out if x is not None]}, "reshape_targets")  # no None left
 
-    def check_reshape_source(self, node: Node, ctx: PassContext) -> _Inputs | None:
+    def check_reshape_source(self, node: Node, ctx: PassContext) -> _Inputs:
         """Reshape(Transpose(x, perm)) = Reshape(x) when the Transpose moves only dimensions of
         size 1 (the others keep their order, so the row-major elements are in the same order)
         and the target copies no dimension (no 0 unless allowzero)."""
         t = node.input(0)
         p = t.producer if t is not None else None
         if p is None or p.op_type != "Transpose" or not p.is_standard or not is_live(node):
-            return None
+            raise NoMatch()
         x = p.input(0)
         target = node.input(1)
         shape = self.sym.shape(x) if x is not None else None
         elems = self.sym.info(target).static_elems if target is not None else None
         if shape is None or elems is None or x is None:
-            return None
+            raise NoMatch()
         if 0 in elems and not node.attr("allowzero", 0):
-            return None
+            raise NoMatch()
         perm = p.attr("perm")
         perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
         moved = [a for a in perm if shape[a] != 1]
         if moved != sorted(moved) or any(shape[a] is None for a in moved):
-            return None
+            raise NoMatch()
         return _Inputs({0: x}, "layout_transposes")
 
-    def check_expand(self, node: Node, ctx: PassContext) -> _Inputs | Refuse | None:
+    def check_expand(self, node: Node, ctx: PassContext) -> _Inputs:
         data, target = node.input(0), node.input(1)
         if data is None or target is None or target.const is not None or not is_live(node):
-            return None
+            raise NoMatch()
         elems = self.sym.info(target).elems
         shape = self.sym.shape(data)
         if elems is None or shape is None:
-            return None
+            raise NoMatch()
         out: list[int] = []
         offset = len(elems) - len(shape)
         for i, e in enumerate(elems):
@@ -322,45 +326,48 @@ class _ShapeFolder:
             elif j >= 0 and S.equal(e, shape[j]) is True:
                 out.append(1)
             else:
-                return Refuse(
+                raise NoMatch(
                     f"shape element {i} ({e}) is neither static nor the input's dimension: "
                     "the shape stays computed"
                 )
         return _Inputs({1: out}, "expand_shapes")
 
-    def check_slice(self, node: Node, ctx: PassContext) -> _Inputs | Refuse | None:
+    def check_slice(self, node: Node, ctx: PassContext) -> _Inputs:
         if node.attr("starts") is not None or not is_live(node):
-            return None
+            raise NoMatch()
         data = node.input(0)
         shape = self.sym.shape(data) if data is not None else None
         if shape is None:
-            return None
+            raise NoMatch()
         computed = [i for i in range(1, len(node.inputs)) if _computed(node.input(i))]
         if not computed and not _may_end_at_int_max(node):
-            return None
+            raise NoMatch()
         params = slice_params(node, [self._info(v) for v in node.inputs], len(shape))
         if params is None:
-            return None
+            raise NoMatch()
         values: dict[int, list[int]] = {}
         for index in computed:
-            elems = self.sym.info(node.input(index)).elems  # type: ignore[arg-type]
+            info = self._info(node.input(index))
+            elems = None if info is None else info.elems
             if elems is None:
-                return None
+                raise NoMatch()
             got = [
                 _bound_value(e, shape[a] if index in (1, 2) else None, step)
                 for e, (a, _, _, step) in zip(elems, params, strict=False)
             ]
             if any(x is None for x in got):
                 k = got.index(None)
-                return Refuse(
+                raise NoMatch(
                     f"input {index} element {k} ({elems[k]}) is neither static nor the "
                     "sliced dimension: kept computed"
                 )
-            values[index] = got  # type: ignore[assignment]
+            values[index] = [x for x in got if x is not None]  # every one, checked above
         ends = _ends_before_index_0(params, values.get(2))
         if ends is not None:
             values[2] = ends
-        return _Inputs(values, "slice_bounds") if values else None
+        if not values:
+            raise NoMatch()
+        return _Inputs(values, "slice_bounds")
 
     # -- refined shapes back into the IR --------------------------------------------------------
 
@@ -477,9 +484,8 @@ def _fold_static(node: Node, found: _Static, ctx: PassContext) -> None:
 
 
 def _forward(node: Node, found: _Forward, ctx: PassContext) -> None:
-    graph = node.graph
-    assert graph is not None
-    graph.replace_all_uses_with(node.outputs[0], found.src)  # type: ignore[arg-type]
+    graph = node.owning_graph()
+    graph.replace_all_uses_with(found.out, found.src)
     if not any(v is not None and (v._uses or v.is_graph_output) for v in node.outputs):
         graph.remove(node)
 

@@ -37,7 +37,7 @@ from infercc.errors import InferccError
 from infercc.ir import Graph, Model, Node, Value
 from infercc.passes.manager import PassContext, PassResult, register_pass, run_passes
 from infercc.passes.match import const_value
-from infercc.passes.rules import Refuse, Rule, apply_rules
+from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
 
@@ -107,21 +107,21 @@ class _Splitter:
         self.channels = channels
         self.made: dict[str, str] = {}
 
-    def check(self, node: Node, ctx: PassContext) -> np.ndarray | Refuse | None:
+    def check(self, node: Node, ctx: PassContext) -> np.ndarray:
         if node.name not in self.channels:
-            return None
+            raise NoMatch()
         problem = _candidate_problem(node)
-        if problem is not None:
-            return Refuse(f"outlier channels given, but {problem}")
+        weight = const_value(node.input(1))
+        if problem is not None or weight is None:
+            raise NoMatch(f"outlier channels given, but {problem}")
         idx = np.asarray(sorted(self.channels[node.name]), np.int64)
-        k = int(const_value(node.input(1)).shape[0])
+        k = int(weight.shape[0])
         if idx.size == 0 or idx[0] < 0 or idx[-1] >= k:
-            return Refuse(f"outlier channels {idx.tolist()} are not channels of its {k} inputs")
+            raise NoMatch(f"outlier channels {idx.tolist()} are not channels of its {k} inputs")
         return idx
 
     def rewrite(self, node: Node, idx: np.ndarray, ctx: PassContext) -> None:
-        assert node.graph is not None and node.graph.model is not None
-        self.made[_split_one(node.graph.model, node, idx)] = node.name
+        self.made[_split_one(node.owning_graph().owning_model(), node, idx)] = node.name
 
 
 def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
