@@ -12,16 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infercc.analysis.decoder import pinned_signature
 from infercc.analysis.memory import MemoryPlan, plan_memory
 from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
+from infercc.assumptions import check_used
 from infercc.assumptions import describe as describe_assumptions
 from infercc.backends.base import MODEL_FILE, CompileOptions
 from infercc.backends.registry import get_backend, require_available
 from infercc.check import coverage
 from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
-from infercc.config import BuildConfig, canonical_target, read_ranges
+from infercc.config import BuildConfig, assumption_passes, canonical_target, read_ranges
 from infercc.data.feeds import input_ranges as generated_ranges
 from infercc.data.signature import check_shape_names, shape_profile
 from infercc.errors import InferccError
@@ -323,6 +325,8 @@ def overridable_summary(model: Model, frozen: bool) -> dict[str, Any]:
 def check_model(model: Model, cfg: BuildConfig) -> None:
     """What the config asks of the model: shapes naming its inputs, Q/DQ pairs for int8."""
     check_shape_names(model, cfg.shape_pins)
+    if cfg.shape_pins:  # a decoder's pins agree with its declared dims and with each other
+        pinned_signature(export_model(model, with_weights=False), cfg.shape_pins, strict=False)
     if cfg.precision != "int8" or (cfg.backend == "tensorrt" and cfg.tensorrt.calib_cache):
         return
     from infercc.check.tolerances import model_precision
@@ -365,6 +369,7 @@ class _Job:
             for stage in pipelines(self.cfg)
         ]
         self.rewritten = self.bodies.finish()
+        check_used(self.cfg.assume, self.ctx.assumed, assumption_passes)  # else: no effect
         self.transform_seconds = time.perf_counter() - t0
         self.pipe = runs[0]
         for later in runs[1:]:

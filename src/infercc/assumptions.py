@@ -125,3 +125,24 @@ def describe(
         {**ASSUMPTIONS[n].to_dict(), "rewrites": dict(sorted(used.get(n, {}).items()))}
         for n in check_assumptions(names)
     ]
+
+
+def check_used(
+    names: Iterable[str],
+    used: Mapping[str, Mapping[str, int]] | None,
+    readers: Callable[[str], Iterable[str]] = lambda _name: (),
+) -> None:
+    """InferccError for a stated assumption under which no pass rewrote anything: on this
+    model it has no effect (`used` is `PassContext.assumed`; `readers(name)` the passes that
+    could have used it, named in the message)."""
+    used = used or {}
+    for name in check_assumptions(names):
+        if any(used.get(name, {}).values()):
+            continue
+        passes = ", ".join(readers(name))
+        by = f" ({passes} found nothing to rewrite)" if passes else ""
+        raise InferccError(
+            f"--assume {name} has no effect on this model: no pass rewrote anything under "
+            f"it{by}",
+            f"drop --assume {name}",
+        )

@@ -6,15 +6,26 @@
   outputs named like `present.0.key`, `present_key_values.0.value`, `present_0`. Each past is
   paired with the present whose name is the same once the words past / present (and
   `_key_values`) are taken out; when the names do not pair, the i-th past input pairs with the
-  i-th present output when both lists have the same length. Each cache input has a batch axis
-  (the symbol of `input_ids`' first axis; else axis 0, or 1 for GPT-2's stacked [2, batch, ...]
-  form) and a sequence axis (its other symbolic axis); its other dims must be fixed;
+  i-th present output when both lists have the same length and each pair has the same element
+  type, rank and fixed dims (a present is its past one step later). A cache that pairs neither
+  way is refused, naming the inputs left without a present. Each cache input has a batch axis
+  (`input_ids`' first axis: its symbol, or its static size on axis 0, or 1 for GPT-2's stacked
+  [2, batch, ...] form) and a sequence axis (its other symbolic axis); its other dims must be
+  fixed;
 - `input_ids` (by name, else the first rank-2 integer input), optional `attention_mask`
   ([batch, past + new]) and `position_ids` ([batch, new]);
 - `logits`: the output of that name, else the first output that is not a present.
 
 Anything else the model wants fed (a `use_cache_branch` flag, cache positions) is refused:
 infercc would have to guess its meaning.
+
+**What a call may be.** `DecoderSignature.fixed` holds the dims of one call the model declares
+static (`StepDims`: the batch, the tokens per call, the mask's length): a decode-step export
+declares `input_ids` [batch, 1] and takes one token per call. `pinned(shapes)` adds what
+`--shape` fixes (the caches' length too), refusing pins that disagree with each other, and
+`StepDims.fit(batch, past, new)` gives the call nearest to the one asked for that the model
+takes: every feed infercc generates for a decoder (validation's profiles, calibration's
+samples, the speed race's step) goes through it.
 
 `prefill_feeds` and `decode_feeds` build what one step of a greedy loop feeds (the empty cache
 of a prefill has sequence length 0); `kv_bytes_per_token` is the cache's size per token and
@@ -24,14 +35,14 @@ batch row: the product of each cache input's fixed dims times its element size, 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import onnx
 
-from infercc.data.signature import declared_dims, input_dtype, real_inputs
+from infercc.data.signature import declared_dims, elem_type_name, input_dtype, real_inputs
 from infercc.errors import InferccError
 
 _PAST = re.compile(r"past|cache", re.IGNORECASE)
@@ -73,6 +84,104 @@ class CacheTensor:
         }
 
 
+@dataclass(frozen=True)
+class StepDims:
+    """The dims of one decoder call that are fixed (None: free): the batch, the new tokens
+    (`input_ids`' axis 1), the cached tokens (a `--shape` pin of a cache) and the mask's
+    length (past + new)."""
+
+    batch: int | None = None
+    new: int | None = None
+    past: int | None = None
+    total: int | None = None
+
+    @property
+    def prefill(self) -> bool:
+        """Whether a call may start from an empty cache with any number of new tokens."""
+        return self.new is None and self.past is None and self.total is None
+
+    def fit(self, batch: int, past: int, new: int) -> tuple[int, int, int]:
+        """(batch, past, new) with every fixed dim in place of the one asked for."""
+        b = batch if self.batch is None else self.batch
+        n = new if self.new is None else self.new
+        p = past if self.past is None else self.past
+        if self.total is not None:
+            if self.new is None and self.past is not None:
+                n = self.total - p
+            else:
+                n = min(n, self.total)
+                p = self.total - n
+        return b, p, n
+
+
+_FIELDS = ("batch", "new", "past", "total")
+_WHAT = {
+    "batch": "batch",
+    "new": "new tokens per call",
+    "past": "cached tokens",
+    "total": "mask length (cached + new tokens)",
+}
+
+
+def _merge(a: StepDims, b: StepDims) -> StepDims | str:
+    """Both sets of fixed dims, or the name of the field where they disagree."""
+    values = {}
+    for name in _FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is not None and y is not None and x != y:
+            return name
+        values[name] = _first(x, y)
+    found = StepDims(**values)
+    return "total" if not _lengths_agree(found) else found
+
+
+def _pin_conflict(
+    name: str,
+    dims: Sequence[int],
+    field_name: str,
+    found: StepDims,
+    pin: StepDims,
+    origin: Mapping[str, str],
+) -> InferccError:
+    spec = f"--shape {name}={'x'.join(map(str, dims))}"
+    hint = (
+        "pin the decoder's inputs consistently: one batch, one number of new tokens, the "
+        "mask as long as the cached and new tokens together"
+    )
+    mine, theirs = getattr(pin, field_name), getattr(found, field_name)
+    if mine is not None and theirs is not None and mine != theirs:
+        return InferccError(
+            f"{spec} sets the decoder's {_WHAT[field_name]} to {mine}, where "
+            f"{origin.get(field_name, 'another input')} sets it to {theirs}",
+            hint,
+        )
+    d = StepDims(**{k: _first(getattr(pin, k), getattr(found, k)) for k in _FIELDS})
+    return InferccError(
+        f"{spec} makes the decoder's attention mask {d.total} long, which is not its cached "
+        f"({'?' if d.past is None else d.past}) and new ({'?' if d.new is None else d.new}) "
+        "tokens together",
+        hint,
+    )
+
+
+def _lengths_agree(d: StepDims) -> bool:
+    if d.total is None:
+        return True
+    if d.new is not None and d.past is not None:
+        return d.past + d.new == d.total
+    if d.new is not None:
+        return d.total >= d.new
+    return d.total > (d.past or 0)
+
+
+def _first(a: int | None, b: int | None) -> int | None:
+    return a if a is not None else b
+
+
+def _as_int(dim: Any) -> int | None:
+    return dim if isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 else None
+
+
 @dataclass
 class DecoderSignature:
     input_ids: str
@@ -85,6 +194,37 @@ class DecoderSignature:
     positions_dtype: np.dtype | None = None
     vocab: int | None = None
     outputs: list[str] = field(default_factory=list)
+    fixed: StepDims = field(default_factory=StepDims)
+
+    def pinned(self, shapes: Mapping[str, Sequence[int]] | None) -> DecoderSignature:
+        """This signature with the call dims `shapes` (--shape) pins fixed too; InferccError
+        where a pin disagrees with the model or with another pin."""
+        found = self.fixed
+        origin = {
+            k: "the model's declared shapes" for k in _FIELDS if getattr(found, k) is not None
+        }
+        for name, dims in (shapes or {}).items():
+            pin = self.call_dims(name, dims)
+            if pin is None:
+                continue
+            merged = _merge(found, pin)
+            if isinstance(merged, str):
+                raise _pin_conflict(name, dims, merged, found, pin, origin)
+            origin.update({k: f"--shape {name}" for k in _FIELDS if k not in origin})
+            found = merged
+        return replace(self, fixed=found)
+
+    def call_dims(self, name: str, dims: Sequence[Any]) -> StepDims | None:
+        """What input `name` at `dims` (ints; anything else is free) fixes of a call."""
+        dims = [_as_int(d) for d in dims]
+        if name in (self.input_ids, self.position_ids) and len(dims) == 2:
+            return StepDims(batch=dims[0], new=dims[1])
+        if name == self.attention_mask and len(dims) == 2:
+            return StepDims(batch=dims[0], total=dims[1])
+        for cache in self.caches:
+            if cache.past == name and len(dims) == len(cache.dims):
+                return StepDims(batch=dims[cache.batch_axis], past=dims[cache.seq_axis])
+        return None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -92,6 +232,12 @@ class DecoderSignature:
 
     def kv_bytes(self, batch: int, tokens: int) -> int:
         return self.kv_bytes_per_token * int(batch) * int(tokens)
+
+    @property
+    def inputs(self) -> set[str]:
+        """Every input a call feeds."""
+        named = (self.input_ids, self.attention_mask, self.position_ids)
+        return {n for n in named if n} | {c.past for c in self.caches}
 
     @property
     def prompt_inputs(self) -> list[str]:
@@ -123,10 +269,10 @@ def decoder_signature(model: onnx.ModelProto) -> DecoderSignature | None:
     presents = [n for n in outputs if _PRESENT.search(n)]
     if not pasts or not presents:
         return None
-    pairs = _pair(pasts, presents)
+    pairs = _pair(inputs, {vi.name: vi for vi in model.graph.output}, pasts, presents)
     ids = _input_ids(inputs, set(pasts))
-    batch_symbol = _first_symbol(inputs[ids])
-    caches = [_cache(inputs[p], q, batch_symbol) for p, q in pairs]
+    batch_dim = _first_dim(inputs[ids])
+    caches = [_cache(inputs[p], q, batch_dim) for p, q in pairs]
     mask = _named(inputs, "attention_mask")
     positions = _named(inputs, "position_ids")
     known = {ids, *pasts, *(n for n in (mask, positions) if n)}
@@ -139,7 +285,7 @@ def decoder_signature(model: onnx.ModelProto) -> DecoderSignature | None:
             "inputs only (one graph with the cache, no use_cache_branch)",
         )
     logits = _logits(model, set(presents))
-    return DecoderSignature(
+    sig = DecoderSignature(
         input_ids=ids,
         ids_dtype=input_dtype(inputs[ids]),
         logits=logits,
@@ -151,6 +297,49 @@ def decoder_signature(model: onnx.ModelProto) -> DecoderSignature | None:
         vocab=_vocab(model, logits),
         outputs=outputs,
     )
+    return replace(sig, fixed=_declared_fixed(sig, inputs))
+
+
+def _declared_fixed(sig: DecoderSignature, inputs: Mapping[str, onnx.ValueInfoProto]) -> StepDims:
+    """The call dims the decoder's inputs declare static."""
+    fixed = StepDims()
+    names = [sig.input_ids, sig.attention_mask, sig.position_ids, *(c.past for c in sig.caches)]
+    for name in names:
+        dims = None if name is None else declared_dims(inputs[name])
+        pin = None if name is None or dims is None else sig.call_dims(name, dims)
+        if pin is None:
+            continue
+        merged = _merge(fixed, pin)
+        if isinstance(merged, str):
+            raise InferccError(
+                f"the decoder's input {name!r} declares a {_WHAT[merged]} that its other "
+                "inputs contradict",
+                "re-export the decoder with one batch, one number of new tokens and the mask "
+                "as long as the cached and new tokens together",
+            )
+        fixed = merged
+    return fixed
+
+
+def pinned_signature(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None, strict: bool = True
+) -> DecoderSignature | None:
+    """`model`'s decoder signature with the `--shape` pins fixed (None: no KV cache). Each pin
+    is checked against its input's declared rank and static dims first, as everywhere
+    (`infercc.data.signature.resolve_shape`), then against the other pins. `strict` False:
+    None, not an error, for a cache infercc cannot drive (a build that need not drive it)."""
+    from infercc.data.signature import resolve_shape
+
+    for vi in real_inputs(model):
+        if vi.name in (shapes or {}):
+            resolve_shape(vi, shapes, {})  # rank and static dims, one input at a time
+    try:
+        sig = decoder_signature(model)
+    except InferccError:
+        if strict:
+            raise
+        return None
+    return None if sig is None else sig.pinned(shapes)
 
 
 def require_decoder(model: onnx.ModelProto, path: str) -> DecoderSignature:
@@ -165,18 +354,65 @@ def require_decoder(model: onnx.ModelProto, path: str) -> DecoderSignature:
     return sig
 
 
-def _pair(pasts: list[str], presents: list[str]) -> list[tuple[str, str]]:
+def _pair(
+    inputs: Mapping[str, onnx.ValueInfoProto],
+    outputs: Mapping[str, onnx.ValueInfoProto],
+    pasts: list[str],
+    presents: list[str],
+) -> list[tuple[str, str]]:
+    """Each past input with the present output that feeds it next step (module docstring)."""
     by_key = {_STRIP.sub("", name).lower(): name for name in presents}
-    pairs = [(p, by_key.get(_STRIP.sub("", p).lower())) for p in pasts]
-    if all(q is not None for _, q in pairs) and len(set(q for _, q in pairs)) == len(pairs):
-        return [(p, q) for p, q in pairs if q is not None]
+    named = {p: by_key.get(_STRIP.sub("", p).lower()) for p in pasts}
+    if all(named.values()) and len(set(named.values())) == len(pasts):
+        pairs = [(p, q) for p, q in named.items() if q is not None]
+        bad = [pair for pair in pairs if not _same_cache(inputs[pair[0]], outputs[pair[1]])]
+        if not bad:
+            return pairs
+        p, q = bad[0]
+        raise InferccError(
+            f"the decoder's cache input {p!r} and the output {q!r} its name pairs it with "
+            f"differ in element type or fixed dims ({_type_text(inputs[p])} vs "
+            f"{_type_text(outputs[q])})",
+            "export each present output as its past input one step later: same element type, "
+            "heads and head size",
+        )
     if len(pasts) == len(presents):
-        return list(zip(pasts, presents, strict=True))
+        pairs = list(zip(pasts, presents, strict=True))
+        if all(_same_cache(inputs[p], outputs[q]) for p, q in pairs):
+            return pairs
+    alone = [p for p, q in named.items() if q is None] or pasts
+    shown = ", ".join(map(repr, alone[:3])) + (
+        f" and {len(alone) - 3} more" if len(alone) > 3 else ""
+    )
     raise InferccError(
-        f"the decoder's {len(pasts)} past input(s) do not pair with its {len(presents)} "
-        "present output(s)",
+        f"the decoder's cache inputs cannot be paired with its outputs: {shown} match no "
+        f"present output by name, and its {len(pasts)} past input(s) and {len(presents)} "
+        "present output(s) do not pair in order (same count, element type and fixed dims)",
         "name them past_key_values.N.key/value and present.N.key/value",
     )
+
+
+def _same_cache(past: onnx.ValueInfoProto, present: onnx.ValueInfoProto) -> bool:
+    """A present can feed its past: the same element type and rank, and the same size on
+    every axis both declare a size for."""
+    a, b = past.type.tensor_type, present.type.tensor_type
+    if a.elem_type != b.elem_type:
+        return False
+    dims_a, dims_b = declared_dims(past), declared_dims(present)
+    if dims_a is None or dims_b is None:
+        return True
+    if len(dims_a) != len(dims_b):
+        return False
+    return all(
+        x == y or not (isinstance(x, int) and isinstance(y, int))
+        for x, y in zip(dims_a, dims_b, strict=True)
+    )
+
+
+def _type_text(vi: onnx.ValueInfoProto) -> str:
+    dims = declared_dims(vi)
+    shown = "?" if dims is None else ", ".join("?" if d is None else str(d) for d in dims)
+    return f"{elem_type_name(vi.type.tensor_type.elem_type)}[{shown}]"
 
 
 def _input_ids(inputs: Mapping[str, onnx.ValueInfoProto], pasts: set[str]) -> str:
@@ -198,22 +434,23 @@ def _named(inputs: Mapping[str, onnx.ValueInfoProto], word: str) -> str | None:
     return word if word in inputs else next((n for n in inputs if word in n.lower()), None)
 
 
-def _first_symbol(vi: onnx.ValueInfoProto) -> str | None:
+def _first_dim(vi: onnx.ValueInfoProto) -> int | str | None:
+    """`input_ids`' batch: its symbol, or its static size."""
     dims = declared_dims(vi)
-    return dims[0] if dims and isinstance(dims[0], str) else None
+    return dims[0] if dims else None
 
 
-def _cache(vi: onnx.ValueInfoProto, present: str, batch_symbol: str | None) -> CacheTensor:
+def _cache(vi: onnx.ValueInfoProto, present: str, batch_dim: int | str | None) -> CacheTensor:
     dims = declared_dims(vi)
     if dims is None:
         raise InferccError(f"cache input {vi.name!r} has no declared shape", "export its shape")
     symbolic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
-    batch = _batch_axis(dims, symbolic, batch_symbol)
+    batch = _batch_axis(dims, symbolic, batch_dim)
     seq = [i for i in symbolic if i != batch]
     if len(seq) != 1 or batch is None:
         raise InferccError(
-            f"cache input {vi.name!r} has dims {dims}: need one batch and one sequence axis "
-            "symbolic and every other dim fixed",
+            f"cache input {vi.name!r} has dims {dims}: need a batch axis, one symbolic "
+            "sequence axis and every other dim fixed",
             "export the cache as [batch, heads, past_sequence, head_size] with fixed heads "
             "and head size",
         )
@@ -221,13 +458,17 @@ def _cache(vi: onnx.ValueInfoProto, present: str, batch_symbol: str | None) -> C
 
 
 def _batch_axis(
-    dims: list[int | str | None], symbolic: list[int], batch_symbol: str | None
+    dims: list[int | str | None], symbolic: list[int], batch_dim: int | str | None
 ) -> int | None:
-    if batch_symbol is not None and batch_symbol in dims:
-        return dims.index(batch_symbol)
+    stacked = len(dims) == 5 and dims[0] == 2  # GPT-2's stacked [2, batch, heads, seq, dim]
+    if isinstance(batch_dim, str) and batch_dim in dims:
+        return dims.index(batch_dim)
+    if isinstance(batch_dim, int):  # a static batch: the axis of that size, 0 (1 if stacked)
+        axis = 1 if stacked else 0
+        return axis if len(dims) > axis and dims[axis] == batch_dim else None
     if 0 in symbolic:
         return 0
-    if dims and dims[0] == 2 and 1 in symbolic:  # GPT-2's stacked [2, batch, heads, seq, dim]
+    if dims and dims[0] == 2 and 1 in symbolic:
         return 1
     return None
 
@@ -272,6 +513,24 @@ def step_inputs(
     tokens = np.asarray(tokens)
     feeds = {sig.input_ids: tokens.astype(sig.ids_dtype)}
     feeds.update(_mask_and_positions(sig, tokens.shape[0], past_length, tokens.shape[1]))
+    return feeds
+
+
+def random_call(
+    sig: DecoderSignature,
+    rng: np.random.Generator,
+    batch: int,
+    past: int,
+    new: int,
+    scale: float = 0.5,
+) -> dict[str, np.ndarray]:
+    """Feeds of one call at `(batch, past, new)` as `sig.fixed` fits them: random token ids,
+    random caches (normal, `scale`), the mask all ones and the positions following the cache."""
+    batch, past, new = sig.fixed.fit(batch, past, new)
+    feeds = step_inputs(sig, rng.integers(0, sig.vocab or 2, (batch, new)), past)
+    for cache in sig.caches:
+        values = rng.standard_normal(cache.shape(batch, past)) * scale
+        feeds[cache.past] = values.astype(cache.dtype)
     return feeds
 
 

@@ -61,13 +61,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.analysis.decoder import (
-    DecoderSignature,
-    decoder_signature,
-    prefill_feeds,
-    step_inputs,
-)
-from infercc.assumptions import check_assumptions, describe
+from infercc.analysis.decoder import DecoderSignature, pinned_signature, random_call
+from infercc.assumptions import check_assumptions, check_used, describe
 from infercc.backends.base import MANIFEST
 from infercc.calib.activations import collect_inputs
 from infercc.calib.calibrate import (
@@ -80,6 +75,7 @@ from infercc.calib.calibrate import (
     read_samples,
     split_samples,
 )
+from infercc.calib.decoder_samples import prompt_calls, prompt_skeleton, random_prompts
 from infercc.calib.forms import Int4Row, accuracy_level_decision, int4_row
 from infercc.calib.int4 import (
     ACCURACY_LEVELS,
@@ -99,10 +95,11 @@ from infercc.calib.int4 import (
 from infercc.check.compare import run_model
 from infercc.check.tolerances import calibrated_criterion
 from infercc.data.feeds import make_inputs
+from infercc.data.signature import Shapes, check_shape_names, resolve_shapes
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.ir.output_types import reconcile_output_types, strictly_typed
-from infercc.passes.manager import PassContext, check_pass_names, run_passes
+from infercc.passes.manager import REGISTRY, PassContext, check_pass_names, run_passes
 from infercc.passes.pipelines import CALIBRATE_FP32, DECODER_FUSIONS, check_disabled
 from infercc.runtime.artifact import publish, staging_dir, write_manifest
 from infercc.util import json_float
@@ -115,7 +112,6 @@ _TRIAL_FILE = ".trial.onnx"
 _LEVEL_FILE = ".level.onnx"
 METHODS = ("rtn", "awq", "gptq")
 RANDOM_SAMPLES = 8
-RANDOM_PROMPT = 64
 SPEED_WARMUP, SPEED_ITERS = 10, 60
 SPEED_PAST = 64
 LEVEL4_MAX_TOP1_LOSS = 0.005  # fraction: 0.5 points
@@ -350,11 +346,14 @@ def calibrate_int4(
     speed_check: bool = True,
     assume: Sequence[str] = (),
     disable_passes: Sequence[str] = (),
+    shapes: Shapes | None = None,
     on_step: Step | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Int4CalibrationReport:
     """Weight-only int4 of `model` into `out_dir` (module docstring). `block_size` None is
-    the target's CPU row's (`infercc.calib.forms.int4_row`; 32 on every row)."""
+    the target's CPU row's (`infercc.calib.forms.int4_row`; 32 on every row). `shapes` pins
+    input shapes of the random inputs (--shape; a decoder's calls, `infercc.calib.
+    decoder_samples`), refused with `data`."""
     t0 = time.perf_counter()
     row = int4_row(target, DEFAULT_BLOCK_SIZE)
     block_size = row.block_size if block_size is None else block_size
@@ -390,10 +389,13 @@ def calibrate_int4(
     step = on_step or (lambda _text: None)
     step("loading")
     ir = _load(src, form)
+    check_shape_names(ir, shapes)  # optimize's refusals, in its words
     skeleton = export_model(ir, with_weights=False)
-    sig = decoder_signature(skeleton)
-    samples, evaluated_on = _samples(data, skeleton, sig, num_samples, preprocess)
+    sig = _signature(skeleton, shapes, data)
+    samples, evaluated_on = _samples(data, skeleton, sig, num_samples, preprocess, shapes)
     calib, evaluation = _split(samples, holdout, evaluated_on)
+    if sig is not None:  # prompts become the calls the decoder takes (split first)
+        calib, evaluation = prompt_calls(src, sig, calib), prompt_calls(src, sig, evaluation)
     staging = staging_dir(dest)
     stage = staging.path
     try:
@@ -449,44 +451,39 @@ def _load(src: Path, form: str) -> Model:
 # --------------------------------------------------------------------------- samples
 
 
+def _signature(
+    skeleton: onnx.ModelProto, shapes: Shapes | None, data: str | PathLike[str] | None
+) -> DecoderSignature | None:
+    """The decoder signature with the --shape pins (refused as optimize refuses them, and
+    with --data, whose samples give the shapes); None for a model without a KV cache."""
+    if shapes and data is not None:
+        raise InferccError(
+            "--shape has no effect with --data: the samples give the shapes",
+            "drop --shape, or drop --data to quantize on random inputs at those shapes",
+        )
+    sig = pinned_signature(skeleton, shapes)  # static dims, then the pins of a call
+    if sig is None and shapes:
+        resolve_shapes(skeleton, shapes)  # as optimize's random inputs resolve them
+    return sig
+
+
 def _samples(
     data: str | PathLike[str] | None,
     skeleton: onnx.ModelProto,
     sig: DecoderSignature | None,
     num_samples: int | None,
     preprocess: str | None,
+    shapes: Shapes | None = None,
 ) -> tuple[Samples, str]:
+    """The samples, a decoder's as prompts (`infercc.calib.decoder_samples`)."""
     if data is None:
-        return _random_samples(skeleton, sig), "random inputs (no --data)"
+        if sig is None:
+            randoms = [make_inputs(skeleton, shapes, seed) for seed in range(RANDOM_SAMPLES)]
+            return randoms, "random inputs (no --data)"
+        return random_prompts(sig, RANDOM_SAMPLES), "random inputs (no --data)"
     if sig is None:
         return read_samples(data, skeleton, num_samples, preprocess), "holdout"
-    prompts = read_samples(data, _prompt_skeleton(skeleton, sig), num_samples, preprocess)
-    return [prefill_feeds(sig, s[sig.input_ids]) for s in prompts], "holdout"
-
-
-def _prompt_skeleton(skeleton: onnx.ModelProto, sig: DecoderSignature) -> onnx.ModelProto:
-    """The skeleton with `input_ids` its only input: what a decoder's sample holds."""
-    reduced = onnx.ModelProto()
-    reduced.CopyFrom(skeleton)
-    keep = [vi for vi in reduced.graph.input if vi.name == sig.input_ids]
-    del reduced.graph.input[:]
-    reduced.graph.input.extend(keep)
-    return reduced
-
-
-def _random_samples(skeleton: onnx.ModelProto, sig: DecoderSignature | None) -> Samples:
-    if sig is None:
-        return [make_inputs(skeleton, None, seed) for seed in range(RANDOM_SAMPLES)]
-    if sig.vocab is None:
-        raise InferccError(
-            "the decoder's vocabulary size is unknown, so no random prompt can be made",
-            "pass token-id samples with --data",
-        )
-    rng = np.random.default_rng(0)
-    return [
-        prefill_feeds(sig, rng.integers(0, sig.vocab, (1, RANDOM_PROMPT)))
-        for _ in range(RANDOM_SAMPLES)
-    ]
+    return read_samples(data, prompt_skeleton(skeleton, sig), num_samples, preprocess), "holdout"
 
 
 def _split(samples: Samples, holdout: float, evaluated_on: str) -> tuple[Samples, Samples]:
@@ -553,6 +550,7 @@ class _Run:
         take most of it away (bench/int4_decoder.py)."""
         ctx = PassContext(assumptions=frozenset(self.job.assumptions))
         ran = run_passes(ir, ctx, DECODER_FUSIONS.passes, self.job.disabled)
+        check_used(self.job.assumptions, ctx.assumed, _readers)  # else: no effect
         counts = {name: ran.passes[name].counts for name in ran.passes}
         self.fusions = {
             name: dict(c)
@@ -735,12 +733,15 @@ class _Run:
     def speed_feed(self) -> tuple[dict[str, np.ndarray], str]:
         if self.sig is None:
             return self.evaluation[0], "one evaluation sample"
-        rng = np.random.default_rng(0)
-        feeds = step_inputs(self.sig, np.zeros((1, 1), np.int64), SPEED_PAST)
-        for cache in self.sig.caches:
-            shape = cache.shape(1, SPEED_PAST)
-            feeds[cache.past] = (0.1 * rng.standard_normal(shape)).astype(cache.dtype)
-        return feeds, f"one decode step at batch 1 after {SPEED_PAST} cached tokens"
+        feeds = random_call(self.sig, np.random.default_rng(0), 1, SPEED_PAST, 1, scale=0.1)
+        batch, past, new = self.sig.fixed.fit(1, SPEED_PAST, 1)
+        step = "one decode step" if new == 1 else f"one call of {new} tokens"
+        return feeds, f"{step} at batch {batch} after {past} cached tokens"
+
+
+def _readers(name: str) -> list[str]:
+    """The decoder-fusions passes that may use assumption `name`."""
+    return [p for p in DECODER_FUSIONS.passes if name in REGISTRY[p].assumptions]
 
 
 def _fixed(blocks: dict[str, Blocks]) -> Callable[[str, np.ndarray], Blocks]:

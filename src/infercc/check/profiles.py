@@ -13,10 +13,14 @@ error says that it is the original that fails, shows the inputs used, and names 
 `--data` and `--no-validate`.
 
 **A decoder** (KV-cache inputs and outputs, `infercc.analysis.decoder`, every input in its
-signature), without `--data` or `--shape`: a prefill (batch 1, 8 tokens, empty cache) and a
-chunk after a past (batch 3, 7 cached + 5 new tokens), the mask as long as cache and new tokens
-together and the positions following the cache, which random dimensions never are. Where the
-original fails on them, the search below runs.
+signature), without `--data`: a prefill (batch 1, 8 tokens, empty cache) and a chunk after a
+past (batch 3, 7 cached + 5 new tokens), the mask as long as cache and new tokens together and
+the positions following the cache, which random dimensions never are. Every dim of a call the
+model declares static, or `--shape` pins (the second profile: a range's other end, and
+`--static-shapes`), stays as given, the other dims of the call following it: a decode-step
+export (`input_ids` [batch, 1]) is validated at one new token after 8 and, at batch 3, after 37
+cached tokens. Pins that contradict the model or each other are refused. Where the original
+fails on them, the search below runs.
 
 **The second profile** exists whenever an input has a symbolic dimension: a dimension baked
 into a constant by a wrong rewrite passes at one shape and fails at another. Each symbolic
@@ -44,7 +48,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.analysis.decoder import decoder_signature, step_inputs
+from infercc.analysis.decoder import decoder_signature, pinned_signature, random_call
 from infercc.assumptions import honour
 from infercc.check.compare import ModelRunError, ModelSource, Runner
 from infercc.data.feeds import describe_feeds, feed_bytes, make_inputs
@@ -55,6 +59,7 @@ from infercc.data.signature import (
     SymbolKey,
     free_symbols,
     real_inputs,
+    resolve_shapes,
     symbol_values,
 )
 from infercc.errors import InferccError
@@ -80,6 +85,7 @@ class Profile:
     feeds: list[Feeds]
     expected: list[dict[str, Any]]
     values: dict[str, float] = field(default_factory=dict)  # inputs filled with one value
+    call: tuple[int, int, int] | None = None  # a decoder's (batch, cached, new tokens)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -143,18 +149,36 @@ def plan_feeds(
                 logger.warning("--shape is ignored when --data gives the samples")
             first = _from_data(runner, model, data)
         else:
-            if not (shapes or second_shapes or fixed_shapes):
-                decoder = search.decoder(notes)
-                if decoder is not None:
-                    return FeedPlan(decoder, notes)
+            decoder = search.decoder(shapes, {**(fixed_shapes or {}), **(second_shapes or {})})
+            if decoder is not None:
+                notes.append(decoder_note(decoder))
+                return FeedPlan(decoder, notes)
             first = search.first(shapes, constants, notes, skip_hint)
         second = search.second(first, second_shapes, fixed_shapes, notes)
     return FeedPlan([first] if second is None else [first, second], notes)
 
 
 # (source, batch, cached tokens, new tokens) of a decoder's two profiles: a prefill, and a chunk
-# after a past at a batch above 1, which no decode loop at batch 1 reaches
+# after a past at a batch above 1, which no decode loop at batch 1 reaches; for a decoder whose
+# calls are fixed (a decode-step export's input_ids [batch, 1], a pinned cache), a call after a
+# past and one after a longer past. `StepDims.fit` puts every fixed dim in place.
 DECODER_PROFILES = (("decoder prefill", 1, 0, 8), ("decoder chunk after a past", 3, 7, 5))
+DECODER_STEP_PROFILES = (
+    ("decoder step after a past", 1, 8, 1),
+    ("decoder step after a longer past", 3, 37, 1),
+)
+
+
+def decoder_note(profiles: Sequence[Profile]) -> str:
+    """What a decoder was validated at, for the report's notes."""
+    described = []
+    for p in profiles:
+        batch, past, new = p.call
+        described.append(f"{p.source} (batch {batch}, {past} cached + {new} new tokens)")
+    note = "a decoder (KV-cache inputs and outputs): validated at " + "; ".join(described)
+    if len(profiles) == 1:
+        note += "; one call shape only: its inputs fix every dim of a call"
+    return note
 
 
 # --------------------------------------------------------------------------- the first profile
@@ -317,36 +341,40 @@ class _Search:
 
     # -- a decoder --------------------------------------------------------------------------
 
-    def decoder(self, notes: list[str]) -> list[Profile] | None:
+    def decoder(self, shapes: Shapes | None, second_shapes: Shapes | None) -> list[Profile] | None:
         """A decoder with KV-cache I/O (`infercc.analysis.decoder`) whose inputs are all in its
-        signature: its two profiles (DECODER_PROFILES), the attention mask as long as the
-        cache and the new tokens together and the positions following the cache, which
+        signature: its two profiles (DECODER_PROFILES, or DECODER_STEP_PROFILES where a
+        call's tokens or cache length are fixed), every dim the model declares static or
+        `shapes` pins (the second: `second_shapes`) in place, the attention mask as long as
+        the cache and the new tokens together and the positions following the cache, which
         random dims never are; None where it is no such decoder or the original fails on
-        them (the generic search follows)."""
+        them (the generic search follows). Pins the model contradicts are refused as
+        everywhere (`resolve_shapes`)."""
         sig = decoder_signature(self.model)
         if sig is None:
             return None
-        profiles = []
-        for source, batch, past, new in DECODER_PROFILES:
+        if {i.name for i in real_inputs(self.model)} != sig.inputs:
+            return None
+        if shapes:
+            resolve_shapes(self.model, shapes)  # unknown names: refused as everywhere
+        profiles: list[Profile] = []
+        for i, pins in enumerate((shapes, second_shapes)):
+            fixed = pinned_signature(self.model, pins)
+            assert fixed is not None
+            table = DECODER_PROFILES if fixed.fixed.prefill else DECODER_STEP_PROFILES
+            source, batch, past, new = table[i]
+            call = fixed.fixed.fit(batch, past, new)
+            if any(p.call == call for p in profiles):
+                continue  # every dim of a call is fixed: one shape is all it takes
             rng = np.random.default_rng(self.seed + batch)
-            feeds = step_inputs(sig, rng.integers(0, sig.vocab or 2, (batch, new)), past)
-            for cache in sig.caches:
-                values = rng.standard_normal(cache.shape(batch, past)) * 0.5
-                feeds[cache.past] = values.astype(cache.dtype)
-            if set(feeds) != {i.name for i in real_inputs(self.model)}:
-                return None
-            feeds = honour(feeds, self.assumptions)
+            feeds = honour(random_call(fixed, rng, *call), self.assumptions)
             try:
                 expected = self.runner.run(feeds)
             except ModelRunError as exc:
                 if exc.stage == "load":
                     raise
                 return None
-            profiles.append(Profile(source, [feeds], [expected]))
-        notes.append(
-            "a decoder (KV-cache inputs and outputs): validated at a prefill (batch 1, 8 new "
-            "tokens, empty cache) and a chunk after a past (batch 3, 7 cached + 5 new tokens)"
-        )
+            profiles.append(Profile(source, [feeds], [expected], call=call))
         return profiles
 
     # -- the second profile ---------------------------------------------------------------

@@ -125,6 +125,17 @@ def calibrate(
             "(listed in the report).",
         ),
     ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape",
+            metavar="NAME=SHAPE",
+            help="--int4 without --data: pin an input's shape in the random inputs, e.g. "
+            "--shape input_ids=1x128 (repeatable; parsed and checked as optimize's --shape, "
+            "one shape, no range). A decoder's --shape pins one call: its batch and new "
+            "tokens (a prompt is fed in calls of that many), or its cache length.",
+        ),
+    ] = None,
     percentile: Annotated[
         float | None,
         typer.Option(
@@ -287,6 +298,7 @@ def calibrate(
         embeddings=embeddings,
         assume=assume or None,
         disable_pass=disable_pass or None,
+        shape=shape or None,
     )
     if int4:
         check_int8_only_flags(
@@ -320,7 +332,7 @@ def calibrate(
 
         finish(report, as_json, render_int4)
         return
-    int4_only_flags({k: v for k, v in int4_flags.items() if k != "disable_pass"})
+    int4_only_flags({k: v for k, v in int4_flags.items() if k != "disable_pass"})  # --shape too
     if data is None:
         raise InferccError("int8 calibration needs samples", "pass --data DIR")
     with Progress(as_json) as progress:

@@ -16,6 +16,7 @@ _INT4_FLAGS = {
     "lm_head": "--lm-head/--no-lm-head",
     "embeddings": "--embeddings/--no-embeddings",
     "assume": "--assume",
+    "shape": "--shape",
 }
 _INT8_FLAGS = {
     "percentile": "--percentile",
@@ -47,6 +48,21 @@ def check_int8_only_flags(**given: Any) -> None:
                 f"{_INT8_FLAGS[key]} applies to int8 calibration, not --int4",
                 "drop it (int4 is weight-only: no activation ranges, no sensitivity search)",
             )
+
+
+def calibrate_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]] | None:
+    """`--shape` specs parsed as optimize parses them; a range is refused (calibrate runs one
+    shape, there is nothing to tune at the others)."""
+    from infercc.data.profiles import parse_profiles
+
+    profiles = parse_profiles(list(specs or []))
+    for p in profiles:
+        if not p.is_fixed:
+            raise InferccError(
+                f"--shape {p.name} gives a range: calibrate's random inputs take one shape",
+                f"give one shape, e.g. --shape {p.name}={'x'.join(map(str, p.opt))}",
+            )
+    return {p.name: p.opt for p in profiles} or None
 
 
 def run_int4(
@@ -88,6 +104,7 @@ def run_int4(
         speed_check=speed_check,
         assume=flags.get("assume") or (),
         disable_passes=flags.get("disable_pass") or (),
+        shapes=calibrate_shapes(flags.get("shape")),
         on_step=step,
         on_progress=tick,
     )
