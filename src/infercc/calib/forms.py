@@ -240,24 +240,39 @@ def int4_row(target: str, default_block: int) -> Int4Row:
 
 
 def accuracy_level_decision(
-    facts: Int4Row, p10: float | None, p90: float | None, keeps: bool
+    facts: Int4Row, p10: float | None, p90: float | None, keeps: bool, on_data: bool = False
 ) -> tuple[int, str]:
-    """(level, why) for `--accuracy-level auto`: the row decides where int8 compute can run;
-    on the host, a race of level 4 against 0 (p10..p90 of the time ratio) confirms it, and a
-    race that crosses 1 (noise) keeps the safe choice, fp32 compute (level 0). Level 4 that
-    loses accuracy (`keeps` False) is never taken."""
+    """(level, why) for `--accuracy-level auto`.
+
+    The target's row decides first: a row without an int8 kernel for MatMulNBits takes 0
+    (fp32 compute). Elsewhere level 4 (int8 compute) is the row's level, and two things can
+    overrule it. Accuracy, only where it was measured on the user's samples (`on_data`:
+    held-out agreement on real data, `keeps` False when level 4 lost more than the bound):
+    on generated inputs the logits are random, and their top-1 flips with noise a trained
+    model does not have, so the change is reported but vetoes nothing. Speed, where the
+    target is this host (p10..p90 of the time ratio of level 4 to level 0): a race that
+    level 4 clearly loses (p10 above 1) takes 0; a race that crosses 1 says nothing either
+    way and leaves the row's level."""
     where = facts.row or "this target"
     if facts.accuracy_level == 0:
         return 0, f"{where} has no int8 kernel for MatMulNBits: fp32 compute"
-    if not keeps:
-        return 0, "int8 compute lost accuracy"
+    if on_data and not keeps:
+        return 0, "int8 compute lost accuracy on the held-out samples (--data)"
+    accuracy = (
+        "as accurate on the held-out samples (--data)"
+        if on_data
+        else "accuracy on random inputs reported, not a veto (give --data to measure it)"
+    )
     if not facts.on_host or p10 is None or p90 is None:
-        return 4, f"{where}'s level (int8 compute); not raced: this host is not the target"
-    if p90 < 1.0:
-        return 4, "int8 compute is faster on this host (time ratio p90 below 1) and as accurate"
+        return (
+            4,
+            f"{where}'s level (int8 compute), not raced: this host is not the target; {accuracy}",
+        )
     if p10 > 1.0:
         return 0, "int8 compute is slower on this host (p10 of the time ratio above 1)"
-    return 0, (
-        f"the race was noisy (time ratio p10..p90 {p10:.2f}..{p90:.2f} crosses 1): the safe "
-        "choice, fp32 compute"
+    if p90 < 1.0:
+        return 4, f"int8 compute is faster on this host (time ratio p90 below 1); {accuracy}"
+    return 4, (
+        f"the race was noisy (time ratio p10..p90 {p10:.2f}..{p90:.2f} crosses 1), so "
+        f"{where}'s level stands: int8 compute; {accuracy}"
     )

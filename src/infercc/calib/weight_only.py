@@ -31,16 +31,18 @@
    whether the method beat RTN (decoders: lower perplexity; otherwise higher worst cosine),
    and by how much, or that it did not.
 6. **Accuracy level** (MatMulNBits only): `auto` starts from the target's CPU row
-   (`infercc.calib.forms`): a row without an int8 kernel for MatMulNBits (x86-sse,
-   arm64-neon) takes 0 (fp32 compute) unmeasured. Elsewhere the model is built with levels 0
-   and 4 (int8 compute on the activations); level 4 must lose at most 0.5 points of top-1
-   agreement (decoders) or 0.001 of cosine. When the target is this host the two are raced
-   interleaved (a decode step at batch 1 after 64 cached tokens for a decoder, one evaluation
-   sample otherwise): 4 is kept when its time ratio to 0 has p90 below 1, 0 when p10 is above
-   1, and a race whose p10..p90 crosses 1 (noise) keeps the safe choice, 0. For a target that
-   is not this host the row's level is taken without a race. Both measurements and the row go
-   in the report. An explicit level is taken as is. The block size left out is the row's
-   (32).
+   (`infercc.calib.forms.accuracy_level_decision`): a row without an int8 kernel for
+   MatMulNBits (x86-sse, arm64-neon) takes 0 (fp32 compute) unmeasured. Elsewhere the model
+   is built with levels 0 and 4 (int8 compute on the activations) and both are evaluated.
+   With `data`, level 4 must lose at most 0.5 points of top-1 agreement (decoders) or 0.001
+   of cosine on the held-out samples; on random inputs (no `data`) the change is reported but
+   vetoes nothing (random logits flip their top-1 with noise). When the target is this host
+   the two are raced interleaved (a decode step at batch 1 after 64 cached tokens for a
+   decoder, one evaluation sample otherwise): 0 is kept when level 4's time ratio to 0 has
+   p10 above 1, and otherwise (faster, or a race whose p10..p90 crosses 1) the row's level 4
+   stands. For a target that is not this host the row's level is taken without a race. Both
+   measurements and the row go in the report. An explicit level is taken as is. The block
+   size left out is the row's (32).
 7. **Speed**: the int4 model raced against the original fp32 one, the same way.
 8. **Write** (staged, renamed into place): `model_int4.onnx` and `calibration_report.json`
    with the size before (the original's files) and after.
@@ -260,6 +262,7 @@ class Int4Job:
     speed_check: bool = True
     assumptions: tuple[str, ...] = ()
     disabled: tuple[str, ...] = ()
+    on_data: bool = False  # evaluated on the user's samples (accuracy can veto level 4)
     row: Int4Row = field(default_factory=lambda: Int4Row(None, 4, DEFAULT_BLOCK_SIZE, True))
 
     def options(self, level: int = 0) -> Int4Options:
@@ -384,6 +387,7 @@ def calibrate_int4(
     job.row = row
     job.assumptions = assumptions
     job.disabled = disabled
+    job.on_data = data is not None
     src, dest = Path(model), Path(out_dir)
     check_calibration_destination(dest, src)
     step = on_step or (lambda _text: None)
@@ -699,7 +703,7 @@ class _Run:
         q4 = self.evaluate(level4)
         keeps = _accuracy_kept(quality, q4)
         p10, p90 = (None, None) if race is None else (race.ratio_p10, race.ratio_p90)
-        chosen, why = accuracy_level_decision(facts, p10, p90, keeps)
+        chosen, why = accuracy_level_decision(facts, p10, p90, keeps, job.on_data)
         if chosen == 4:
             level4.replace(self.stage / INT4_FILE)
             result.quality = q4
@@ -713,6 +717,9 @@ class _Run:
             "level4_vs_level0": None if race is None else race.to_dict(),
             "level0": quality.to_dict(),
             "level4": q4.to_dict(),
+            "accuracy_measured_on": "held-out samples (--data)" if job.on_data else "random inputs",
+            "accuracy_vetoes": job.on_data,
+            "level4_keeps_accuracy": keeps,
         }
 
     def race(self, a: Path, b: Path) -> Race:
