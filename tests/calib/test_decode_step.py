@@ -34,7 +34,7 @@ def with_static(model: onnx.ModelProto, dims: dict[tuple[str, int], int]) -> onn
 
 def step_model() -> onnx.ModelProto:
     """The tiny Llama-style decoder exported for one new token per call."""
-    model = tiny_decoder(layers=2, hidden=64, heads=4, kv_heads=2, norm="rms", rotary=True)
+    model = tiny_decoder(layers=1, hidden=64, heads=4, kv_heads=2, norm="rms", rotary=True)
     return with_static(model, {("input_ids", 1): 1, ("position_ids", 1): 1, ("logits", 1): 1})
 
 
@@ -52,7 +52,7 @@ def models(tmp_path_factory):
     for name, proto in (("step", step_model()), ("batch2", batch2_model())):
         paths[name] = root / f"{name}.onnx"
         onnx.save(proto, paths[name])
-    full = tiny_decoder(layers=2, hidden=64, heads=4, kv_heads=2, norm="rms", rotary=True)
+    full = tiny_decoder(layers=1, hidden=64, heads=4, kv_heads=2, norm="rms", rotary=True)
     paths["full"] = root / "full.onnx"  # the same weights, any number of tokens per call
     onnx.save(full, paths["full"])
     ids = np.random.default_rng(1).integers(0, 50, (10, 1, 12)).astype(np.int64)
@@ -166,7 +166,7 @@ def test_calibrate_int4_takes_a_decode_step_export(models, tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["samples"]["evaluation"] == 8 * 32  # 8 random prompts, 32 calls each
-    assert report["quantized_nodes"] == 9 and 0.0 < report["top1_agreement"] <= 1.0
+    assert report["quantized_nodes"] == 5 and 0.0 < report["top1_agreement"] <= 1.0
     model = onnx.load(tmp_path / "random" / "model_int4.onnx")
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
     assert dims == [1]  # still a decode-step model
@@ -210,12 +210,16 @@ def test_bad_shapes_exit_2_nothing_written(models, tmp_path, extra, message):
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_optimize_refuses_the_same_shapes(models, tmp_path):
+def test_optimize_and_validate_refuse_the_same_shapes(models, tmp_path):
+    step = str(models["step"])
     for spec in ("input_ids=1x4", "input_ids=2x1"):
         extra = ["--shape", spec] + (["--shape", "attention_mask=3x9"] if "2x1" in spec else [])
         out = tmp_path / "out.onnx"
-        done = run_cli("optimize", str(models["step"]), "-o", str(out), *extra)
-        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        commands = (("optimize", step, "-o", str(out)), ("validate", step, "--reference", step))
+        for command in commands:
+            done = run_cli(*command, *extra)
+            assert done.returncode == 2, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not out.exists()
 
 

@@ -355,7 +355,7 @@ class _Search:
             return None
         if {i.name for i in real_inputs(self.model)} != sig.inputs:
             return None
-        if shapes:
+        if set(shapes or {}) - sig.inputs:
             resolve_shapes(self.model, shapes)  # unknown names: refused as everywhere
         profiles: list[Profile] = []
         for i, pins in enumerate((shapes, second_shapes)):
