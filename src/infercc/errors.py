@@ -1,10 +1,13 @@
-"""Errors that reach the user: one line naming the problem, and a hint saying what to do."""
+"""Errors that reach the user: one line naming the problem, and a hint saying what to do; the
+exit codes (under `--json` an error is also `{"error": message, "hint": hint, "exit": code}`
+on stdout: `infercc.cli.app.json_error`)."""
 
 from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_VALIDATION_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it (128 + SIGINT)
 
 
 class InferccError(Exception):

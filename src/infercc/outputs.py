@@ -4,7 +4,8 @@
   that cannot be written: a directory where a file goes, a file where a directory goes, a
   parent that is a file, a folder without write permission. Missing parent directories are
   not an error: `make_parents` creates them when the first file is written (as trtexec and
-  Olive do), so a refused run writes nothing.
+  Olive do), so a refused run writes nothing (and a staging directory removes those it made
+  when nothing was published in them).
 - `Staging` is a temporary directory beside the destination (same file system, so publishing
   is a rename), created with the user's umask (not mkdtemp's 0700), named with its process id
   (`.infercc-lk-<pid>-*`) and locked (`flock`) while its process lives. A process killed with
@@ -15,7 +16,9 @@
 - `publish_files` moves a model, its external data and its side files into place so that a
   reader never sees a model with weights that are not its own: the old model is moved aside
   first (a reader then finds no model, never a mismatched pair), the new data goes in, then
-  the new model. Any failure puts the old files back.
+  the new model. Any failure, Ctrl-C included, puts the old files back.
+- `record_written` / `written_files`: what this process has put in place, so that a run
+  interrupted (Ctrl-C) says truly whether it wrote anything.
 """
 
 from __future__ import annotations
@@ -54,6 +57,29 @@ _STAGING_NAME = re.compile(r"^\.(?:.+\.)?infercc-(lk-)?(?:(\d+)-)?[A-Za-z0-9_]+$
 # This process's staging directories are created (mkdtemp, then flock) under this lock, and
 # reclaimed under it, so none is taken between its creation and its lock.
 _CREATING = threading.Lock()
+
+
+# --------------------------------------------------------------------------- what was written
+
+_WRITTEN: list[Path] = []
+
+
+def record_written(*paths: str | os.PathLike[str]) -> None:
+    """Note outputs this process has put in place (published files, artifact directories);
+    a file put in a staging directory is not one (the directory goes when the run ends)."""
+    for path in map(Path, paths):
+        if not any(is_staging_name(part) for part in path.parent.parts):
+            _WRITTEN.append(path)
+
+
+def written_files() -> list[Path]:
+    """What this process has put in place since `forget_written()`, in order."""
+    return list(_WRITTEN)
+
+
+def forget_written() -> None:
+    """Start a new record (a CLI run starts with nothing written)."""
+    _WRITTEN.clear()
 
 
 # --------------------------------------------------------------------------- permissions
@@ -121,15 +147,22 @@ def check_output_dir(path: str | os.PathLike[str], flag: str = "") -> Path:
     return path
 
 
-def make_parents(path: str | os.PathLike[str]) -> None:
-    """Create the missing parent directories of `path` (with the user's umask)."""
+def make_parents(path: str | os.PathLike[str]) -> list[Path]:
+    """Create the missing parent directories of `path` (with the user's umask); returns
+    those created, deepest first."""
     parent = Path(path).parent
+    missing = []
+    for folder in (parent, *parent.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InferccError(
             f"cannot create directory {parent}: {first_line(exc)}", "pick another output path"
         ) from exc
+    return missing
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
@@ -140,6 +173,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
+        record_written(path)
     except OSError as exc:
         raise InferccError(f"cannot write {path}: {first_line(exc)}", "pick another path") from exc
     finally:
@@ -158,7 +192,7 @@ class Staging:
     def __init__(self, destination: str | os.PathLike[str], name: str | None = None):
         dest = Path(destination)
         parent = dest.parent
-        make_parents(dest)
+        self._created = make_parents(dest)  # removed again if nothing is published in them
         remove_stale_staging(parent)
         mark = f"{STAGING_MARK}{os.getpid()}-"
         prefix = f".{name}.{mark}" if name else f".{mark}"
@@ -179,9 +213,14 @@ class Staging:
             self._fd = None
 
     def close(self) -> None:
-        """Remove the directory (whatever is left in it) and release the lock."""
+        """Remove the directory (whatever is left in it) and release the lock, and the
+        folders made for it that are still empty (a run that published nothing, failed or
+        interrupted, leaves nothing behind)."""
         shutil.rmtree(self.path, ignore_errors=True)
         self.unlock()
+        for folder in self._created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
     def __enter__(self) -> Staging:
         return self
@@ -316,9 +355,13 @@ def publish_files(moves: Sequence[tuple[Path, Path]]) -> list[Path]:
             f"cannot write {moves[0][1]}: {first_line(exc)}; the old files are left as they were",
             "check the output folder (space, permissions), or pick another -o path",
         ) from exc
+    except BaseException:  # Ctrl-C between two moves: no half-published model
+        _undo(placed, backups)
+        raise
     for _dest, backup in backups:
         with contextlib.suppress(OSError):
             backup.unlink()
+    record_written(*(dest for _src, dest in moves))
     return [dest for _src, dest in moves]
 
 

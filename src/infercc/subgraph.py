@@ -37,6 +37,7 @@ from infercc.check.compare import ValidationReport, compare_outputs, run_model
 from infercc.errors import InferccError
 from infercc.ir import Model, Value, dtypes, infer_shapes, load_model, save_model
 from infercc.ir.graph import Node
+from infercc.outputs import record_written
 from infercc.passes.manager import PassContext, run_passes
 from infercc.precisions import tolerance
 from infercc.util import first_line
@@ -377,6 +378,7 @@ def _publish(staged: list[Path], dest: Path) -> list[str]:
     for p in staged:
         target = dest.parent / p.name
         os.replace(p, target)
+        record_written(target)
         files.append(str(target))
     return files
 

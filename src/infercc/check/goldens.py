@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from infercc.errors import InferccError
-from infercc.outputs import Staging, check_output_dir
+from infercc.outputs import Staging, check_output_dir, record_written
 from infercc.util import read_schema_json
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ def save_golden(
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging.path, out)
+        record_written(out)
     log.info("saved %d golden sample(s) to %s", len(feeds_list), out)
     return out
 

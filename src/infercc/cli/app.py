@@ -5,7 +5,13 @@ written), with readable metavars (`MODEL`, `--shape NAME=SHAPE`) and `-h` beside
 
 The global options (`--debug`, `-q`/`--quiet`, `-v`/`--verbose`, `--log-file FILE`) are
 accepted anywhere on the line: `_Group.parse_args` moves those that follow the subcommand to
-the front before click parses, skipping the values of the subcommand's own options.
+the front before click parses, skipping the values of the subcommand's own options. They also
+set how much a report says (`detail()`): `-q` its summary and verdict, `-v` everything.
+
+Output: stdout (`out`) is as wide as the terminal, or `PIPE_WIDTH` on a pipe, and never ends a
+line in spaces. Errors: one line on stderr, and with `--json` the same as an object on stdout,
+`{"error", "hint", "exit"}`, so that a caller parsing stdout always gets JSON. Progress: one
+status line on stderr from the start (`start_status`), taken over by the command's display.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from infercc import __version__
-from infercc.errors import EXIT_BAD_INPUT, InferccError
+from infercc.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InferccError
 
 # --------------------------------------------------------------------------- consoles
 
@@ -34,10 +40,14 @@ from infercc.errors import EXIT_BAD_INPUT, InferccError
 # keep every value whole; lines are not padded, so nothing gets longer than its content.
 PIPE_WIDTH = 4096
 
+# A colour code that ends a line (the spaces before it are stripped, the code kept).
+_LAST_ESCAPE = re.compile(r"\x1b\[[0-9;]*m\Z")
+
 
 class _Console(Console):
     """A rich Console that, when its file is not a terminal, is `PIPE_WIDTH` wide whatever
-    $COLUMNS says (colours still follow rich's rules: NO_COLOR, FORCE_COLOR, TTY_COMPATIBLE)."""
+    $COLUMNS says (colours still follow rich's rules: NO_COLOR, FORCE_COLOR, TTY_COMPATIBLE),
+    and whose lines never end in spaces."""
 
     @property
     def size(self) -> ConsoleDimensions:
@@ -57,9 +67,35 @@ class _Console(Console):
         silence_stdout()
         raise BrokenPipeError(32, "stdout was closed")
 
+    def _render_buffer(self, buffer: Any) -> str:
+        return strip_trailing(super()._render_buffer(buffer))
+
+
+def strip_trailing(text: str) -> str:
+    """`text` with the spaces that end each line removed (colour codes among them kept): rich
+    pads table titles and the last column of a borderless table to the table's width. A last
+    piece without its newline is left as it is (more of its line may follow)."""
+    lines = text.split("\n")
+    return "\n".join([*map(_strip_line, lines[:-1]), lines[-1]])
+
+
+def _strip_line(line: str) -> str:
+    codes: list[str] = []
+    while True:
+        bare = line.rstrip(" \t")
+        found = _LAST_ESCAPE.search(bare)
+        if found is None:
+            return bare + "".join(reversed(codes))
+        codes.append(found.group(0))
+        line = bare[: found.start()]
+
 
 def is_tty(file: Any) -> bool:
-    """True when `file` is an interactive terminal (not a pipe, file or CI log)."""
+    """True when `file` is an interactive terminal (not a pipe, file or CI log), or when
+    $TTY_COMPATIBLE says (rich's switch: 1 a terminal, 0 none, whatever the file is)."""
+    said = os.environ.get("TTY_COMPATIBLE", "")
+    if said in ("0", "1"):
+        return said == "1"
     isatty = getattr(file, "isatty", None)
     try:
         return bool(isatty()) if isatty is not None else False
@@ -215,13 +251,27 @@ def _readable_metavar(p: Any) -> None:
         p.metavar = p.name.upper()
 
 
+class Interrupted(Exception):
+    """Ctrl-C in a command, carried past typer (which would turn it into a silent exit 130)
+    to `main`, which says what was written."""
+
+
 class Group(typer.core.TyperGroup):
-    """The app's groups: global options accepted anywhere (`hoist_globals`)."""
+    """The app's groups: global options accepted anywhere (`hoist_globals`); Ctrl-C reaches
+    `main` as `Interrupted`."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if ctx.parent is None:
             args = hoist_globals(self, ctx, args)
         return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            if ctx.parent is not None:
+                raise
+            raise Interrupted() from None
 
 
 class Typer(typer.Typer):
@@ -273,7 +323,10 @@ def main_options(
     quiet: Annotated[
         bool,
         typer.Option(
-            "-q", "--quiet", help="No progress display and no warnings: the report and errors."
+            "-q",
+            "--quiet",
+            help="No progress display and no warnings; a report says only its summary and "
+            "verdict.",
         ),
     ] = False,
     verbose: Annotated[
@@ -283,7 +336,8 @@ def main_options(
             "--verbose",
             count=True,
             show_default=False,
-            help="More log lines on stderr (-v info, -vv debug).",
+            help="More log lines on stderr (-v info, -vv debug); a report also says what "
+            "was not done (every pass, the refusals, each If/Loop body).",
         ),
     ] = 0,
     log_file: Annotated[
@@ -296,6 +350,8 @@ def main_options(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print version.")
     ] = False,
 ) -> None:
+    if quiet and verbose:
+        raise InferccError("-q and -v exclude each other", "give one of them")
     settings.debug, settings.quiet, settings.verbose, settings.log_file = (
         debug,
         quiet,
@@ -303,6 +359,99 @@ def main_options(
         log_file,
     )
     configure_logging(settings)
+    ctx = _current_context()
+    if ctx is not None and ctx.invoked_subcommand in STATUS_COMMANDS:
+        start_status(sys.argv[1:])
+
+
+def detail() -> int:
+    """How much a report says: -1 with -q (its summary lines and verdict), 0 by default (what
+    was done), 1 with -v (also what was not: every pass, the refusals, the coverage tree)."""
+    return -1 if settings.quiet else min(settings.verbose, 1)
+
+
+def _current_context() -> Any:
+    for module in ("typer._click.globals", "click"):
+        try:
+            get = importlib.import_module(module).get_current_context
+        except (ImportError, AttributeError):
+            continue
+        ctx = get(silent=True)
+        if ctx is not None:
+            return ctx
+    return None
+
+
+# --------------------------------------------------------------------------- progress
+
+# The commands whose work takes long enough for a status line (their `Progress` takes it over).
+STATUS_COMMANDS = ("optimize", "extract", "bench", "calibrate", "validate", "ci")
+
+
+@dataclass
+class _Status:
+    """The status line shown from the start of a command, before its own display."""
+
+    display: Any = None  # rich.progress.Progress on stderr
+    task: Any = None
+
+
+_status = _Status()
+
+
+def progress_display(transient: bool = True) -> Any:
+    """The one progress display on stderr: a spinner, the step's name, a bar and `done/total`
+    only once a total is known (never an empty `0/?`), the time since it started. Log lines
+    print above it; stdout is left alone (a report printed meanwhile goes to stdout)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bars
+    from rich.text import Text
+
+    class KnownBar(BarColumn):
+        def render(self, task: Any) -> Any:
+            return super().render(task) if task.total is not None else Text("")
+
+    class KnownCount(MofNCompleteColumn):
+        def render(self, task: Any) -> Any:
+            return super().render(task) if task.total is not None else Text("")
+
+    return Bars(
+        SpinnerColumn(),
+        "{task.description}",
+        KnownBar(),
+        KnownCount(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=transient,
+        redirect_stdout=False,
+    )
+
+
+def start_status(args: Sequence[str], label: str = "starting") -> None:
+    """Show `label` on a spinner line at once (while the command imports and reads), unless
+    the run is quiet, prints JSON or help, or stderr is no terminal."""
+    args = list(args)[: list(args).index("--")] if "--" in args else list(args)
+    wanted = not ({"--json", "-h", "--help"} & set(args))
+    if _status.display is not None or not wanted or settings.quiet or not err.is_terminal:
+        return
+    display = progress_display()
+    display.start()
+    _status.display, _status.task = display, display.add_task(escape(label), total=None)
+
+
+def take_status() -> tuple[Any, Any]:
+    """The status display and its task, for the command's own display to go on with (the
+    elapsed time counting from the start); (None, None) when none is shown."""
+    taken = (_status.display, _status.task)
+    _status.display = _status.task = None
+    return taken
+
+
+def stop_status() -> None:
+    """Take the status line off the terminal (before an error, or when nothing took it)."""
+    display, _task = take_status()
+    if display is not None:
+        display.stop()
 
 
 # --------------------------------------------------------------------------- logging
@@ -325,6 +474,22 @@ class _Formatter(logging.Formatter):
         return text
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes (under a progress display,
+    its proxy, which prints the line above the display)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def console_level(s: Settings) -> int:
     if s.debug or s.verbose >= 2:
         return logging.DEBUG
@@ -341,7 +506,7 @@ def configure_logging(s: Settings) -> None:
         logger.removeHandler(handler)
         handler.close()
     _HANDLERS.clear()
-    console = logging.StreamHandler(sys.stderr)
+    console = _StderrHandler()
     console.setLevel(console_level(s))
     console.setFormatter(_Formatter(with_name=s.debug))
     _HANDLERS.append(console)
@@ -369,12 +534,22 @@ def _file_handler(path: Path) -> logging.Handler:
 
 
 def main() -> None:
-    """Entry point: one-line errors with exit code 2; tracebacks only with --debug."""
+    """Entry point: one-line errors with exit code 2; tracebacks only with --debug; with
+    --json, the error also as an object on stdout (`json_error`)."""
+    from infercc.outputs import forget_written
+
     library_warnings_to_log(_debug())
+    run_state.reset()
+    forget_written()
     try:
-        code = app(
-            args=bare_options(sys.argv[1:], ("--ray",)), standalone_mode=False, prog_name="infercc"
-        )
+        try:
+            code = app(
+                args=bare_options(sys.argv[1:], ("--ray",)),
+                standalone_mode=False,
+                prog_name="infercc",
+            )
+        finally:
+            stop_status()
         _flush_stdout()
         if isinstance(code, int) and code:  # typer.Exit(n) comes back as n in this mode
             sys.exit(code)
@@ -382,7 +557,7 @@ def main() -> None:
         if _debug():
             raise
         _error(escape(e.message) + (f" — {escape(e.hint)}" if e.hint else ""))
-        sys.exit(e.exit_code)
+        _fail(e.message, e.hint, e.exit_code)
     except typer.Exit as e:
         _flush_stdout()
         sys.exit(e.exit_code)
@@ -391,20 +566,66 @@ def main() -> None:
         sys.exit(0)
     except _click_exceptions() as e:
         e.show()
-        sys.exit(EXIT_BAD_INPUT)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+        command = getattr(getattr(e, "ctx", None), "command_path", None) or "infercc"
+        _fail(e.format_message(), f"{command} --help lists the options", EXIT_BAD_INPUT)
+    except (Interrupted, KeyboardInterrupt):
+        message = interrupted_message()
+        err.print(message, highlight=False, markup=False, soft_wrap=True)
+        _fail(message, None, EXIT_INTERRUPTED)
     except Exception as e:  # a bug: say so on one line, the traceback with --debug
         if _debug():
             raise
         msg = str(e).splitlines()[0] if str(e) else ""
-        _error(
-            f"{type(e).__name__}: {escape(msg)} — rerun with --debug for the traceback and "
-            "report it",
-            "internal error",
-        )
-        sys.exit(EXIT_BAD_INPUT)
+        hint = "rerun with --debug for the traceback and report it"
+        _error(f"{type(e).__name__}: {escape(msg)} — {hint}", "internal error")
+        _fail(f"internal error: {type(e).__name__}: {msg}", hint, EXIT_BAD_INPUT)
+
+
+@dataclass
+class RunState:
+    """What this run has done that its ending depends on: whether stdout got its JSON."""
+
+    printed_json: bool = False
+
+    def reset(self) -> None:
+        self.printed_json = False
+
+
+run_state = RunState()
+
+
+def interrupted_message() -> str:
+    """What Ctrl-C left: nothing, or the files published before it came."""
+    from infercc.outputs import written_files
+
+    written = written_files()
+    if not written:
+        return "interrupted; nothing written"
+    shown = ", ".join(str(p) for p in written[:3]) + (" ..." if len(written) > 3 else "")
+    return f"interrupted after writing {shown}"
+
+
+def json_error(message: str, hint: str | None, code: int) -> dict[str, Any]:
+    """The object `--json` prints on stdout when a command ends without its report."""
+    return {"error": message, "hint": hint, "exit": code}
+
+
+def _fail(message: str, hint: str | None, code: int) -> None:
+    """End the run with `code`; under --json, with the error object on stdout unless the
+    report was printed."""
+    if _wants_json(sys.argv[1:]) and not run_state.printed_json:
+        try:
+            out.print_json(data=json_error(message, hint, code))
+            out.file.flush()
+        except BrokenPipeError:
+            silence_stdout()
+    sys.exit(code)
+
+
+def _wants_json(args: Sequence[str]) -> bool:
+    """--json on the line (before any `--`)."""
+    args = list(args)
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
 
 
 def _debug() -> bool:

@@ -22,7 +22,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from infercc.cli.app import err, out, settings, silence_stdout
+from infercc.cli.app import (
+    err,
+    out,
+    progress_display,
+    run_state,
+    settings,
+    silence_stdout,
+    take_status,
+)
 from infercc.config import BuildConfig
 from infercc.errors import EXIT_VALIDATION_FAILED
 from infercc.options import PANELS, Flag, Leaf, flags_by_name, leaves, param_name
@@ -155,7 +163,9 @@ class Progress:
 
     `step(text)` names the current step on a spinner line; `tick(done, total)` fills a bar
     under it (runs, samples); `event(name, what)` keeps one line per name (ci's models).
-    Quiet, every method does nothing, so commands pass them to the API unconditionally.
+    Quiet, every method does nothing, so commands pass them to the API unconditionally. It
+    goes on with the status line the app showed from the start (`app.take_status`), so the
+    spinner and its clock never stop between the command's start and its first step.
     """
 
     def __init__(self, quiet: bool, label: str = "starting", keep: bool = False):
@@ -166,30 +176,23 @@ class Progress:
         self.tasks: dict[str, Any] = {}
 
     def __enter__(self) -> Progress:
+        shown, task = take_status()
+        if self.quiet or self.keep:  # ci keeps its lines: a display of its own
+            if shown is not None:
+                shown.stop()
+            shown = task = None
         if not self.quiet:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                SpinnerColumn,
-                TimeElapsedColumn,
-            )
-            from rich.progress import Progress as Bars
-
-            self.progress = Bars(
-                SpinnerColumn(),
-                "{task.description}",
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err,
-                transient=not self.keep,
-            )
-            self.progress.__enter__()
+            if shown is None:
+                shown = progress_display(transient=not self.keep)
+                shown.start()
+            else:
+                shown.update(task, description=escape(self.label))
+            self.progress, self.main = shown, task
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
-            self.progress.__exit__(*exc)
+            self.progress.stop()
 
     def _line(self) -> Any:
         if self.main is None:
@@ -233,6 +236,7 @@ def finish(
             record = run_record()
             if isinstance(payload, dict) and record is not None:
                 payload = {**payload, "run": record}
+            run_state.printed_json = True
             out.print_json(json_text(payload))
         else:
             render(report, out)

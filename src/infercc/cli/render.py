@@ -16,13 +16,14 @@ from rich.table import Table
 from infercc.analysis.model_info import InspectReport
 from infercc.api import OptimizeReport
 from infercc.check.compare import ValidationReport
-from infercc.cli.app import is_tty
+from infercc.cli.app import detail, is_tty
 from infercc.cli.units import (
     accuracy_table,
     human_bytes,
     human_count,
     num,
     number_column,
+    prose,
     scaled,
     shape_text,
     shapes_text,
@@ -32,25 +33,25 @@ from infercc.cli.units import (
 from infercc.precisions import TARGET_PRECISIONS
 
 
-def render_optimize(report: OptimizeReport, console: Console, explain: bool = False) -> None:
-    console.print(
-        f"[bold]{escape(report.input)}[/] -> [bold]{escape(report.output)}[/]  "
-        f"(target {report.target})",
-        highlight=False,
-    )
+def render_optimize(
+    report: OptimizeReport, console: Console, explain: bool = False, level: int | None = None
+) -> None:
+    """The report of `infercc optimize` at `level` (`infercc.cli.app.detail`, from -q / -v
+    unless given): -1 the two summary lines and the verdict; 0 also the passes that changed
+    the model, the op counts and what validation saw; 1 also every pass, the refusals' count
+    and the coverage of each If/Loop body. `explain` lists refusals and float32 nodes."""
+    level = detail() if level is None else level
+    console.print(_optimize_header(report), highlight=False)
     console.print(
         f"nodes {report.nodes_before} -> {report.nodes_after}   "
         f"size {human_bytes(report.size_before)} -> {human_bytes(report.size_after)}   "
         f"{report.iterations} round(s){'' if report.reached_fixpoint else ' (step cap reached)'}"
         f"   {num(report.seconds, '.2f')} s"
     )
-    if report.static_shapes:
-        fixed = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in report.static_shapes.items())
-        console.print(f"[yellow]valid only for the input shapes {fixed}[/] (--static-shapes)")
-    console.print(_passes_table(report))
-    console.print(_ops_table(report))
+    if level >= 0:
+        _render_body(report, console, level)
     if report.validation is not None:
-        render_validation(report.validation, console)
+        render_validation(report.validation, console, level, report.precision)
         if report.validation.error is not None:
             console.print(
                 "[red]the model infercc wrote does not run in onnxruntime: this is infercc's "
@@ -61,34 +62,65 @@ def render_optimize(report: OptimizeReport, console: Console, explain: bool = Fa
             console.print("[red]validation failed: the optimized model was not written[/]")
     else:
         console.print("validation skipped (--no-validate)")
-    if report.precision != "fp32":
-        console.print(
-            f"precision {report.precision}: {len(report.kept_fp32)} node(s) kept in float32"
-            + ("" if explain or not report.kept_fp32 else " (--explain lists them)")
-        )
-        if explain:
-            for k in report.kept_fp32:
-                console.print(f"  {k['node']} ({k['op']}): {k['reason']}", highlight=False)
-    _render_assumptions(report, console)
-    _render_output_types(report, console)
-    if report.artifact is not None:
-        _render_artifact(report.artifact, console)
+    if level >= 0 or explain:
+        _render_precision(report, console, explain)
+    if level >= 0:
+        _render_assumptions(report, console)
+        _render_output_types(report, console)
+        if report.artifact is not None:
+            _render_artifact(report.artifact, console)
     if explain:
         _render_refusals(report, console)
-    elif report.refusals:
+    elif level >= 1 and report.refusals:
         console.print(f"{len(report.refusals)} rewrite(s) refused; --explain lists them")
+
+
+def _optimize_header(report: OptimizeReport) -> str:
+    """`in.onnx -> out.onnx (+ out.memory_plan.json)  (target cpu)`: the files written beside
+    the model are named (an artifact directory's are listed by its own line)."""
+    from pathlib import Path
+
+    written = ""
+    if report.artifact is None and len(report.files) > 1:
+        written = " (+ " + ", ".join(Path(f).name for f in report.files[1:]) + ")"
+    return (
+        f"[bold]{escape(report.input)}[/] -> [bold]{escape(report.output)}[/]"
+        f"{escape(written)}  (target {report.target})"
+    )
+
+
+def _render_body(report: OptimizeReport, console: Console, level: int) -> None:
+    """What the build did: the shapes it was fixed to, the passes, the op counts."""
+    if report.static_shapes:
+        fixed = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in report.static_shapes.items())
+        console.print(f"[yellow]valid only for the input shapes {fixed}[/] (--static-shapes)")
+    passes = _passes_table(report, every=level >= 1)
+    if passes.row_count:
+        console.print(passes)
+    else:
+        console.print(f"no pass changed the model (-v lists the {len(report.passes)} that ran)")
+    console.print(_ops_table(report))
+
+
+def _render_precision(report: OptimizeReport, console: Console, explain: bool) -> None:
+    if report.precision == "fp32":
+        return
+    console.print(
+        f"precision {report.precision}: {len(report.kept_fp32)} node(s) kept in float32"
+        + ("" if explain or not report.kept_fp32 else " (--explain lists them)")
+    )
+    if explain:
+        for k in report.kept_fp32:
+            prose(console, f"{k['node']} ({k['op']}): {k['reason']}", indent="  ")
 
 
 def _render_bisect_outcome(report: OptimizeReport, console: Console) -> None:
     """The pass a failed validation was bisected to, or the command that would find it."""
     b = report.bisect
     if b is not None:
-        if b.get("reproduced") and b.get("guilty_pass"):
-            console.print(
-                f"[red]bisect ({b['trials']} rebuilds): {escape(b['message'])}[/]", highlight=False
-            )
-        else:
-            console.print(f"bisect ({b['trials']} rebuilds): {escape(b['message'])}")
+        guilty = b.get("reproduced") and b.get("guilty_pass")
+        text = f"bisect ({b['trials']} rebuilds): {b['message']}"
+        prose(console, text, style="red" if guilty else None)
     elif report.bisect_hint is not None:
         console.print(f"{escape(report.bisect_hint)}: {escape(_rerun_with_bisect())}")
 
@@ -123,13 +155,30 @@ def _render_artifact(artifact: dict, console: Console) -> None:
         )
 
 
-def _passes_table(report: OptimizeReport) -> Table:
-    t = table("passes")
+_NOT_REWRITES = ("runs", "changed", "time_s")
+
+
+def _did_something(stats: dict[str, Any]) -> bool:
+    """A pass changed the model (an older report without `changed`: it counted a rewrite)."""
+    if "changed" in stats:
+        return bool(stats["changed"])
+    return any(v for k, v in stats.items() if k not in (*_NOT_REWRITES, "refused"))
+
+
+def _passes_table(report: OptimizeReport, every: bool = False) -> Table:
+    """The passes that changed the model and their rewrites; `every`: all passes, with the
+    refusals they counted."""
+    shown = {n: st for n, st in report.passes.items() if every or _did_something(st)}
+    title = "passes"
+    if not every and len(shown) < len(report.passes):
+        title = f"passes: {len(shown)} of {len(report.passes)} changed the model (-v lists all)"
+    t = table(title)
     text_column(t, "pass")
     text_column(t, "rewrites")
     number_column(t, "time")
-    for name, st in report.passes.items():
-        counts = {k: v for k, v in st.items() if k not in ("runs", "changed", "time_s") and v}
+    skip = _NOT_REWRITES if every else (*_NOT_REWRITES, "refused")
+    for name, st in shown.items():
+        counts = {k: v for k, v in st.items() if k not in skip and v}
         text = ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
         t.add_row(name, text, f"{num(scaled(st['time_s'], 1000), '.1f')} ms")
     return t
@@ -182,12 +231,50 @@ def _render_refusals(report: OptimizeReport, console: Console) -> None:
     console.print(t)
 
 
-def render_validation(v: ValidationReport, console: Console) -> None:
+def tolerance_text(v: ValidationReport, precision: str | None = None) -> str:
+    """The criterion validation applied: `atol 0.0001, rtol 0.001, cosine >= 0.9999 (fp32)`,
+    or `cosine >= 0.999 (fp16)` where no elementwise bound applies (infercc.precisions)."""
+    import math
+
+    parts = [
+        f"{name} {num(value, 'g')}"
+        for name, value in (("atol", v.atol), ("rtol", v.rtol))
+        if value is not None and math.isfinite(value)
+    ]
+    parts.append(f"cosine >= {num(v.min_cosine, 'g')}")
+    return ", ".join(parts) + (f" ({precision})" if precision else "")
+
+
+def render_validation(
+    v: ValidationReport, console: Console, level: int = 0, precision: str | None = None
+) -> None:
+    """The verdict and its criterion; at `level` >= 0 also the profiles, notes and the table
+    of outputs; why each failed output failed, always, on a line of its own under the table
+    (never inside a column, where a narrow terminal would break its words)."""
     status = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
     console.print(
-        f"validation {status} on {v.samples} sample(s) "
-        f"(atol {num(v.atol, 'g')}, rtol {num(v.rtol, 'g')}, cosine >= {v.min_cosine})"
+        f"validation {status} on {v.samples} sample(s): {escape(tolerance_text(v, precision))}",
+        highlight=False,
     )
+    if level >= 0:
+        _render_profiles(v, console)
+    if v.error is not None:
+        prose(console, v.error, style="red")
+    if v.outputs and level >= 0:
+        console.print(_outputs_table(v))
+        for m in v.outputs.values():
+            if m.note is not None:
+                prose(console, f"{m.name}: {m.note}", indent="  ")
+    for m in v.failures():
+        prose(console, f"{m.name}: {m.reason or 'failed'}", indent="  ", style="red")
+    rounding = v.rounding_only()
+    if rounding is not None:
+        prose(console, rounding, style="yellow")
+    if v.coverage is not None and (level >= 0 or not v.coverage.passed):
+        render_coverage(v.coverage, console, tree=level >= 1)
+
+
+def _render_profiles(v: ValidationReport, console: Console) -> None:
     for i, p in enumerate(v.profiles, 1):
         shapes = ", ".join(f"{k}=[{', '.join(map(str, s))}]" for k, s in p["shapes"].items())
         values = "".join(f", {k}={val}" for k, val in p.get("values", {}).items())
@@ -197,39 +284,32 @@ def render_validation(v: ValidationReport, console: Console) -> None:
             highlight=False,
         )
     for note in v.notes:
-        console.print(f"  note: {escape(note)}", highlight=False)
-    if v.error is not None:
-        console.print(f"[red]{escape(v.error)}[/]", highlight=False)
-    if v.outputs:
-        t = table()
-        text_column(t, "output")
-        for col in ("max abs", "max rel", "cosine", "out of tol"):
-            number_column(t, col)
-        text_column(t, "decided by")
-        text_column(t, "ok")
-        for m in v.outputs.values():
-            t.add_row(
-                escape(m.name),
-                _num(m.max_abs),
-                _num(m.max_rel),
-                "n/a" if m.near_constant and m.cosine is None else _num(m.cosine, ".6f"),
-                _num(m.frac_out_of_tol, ".2%"),
-                m.decided_by or "-",
-                "yes" if m.passed else f"[red]no[/] {escape(m.reason or '')}",
-            )
-        console.print(t)
-        for m in v.outputs.values():
-            if m.note is not None:
-                console.print(f"  {escape(m.name)}: {escape(m.note)}", highlight=False)
-    rounding = v.rounding_only()
-    if rounding is not None:
-        console.print(f"[yellow]{escape(rounding)}[/]", highlight=False)
-    if v.coverage is not None:
-        render_coverage(v.coverage, console)
+        prose(console, f"note: {note}", indent="  ")
 
 
-def render_coverage(c, console: Console) -> None:
-    """Which rewritten If/Loop bodies the validation inputs ran."""
+def _outputs_table(v: ValidationReport) -> Table:
+    t = table()
+    text_column(t, "output")
+    for col in ("max abs", "max rel", "cosine", "out of tol"):
+        number_column(t, col)
+    text_column(t, "decided by")
+    t.add_column("ok", no_wrap=True)
+    for m in v.outputs.values():
+        t.add_row(
+            escape(m.name),
+            _num(m.max_abs),
+            _num(m.max_rel),
+            "n/a" if m.near_constant and m.cosine is None else _num(m.cosine, ".6f"),
+            _num(m.frac_out_of_tol, ".2%"),
+            m.decided_by or "-",
+            "yes" if m.passed else "[red]no[/]",
+        )
+    return t
+
+
+def render_coverage(c, console: Console, tree: bool = True) -> None:
+    """Which rewritten If/Loop bodies the validation inputs ran: the count, each rewritten
+    body (with `tree`; else those that never ran), and what it means."""
     if not c.bodies:
         return
     rewritten = [b for b in c.bodies if b.rewritten is not False]
@@ -239,17 +319,17 @@ def render_coverage(c, console: Console) -> None:
         f"{len(c.unexecuted)} of them not run by the validation inputs",
         highlight=False,
     )
-    for b in rewritten:
+    for b in rewritten if tree else [b for b in rewritten if b.executed is False]:
         ran = {True: "ran", False: "[red]never ran[/]", None: "not measured"}[b.executed]
         by = f" by {', '.join(b.passes)}" if b.passes else ""
         console.print(f"  {escape(b.path)} (rewritten{by}): {ran}", highlight=False)
     if c.error:
-        console.print(f"  {escape(c.error)}", highlight=False)
+        prose(console, c.error, indent="  ")
     message = c.message()
     if message is not None:
         style = "red" if c.strict else "yellow"
         suffix = "" if c.strict else " (--strict-coverage makes this a failure)"
-        console.print(f"[{style}]{escape(message)}{suffix}[/]", highlight=False)
+        prose(console, message + suffix, style=style)
 
 
 def _tail(text: str, width: int, console: Console) -> str:
@@ -400,8 +480,25 @@ def render_cache_entries(path, entries: list[dict], console: Console) -> None:
     console.print(t)
 
 
+# What runs a model or artifact, by the backend `open_source` names (a plug-in: its name).
+_RUNTIMES = {
+    "onnxruntime": "onnxruntime, default session options",
+    "ort": "onnxruntime, the artifact's tuned session options",
+    "none": "onnxruntime, default session options (an artifact of --backend none)",
+    "tensorrt": "TensorRT",
+}
+
+
+def runtime_label(backend: str) -> str:
+    """What runs a bench: `onnxruntime, default session options`, never a bare `none`."""
+    return _RUNTIMES.get(backend, f"backend {backend}")
+
+
 def render_bench(report, console: Console) -> None:
-    console.print(f"[bold]{escape(report.path)}[/] ({report.backend})", highlight=False)
+    console.print(
+        f"[bold]{escape(report.path)}[/] on {escape(runtime_label(report.backend))}",
+        highlight=False,
+    )
     host = report.host
     console.print(
         f"on {host.get('cpu')} ({host.get('cpu_class') or 'no CPU class'}), "
@@ -427,7 +524,7 @@ def render_bench(report, console: Console) -> None:
     console.print(t)
     for r in report.results:
         for note in r.notes:
-            console.print(f"note: {note}", highlight=False, markup=False)
+            prose(console, f"note: {note}")
     for r in report.results:
         if r.profile is not None:
             _render_profile(r.batch, r.profile, console)
@@ -459,7 +556,8 @@ def _render_profile(batch: int, p: Any, console: Console, top: int = 10) -> None
 
 def render_compare(report, console: Console) -> None:
     console.print(
-        f"A = {report.path_a} ({report.backend_a})\nB = {report.path_b} ({report.backend_b})",
+        f"A = {report.path_a} on {runtime_label(report.backend_a)}\n"
+        f"B = {report.path_b} on {runtime_label(report.backend_b)}",
         highlight=False,
     )
     t = table("interleaved runs: ratio = time B / time A per pair")
@@ -564,7 +662,7 @@ def render_candidate(report, console: Console) -> None:
         f"(precision {report.precision})",
         highlight=False,
     )
-    render_validation(report.validation, console)
+    render_validation(report.validation, console, detail(), report.precision)
     if report.criterion is not None:
         console.print(f"criterion: {escape(report.criterion)}", highlight=False)
     if report.bisect is not None:

@@ -1,17 +1,25 @@
-"""Human-readable sizes, counts and shapes, and the table columns of the rendered reports.
+"""Human-readable sizes, counts and shapes, the table columns of the rendered reports, and prose.
 
 Tables never cut a value: figures stay on one line and never end in an ellipsis, names and
 text fold onto more lines when a terminal is narrow (on a pipe the console is wide enough that
-every row prints whole: `infercc.cli.app.PIPE_WIDTH`)."""
+every row prints whole: `infercc.cli.app.PIPE_WIDTH`). Prose (notes, reasons: sentences that
+can run to hundreds of characters) is never put in a table: `prose` prints it under the table,
+wrapped at the terminal's width, or at `PROSE_WIDTH` on a pipe, and never breaks a word or a
+path."""
 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+# Prose on a pipe or log wraps at this width (on a terminal, at the terminal's, when narrower).
+PROSE_WIDTH = 100
 
 
 def num(x: Any, fmt: str = ".3g") -> str:
@@ -104,3 +112,29 @@ def accuracy_table(
             num(agree, ".2%"),
         )
     return t
+
+
+def prose(
+    console: Console,
+    text: str,
+    indent: str = "",
+    hang: str = "  ",
+    style: str | None = None,
+) -> None:
+    """Print `text` (plain, not markup) wrapped at the console's width, at most `PROSE_WIDTH`:
+    the first line after `indent`, the others after `indent + hang`; a word longer than a
+    line (a path) stays whole on its own line."""
+    width = min(console.width, PROSE_WIDTH)
+    first, rest = indent, indent + hang
+    for paragraph in text.splitlines() or [""]:
+        lines = textwrap.wrap(
+            paragraph,
+            width,
+            initial_indent=first,
+            subsequent_indent=rest,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        for line in lines or [first.rstrip()]:
+            console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
+        first = rest

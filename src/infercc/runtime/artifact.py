@@ -29,7 +29,7 @@ from infercc.backends.registry import get_backend, require_available
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
-from infercc.outputs import Staging, check_output_dir
+from infercc.outputs import Staging, check_output_dir, record_written
 from infercc.util import first_line, json_text, read_schema_json
 from infercc.version import __version__
 
@@ -218,5 +218,6 @@ def publish(staged: Path, out_dir: Path) -> None:
         if old is not None:
             os.replace(old, out_dir)
         raise
+    record_written(out_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
