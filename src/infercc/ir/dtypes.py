@@ -129,6 +129,7 @@ def tensor_bytes(code: int | None, shape: Sequence[int | str | None] | None) -> 
     row = dtype(code)
     if row is None or row.bits is None or shape is None:
         return None
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    sizes = [d for d in shape if isinstance(d, int) and not isinstance(d, bool) and d >= 0]
+    if len(sizes) != len(shape):
         return None
-    return (math.prod(shape) * row.bits + 7) // 8
+    return (math.prod(sizes) * row.bits + 7) // 8

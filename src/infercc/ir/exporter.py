@@ -102,7 +102,7 @@ def export_graph(
     gp = onnx.GraphProto(name=graph.name, doc_string=graph.doc_string)
     gp.node.extend(export_node(n, True) for n in graph)
     if with_weights:
-        gp.initializer.extend(v.const.to_proto(v.name) for v in _initializers(graph))
+        gp.initializer.extend(v.tensor.to_proto(v.name) for v in _initializers(graph))
     if with_weights if sparse is None else sparse:
         gp.sparse_initializer.extend(sp for sp, _ in _sparse_kept(graph))
     gp.input.extend(_value_info(v) for v in graph.inputs)
@@ -176,7 +176,7 @@ def export_model(model: Model, with_weights: bool = True) -> onnx.ModelProto:
 
 
 def weights_nbytes(model: Model) -> int:
-    return sum(v.const.nbytes for v in _initializers(model.graph))  # type: ignore[union-attr]
+    return sum(v.tensor.nbytes for v in _initializers(model.graph))
 
 
 def _varint(n: int) -> bytes:
@@ -248,8 +248,10 @@ def _write_model(model: Model, f, tensors: Callable[[], Iterator[TensorProto | T
 def _tensor_size(t: TensorProto | Tensor) -> int:
     if isinstance(t, TensorProto):
         return t.ByteSize()
-    n = t.source.length  # type: ignore[union-attr]
-    return t.proto.ByteSize() + len(_RAW_TAG) + len(_varint(n)) + n  # type: ignore[union-attr]
+    src, proto = t.source, t.proto
+    assert src is not None and proto is not None  # `_inline` keeps a Tensor only then
+    n = src.length
+    return proto.ByteSize() + len(_RAW_TAG) + len(_varint(n)) + n
 
 
 def _write_tensor(t: TensorProto | Tensor, f) -> None:
@@ -265,7 +267,7 @@ def _write_tensor(t: TensorProto | Tensor, f) -> None:
 
 def _inline(value: Value) -> TensorProto | Tensor:
     """What the writer needs for one initializer, without reading raw bytes still on disk."""
-    tensor: Tensor = value.const  # type: ignore[assignment]
+    tensor = value.tensor
     if tensor.source is not None and tensor.proto is not None:
         if tensor.proto.name != value.name:
             tensor.proto = tensor.header(value.name)
@@ -288,7 +290,7 @@ def _copy_slice(src: RawSlice, nbytes: int, fd) -> None:
 
 
 def _to_external(value: Value, fd, location: str) -> TensorProto:
-    tensor: Tensor = value.const  # type: ignore[assignment]
+    tensor = value.tensor
     if tensor.nbytes < EXTERNAL_MIN_BYTES or tensor.dtype in _INLINE_ONLY:
         return tensor.to_proto(value.name)
     fd.write(b"\0" * ((-fd.tell()) % _ALIGN))

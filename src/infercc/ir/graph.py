@@ -9,8 +9,9 @@ that broke it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Hashable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -20,6 +21,7 @@ from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 
 Dim = int | str | None
+K = TypeVar("K", bound=Hashable)  # what _stable_kahn orders: nodes, or the importer's keys
 
 
 class IRError(Exception):
@@ -93,10 +95,15 @@ class Value:
     def is_graph_output(self) -> bool:
         return self.graph is not None and any(v is self for v in self.graph.outputs)
 
-    def numpy(self) -> np.ndarray:
+    @property
+    def tensor(self) -> Tensor:
+        """The constant's data; IRError for a value that is no constant."""
         if self.const is None:
             raise IRError(f"value {self.name!r} is not a constant")
-        return self.const.numpy()
+        return self.const
+
+    def numpy(self) -> np.ndarray:
+        return self.tensor.numpy()
 
     @property
     def rank(self) -> int | None:
@@ -105,9 +112,10 @@ class Value:
     @property
     def static_shape(self) -> tuple[int, ...] | None:
         """The shape when every dimension is a known integer, else None."""
-        if self.shape is None or any(not isinstance(d, int) for d in self.shape):
+        if self.shape is None:
             return None
-        return tuple(self.shape)  # type: ignore[return-value]
+        dims = tuple(d for d in self.shape if isinstance(d, int))
+        return dims if len(dims) == len(self.shape) else None
 
 
 class Node:
@@ -334,7 +342,7 @@ class Graph:
 
     def __iter__(self) -> Iterator[Node]:
         node = self._root._next
-        while node is not self._root:
+        while node is not None and node is not self._root:  # the ring holds no None
             nxt = node._next
             yield node
             node = nxt
@@ -347,8 +355,9 @@ class Graph:
         if node.graph is not None:
             raise IRError(f"{node!r} already belongs to a graph")
         node.graph = self
-        node._prev, node._next = anchor, anchor._next
-        anchor._next._prev = node  # type: ignore[union-attr]
+        after = _linked(anchor._next)
+        node._prev, node._next = anchor, after
+        after._prev = node
         anchor._next = node
         self._len += 1
         model = self.model
@@ -360,12 +369,12 @@ class Graph:
                     model.claim_value(out)
 
     def append(self, node: Node) -> Node:
-        self._link_after(self._root._prev, node)  # type: ignore[arg-type]
+        self._link_after(_linked(self._root._prev), node)
         return node
 
     def insert_before(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
         for n in [nodes] if isinstance(nodes, Node) else list(nodes):
-            self._link_after(anchor._prev, n)  # type: ignore[arg-type]
+            self._link_after(_linked(anchor._prev), n)
 
     def insert_after(self, anchor: Node, nodes: Node | Iterable[Node]) -> None:
         for n in reversed([nodes] if isinstance(nodes, Node) else list(nodes)):
@@ -386,8 +395,8 @@ class Graph:
         node.clear_inputs()
         for sub in node.subgraphs():
             _release_subgraph(sub, self.model)
-        node._prev._next = node._next  # type: ignore[union-attr]
-        node._next._prev = node._prev  # type: ignore[union-attr]
+        before, after = _linked(node._prev), _linked(node._next)
+        before._next, after._prev = after, before
         node._prev = node._next = None
         node.graph = None
         self._len -= 1
@@ -492,10 +501,11 @@ class Graph:
             model.rename_value(new, out_name)
             carrier = new
         else:
-            local = new.producer is not None and new.producer.graph is self
+            made = new.producer
             carrier = Value(out_name, new.dtype, new.shape)
             ident = Node("Identity", [new], [carrier], name=self.fresh_node_name("keep_output"))
-            self.insert_after(new.producer if local else self._root, ident)  # type: ignore[arg-type]
+            local = made is not None and made.graph is self
+            self.insert_after(made if made is not None and local else self._root, ident)
         carrier.type_proto = old.type_proto
         _declared_shape(carrier)
         # what the model says of its output (doc_string, metadata) stays with the output
@@ -541,9 +551,17 @@ class Graph:
         for n in nodes:
             n._prev = n._next = None
         for n in order:
-            n._prev, n._next = self._root._prev, self._root
-            self._root._prev._next = n  # type: ignore[union-attr]
+            last = _linked(self._root._prev)
+            n._prev, n._next = last, self._root
+            last._next = n
             self._root._prev = n
+
+
+def _linked(node: Node | None) -> Node:
+    """A neighbour in a graph's ring of nodes (the root closes the ring: never None there)."""
+    if node is None:
+        raise IRError("a node is not linked into its graph")
+    return node
 
 
 def _release_subgraph(graph: Graph, model: Model | None) -> None:
@@ -586,35 +604,35 @@ def _lint_graph(graph: Graph, visible: set[int], names: set[str]) -> None:
         if node.graph is not graph or node._prev is not prev:
             raise IRError(f"{node!r} is not linked into graph {graph.name!r} correctly")
         prev = node
-        for i, v in enumerate(node._inputs):
-            if v is None:
+        for i, inp in enumerate(node._inputs):
+            if inp is None:
                 continue
-            if id(v) not in defined:
-                raise IRError(f"{node!r} reads {v.name!r} before it is defined (or never)")
-            if (node, i) not in v._uses:
-                raise IRError(f"{v.name!r} does not record its use by {node!r} at input {i}")
+            if id(inp) not in defined:
+                raise IRError(f"{node!r} reads {inp.name!r} before it is defined (or never)")
+            if (node, i) not in inp._uses:
+                raise IRError(f"{inp.name!r} does not record its use by {node!r} at input {i}")
         for sub in node.subgraphs():
             if sub.owner is not node:
                 raise IRError(f"subgraph {sub.name!r} of {node!r} has the wrong owner")
             _lint_graph(sub, defined, names)
-        for v in node._outputs:
-            if v is None:
+        for out in node._outputs:
+            if out is None:
                 continue
-            if v.producer is not node:
-                raise IRError(f"output {v.name!r} of {node!r} names another producer")
-            define(v, "node output")
+            if out.producer is not node:
+                raise IRError(f"output {out.name!r} of {node!r} names another producer")
+            define(out, "node output")
     if count != graph._len:
         raise IRError(f"graph {graph.name!r} node count is out of sync")
     for v in graph.outputs:
         if id(v) not in defined:
             raise IRError(f"graph output {v.name!r} is not defined")
     for node in graph:
-        for v in node._outputs:
-            if v is None:
+        for out in node._outputs:
+            if out is None:
                 continue
-            for user, i in v._uses:
-                if user.graph is None or user.input(i) is not v:
-                    raise IRError(f"{v.name!r} lists a stale use by {user!r}")
+            for user, i in out._uses:
+                if user.graph is None or user.input(i) is not out:
+                    raise IRError(f"{out.name!r} lists a stale use by {user!r}")
 
 
 def _free_inputs(node: Node) -> Iterator[Value]:
@@ -666,19 +684,17 @@ def cycle_error(edges: Iterable[tuple[Node, Node]], where: str = "graph") -> IRE
     return IRError(f"{where} has a cycle (involving {', '.join(stuck)})")
 
 
-def _stable_kahn(
-    nodes: list[Node], deps: dict[Node, set[Node]], index: dict[Node, int]
-) -> list[Node] | None:
+def _stable_kahn(nodes: list[K], deps: dict[K, set[K]], index: dict[K, int]) -> list[K] | None:
     import heapq
 
     remaining = {n: len(d) for n, d in deps.items()}
-    users: dict[Node, list[Node]] = {n: [] for n in nodes}
+    users: dict[K, list[K]] = {n: [] for n in nodes}
     for n, ds in deps.items():
         for d in ds:
             users[d].append(n)
     heap = [index[n] for n in nodes if remaining[n] == 0]
     heapq.heapify(heap)
-    order: list[Node] = []
+    order: list[K] = []
     while heap:
         n = nodes[heapq.heappop(heap)]
         order.append(n)
@@ -693,7 +709,7 @@ class Model:
     """A model: the main graph plus everything else a ModelProto holds."""
 
     def __init__(self, graph: Graph | None = None):
-        self.ir_version = onnx.IR_VERSION
+        self.ir_version: int = int(onnx.IR_VERSION)
         self.opset_imports: dict[str, int] = {"": 17}
         self.producer_name = ""
         self.producer_version = ""
@@ -703,7 +719,7 @@ class Model:
         self.metadata_props: list[tuple[str, str]] = []
         self.functions: list[onnx.FunctionProto] = []
         self.training_info: list[onnx.TrainingInfoProto] = []
-        self.base_dir = None
+        self.base_dir: Path | None = None
         # Initializers the source listed as graph inputs too (IR >= 4: overridable defaults),
         # whether kept as inputs or frozen into constants on import.
         self.overridable: list[str] = []

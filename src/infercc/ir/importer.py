@@ -210,13 +210,13 @@ class _Importer:
             v.metadata_props = v.metadata_props or [(p.key, p.value) for p in vi.metadata_props]
             graph.outputs.append(v)
         for name, vi in infos.items():
-            v = scope.get(name)
-            if v is None or v.graph is not graph:
+            found = scope.get(name)
+            if found is None or found.graph is not graph:
                 graph.extra_value_info.append(vi)
                 continue
-            if v.type_proto is None:
-                apply_type(v, vi.type)
-                v.keep_info = True
+            if found.type_proto is None:
+                apply_type(found, vi.type)
+                found.keep_info = True
         return graph
 
     def _sparse(self, sp: onnx.SparseTensorProto) -> Value:
@@ -287,9 +287,9 @@ class _Importer:
             return nodes
         keys = [_NodeKey(i) for i in range(len(nodes))]
         order = _stable_kahn(
-            keys,  # type: ignore[arg-type]
-            {keys[i]: {keys[j] for j in deps[i]} for i in range(len(nodes))},  # type: ignore[misc]
-            {k: k.i for k in keys},  # type: ignore[misc]
+            keys,
+            {keys[i]: {keys[j] for j in deps[i]} for i in range(len(nodes))},
+            {k: k.i for k in keys},
         )
         if order is None:
             cycle = cycle_in((j, i) for i, d in enumerate(deps) for j in d)
@@ -299,7 +299,7 @@ class _Importer:
                 "the model is malformed; re-export it",
             )
         log.info("graph %r was not in topological order; sorted it", gp.name)
-        return [nodes[k.i] for k in order]  # type: ignore[attr-defined]
+        return [nodes[k.i] for k in order]
 
     def node(
         self,

@@ -148,7 +148,7 @@ def _named(model: Model, v: Value, computed: Dims) -> Dims:
 
 def _declare(v: Value, dims: Dims) -> None:
     tp = onnx.TypeProto()
-    tp.CopyFrom(v.type_proto)  # type: ignore[arg-type]
+    tp.CopyFrom(v.type_proto)
     shape = tp.tensor_type.shape
     shape.Clear()
     for d in dims:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -41,6 +42,9 @@ from infercc.ir.ops import (
     STANDARD_DOMAINS,
 )
 from infercc.isolation import ChildCrashed, call_forked, call_isolated
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -271,10 +275,10 @@ def _ranks(inferred: onnx.ModelProto) -> dict[str, tuple]:
     return out
 
 
-def _small_constants(graph: onnx.GraphProto) -> dict:
+def _small_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray | list[int]]:
     from onnx import numpy_helper
 
-    out = {}
+    out: dict[str, np.ndarray | list[int]] = {}
     for g in _graphs(graph):
         for t in g.initializer:
             out[t.name] = numpy_helper.to_array(t)
@@ -301,7 +305,7 @@ class _Fixer:
         return _ranks(self.inferred)
 
     @cached_property
-    def consts(self) -> dict:
+    def consts(self) -> dict[str, np.ndarray | list[int]]:
         return _small_constants(self.main)
 
     def fix(self, node: onnx.NodeProto) -> None:
@@ -510,8 +514,9 @@ def _integer_value(node: onnx.NodeProto, data: dict, opset: int) -> list | None:
     them; None otherwise."""
     import numpy as np
 
-    ins = [data[x] if x else None for x in node.input]
-    if not ins or any(a is None or a.dtype.kind not in "iu" for a in ins):
+    given = [data[x] if x else None for x in node.input]
+    ins = [a for a in given if a is not None]
+    if not given or len(ins) != len(given) or any(a.dtype.kind not in "iu" for a in ins):
         return None
     attrs = ProtoAttrs(node)
     op = node.op_type
@@ -563,15 +568,22 @@ def _generated_size(node: onnx.NodeProto, data: dict) -> int | None:
     import numpy as np
 
     ins = [data[x] if x else None for x in node.input]
+
+    def arg(i: int) -> np.ndarray:
+        found = ins[i]
+        if found is None:
+            raise TypeError(f"input {i} is omitted")
+        return found
+
     try:
         if node.op_type == "ConstantOfShape":
-            return int(np.prod(ins[0]))
+            return int(np.prod(arg(0)))
         if node.op_type == "Expand":
-            return int(np.prod(np.broadcast_shapes(ins[0].shape, tuple(int(d) for d in ins[1]))))
+            return int(np.prod(np.broadcast_shapes(arg(0).shape, tuple(int(d) for d in arg(1)))))
         if node.op_type == "Tile":
-            return int(np.prod(np.array(ins[0].shape) * ins[1]))
+            return int(np.prod(np.array(arg(0).shape) * arg(1)))
         if node.op_type == "Range":
-            return int(np.ceil((ins[1] - ins[0]) / ins[2]))
+            return int(np.ceil((arg(1) - arg(0)) / arg(2)))
     except (ValueError, TypeError, ZeroDivisionError):
         return _SHAPE_TENSOR_LIMIT + 1
     return None

@@ -47,10 +47,9 @@ def _check_loaded(model: onnx.ModelProto) -> None:
 def model_file(model: ModelInput, name: str = "model.onnx") -> Iterator[Path]:
     """A path to `model`: the path itself, or a temporary copy of a `ModelProto` (removed on
     exit). Weights over 2 GiB go to one external data file beside it."""
-    if not is_proto(model):
-        yield Path(model)  # type: ignore[arg-type]
+    if not isinstance(model, onnx.ModelProto):
+        yield Path(model)
         return
-    assert isinstance(model, onnx.ModelProto)
     _check_loaded(model)
     with tempfile.TemporaryDirectory(prefix="infercc-proto-") as tmp:
         path = Path(tmp) / name

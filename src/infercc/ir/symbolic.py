@@ -174,17 +174,18 @@ def atom(op: str, *args: Dim, dim: bool = False) -> Expr:
 def _atom_range(
     op: str, ranges: list[tuple[int, int] | None], signed: bool
 ) -> tuple[int | None, int | None]:
-    if any(r is None for r in ranges):
+    known = [r for r in ranges if r is not None]
+    if len(known) != len(ranges):
         return None, None
     if op in ("min", "max"):
         pick = min if op == "min" else max
-        return pick(r[0] for r in ranges), pick(r[1] for r in ranges)  # type: ignore[index]
+        return pick(r[0] for r in known), pick(r[1] for r in known)
     if op == "div":  # |a / b| <= |a| for any non-zero integer b
-        top = max(abs(ranges[0][0]), abs(ranges[0][1]))  # type: ignore[index]
+        top = max(abs(known[0][0]), abs(known[0][1]))
         return (-top if signed else 0), top
     if op == "mod":  # |a mod b| < |b|, with the sign of b
-        top = max(abs(ranges[1][0]), abs(ranges[1][1]))  # type: ignore[index]
-        return (-top if ranges[1][0] < 0 else 0), top  # type: ignore[index]
+        top = max(abs(known[1][0]), abs(known[1][1]))
+        return (-top if known[1][0] < 0 else 0), top
     return None, None
 
 
@@ -212,7 +213,9 @@ def bounds(d: Dim) -> tuple[int, int] | None:
             got = _times(got, _symbol_range(name))
             if got is None:
                 return None
-        low, high = low + got[0], high + got[1]  # type: ignore[index]
+        if got is None:  # (a monomial has at least one symbol: the loop ran)
+            return None
+        low, high = low + got[0], high + got[1]
     return low, high
 
 
@@ -290,7 +293,8 @@ def _long_div(a: Dim, b: Expr) -> Dim | None:
     by leading terms, exact or None; the quotient is checked by multiplying back."""
     divisor = _terms(b)
     lead = _leading(divisor)
-    rest, quotient = _terms(a), 0
+    rest = _terms(a)
+    quotient: Dim = 0
     for _ in range(64):
         rest = {m: c for m, c in rest.items() if c}
         if not rest:

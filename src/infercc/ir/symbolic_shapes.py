@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 from onnx import TensorProto
@@ -75,9 +76,10 @@ class SymInfo:
     @property
     def static_elems(self) -> list[int] | None:
         """The elements when every one is an int."""
-        if self.elems is None or any(not isinstance(e, int) for e in self.elems):
+        if self.elems is None:
             return None
-        return list(self.elems)  # type: ignore[arg-type]
+        ints = [e for e in self.elems if isinstance(e, int)]
+        return ints if len(ints) == len(self.elems) else None
 
     @property
     def rank(self) -> int | None:
@@ -183,8 +185,9 @@ def _cached_attention(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | N
         if past is None or past.rank != 4:
             outs.append(UNKNOWN)
             continue
-        b, n, length, size = past.shape  # type: ignore[misc]
-        total = None if length is None or key.shape[1] is None else S.add(length, key.shape[1])
+        b, n, length, size = past.shape or (None, None, None, None)  # rank 4: a shape
+        new = key.shape[1] if key.shape is not None else None
+        total = None if length is None or new is None else S.add(length, new)
         outs.append(SymInfo((b, n, total, size)))
     return outs
 
@@ -236,17 +239,23 @@ def _pick(rule: Dim | None, ir: int | str | None, declared: bool = False) -> Dim
     return S.from_ir(ir)
 
 
-def _static(shape: Shape | None) -> bool:
+def _static(shape: Shape | None) -> TypeGuard[tuple[int, ...]]:
     return shape is not None and all(isinstance(d, int) for d in shape)
 
 
-def _size(shape: Shape) -> int:
-    return math.prod(shape)  # type: ignore[arg-type]
+def _size(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _known(dims: Sequence[Dim | None]) -> list[Dim] | None:
+    """The dims when none is unknown (symbolic ones are known), else None."""
+    found = [d for d in dims if d is not None]
+    return found if len(found) == len(dims) else None
 
 
 def _tracked(shape: Shape | None, elems: Sequence[Dim | None] | None) -> SymInfo:
     """An info whose elements are kept only for a small static shape."""
-    if elems is not None and _static(shape) and _size(shape) <= ELEMENT_LIMIT:  # type: ignore[arg-type]
+    if elems is not None and _static(shape) and _size(shape) <= ELEMENT_LIMIT:
         return SymInfo(shape, tuple(elems))
     return SymInfo(shape)
 
@@ -280,7 +289,12 @@ def _norm(axis: int, rank: int) -> int:
     return a
 
 
-_WIDTHS = {TensorProto.INT64: 64, TensorProto.INT32: 32, TensorProto.INT16: 16, TensorProto.INT8: 8}
+_WIDTHS: dict[int, int] = {
+    TensorProto.INT64: 64,
+    TensorProto.INT32: 32,
+    TensorProto.INT16: 16,
+    TensorProto.INT8: 8,
+}
 
 
 def _out_int(node: Node) -> bool:
@@ -291,8 +305,11 @@ def _out_int(node: Node) -> bool:
 
 
 def _width(node: Node) -> int:
-    """The bits of the signed integers the node computes on (its first input's type)."""
-    return _WIDTHS[node.input(0).dtype]  # type: ignore[union-attr, index]
+    """The bits of the signed integers the node computes on (its first input's type: one of
+    `_WIDTHS`, as `_out_int` checked)."""
+    v = node.input(0)
+    assert v is not None and v.dtype is not None
+    return _WIDTHS[v.dtype]
 
 
 def at_width(fn: Callable[..., Dim | None], bits: int) -> Callable[..., Dim | None]:
@@ -333,18 +350,22 @@ def _broadcast_dim(dims: list[Dim | None]) -> Dim | None:
 def _elementwise(
     ins: list[SymInfo | None], fn: Callable[..., Dim | None]
 ) -> tuple[Shape | None, Elems | None]:
-    if any(i is None or i.shape is None for i in ins):
+    shapes = [i.shape for i in ins if i is not None and i.shape is not None]
+    if len(shapes) != len(ins):
         return None, None
-    shape = broadcast([i.shape for i in ins])  # type: ignore[union-attr, misc]
-    if any(i.elems is None for i in ins) or not _static(shape):  # type: ignore[union-attr]
+    shape = broadcast(shapes)
+    tracked = [(i.elems, i.shape) for i in ins if i is not None and i.elems is not None]
+    if len(tracked) != len(ins) or not _static(shape):
         return shape, None
     if _size(shape) > ELEMENT_LIMIT:
         return shape, None
     arrays = []
-    for i in ins:
-        arr = np.empty(len(i.elems), dtype=object)  # type: ignore[union-attr, arg-type]
-        arr[:] = list(i.elems)  # type: ignore[union-attr]
-        arrays.append(arr.reshape(i.shape))  # type: ignore[union-attr]
+    for elems, dims in tracked:
+        if not _static(dims):  # elements are tracked for static shapes only
+            return shape, None
+        arr = np.empty(len(elems), dtype=object)
+        arr[:] = list(elems)
+        arrays.append(arr.reshape(dims))
     spread = np.broadcast_arrays(*arrays)
     flat = [a.reshape(-1).tolist() for a in spread]
     elems = tuple(None if any(x is None for x in xs) else fn(*xs) for xs in zip(*flat, strict=True))
@@ -361,9 +382,10 @@ def _same_as_first(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None
 
 def _broadcasting(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     present = [i for i in ins if i is not None]
-    if not present or any(i.shape is None for i in present):
+    shapes = [i.shape for i in present if i.shape is not None]
+    if not present or len(shapes) != len(present):
         return [None]
-    return [SymInfo(broadcast([i.shape for i in present]))]  # type: ignore[misc]
+    return [SymInfo(broadcast(shapes))]
 
 
 def _arith(fn: Callable[[Dim, Dim], Dim | None]) -> Rule:
@@ -484,8 +506,10 @@ def _where(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
             return a if c else b
         return a if S.equal(a, b) else None
 
-    if node.input(1) is None or node.input(1).dtype not in TRACKED_TYPES:  # type: ignore[union-attr]
-        return [SymInfo(broadcast([i.shape for i in ins]))]  # type: ignore[union-attr, misc]
+    choice = node.input(1)
+    if choice is None or choice.dtype not in TRACKED_TYPES:
+        shapes = [i.shape for i in ins if i is not None and i.shape is not None]
+        return [SymInfo(broadcast(shapes))]
     shape, elems = _elementwise(ins, pick)
     return [_tracked(shape, elems)]
 
@@ -507,9 +531,10 @@ def _shape(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
 
 def _size_rule(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     data = ins[0]
-    if data is None or data.shape is None or any(d is None for d in data.shape):
+    dims = _known(data.shape) if data is not None and data.shape is not None else None
+    if dims is None:
         return [SymInfo(())]
-    return [SymInfo((), (S.prod(data.shape),))]  # type: ignore[arg-type]
+    return [SymInfo((), (S.prod(dims),))]
 
 
 def _cast(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
@@ -517,9 +542,11 @@ def _cast(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     if first is None:
         return [None]
     to = node.attr("to")
-    src = node.input(0).dtype if node.input(0) is not None else None  # type: ignore[union-attr]
+    x = node.input(0)
+    src = x.dtype if x is not None else None
     if first.elems is None or src not in TRACKED_TYPES or to not in TRACKED_TYPES:
         return [SymInfo(first.shape)]
+    elems: list[Dim | None]
     if to == TensorProto.BOOL:
         elems = [int(e != 0) if isinstance(e, int) else None for e in first.elems]
     elif to in (TensorProto.INT64, TensorProto.INT32) and src != TensorProto.UINT64:
@@ -559,16 +586,18 @@ def _gather(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
 
 def _concat(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     present = [i for i in ins if i is not None]
-    if not present or any(i.shape is None for i in present):
+    shapes = [i.shape for i in present if i.shape is not None]
+    if not present or len(shapes) != len(present):
         return [None]
-    rank = len(present[0].shape)  # type: ignore[arg-type]
+    rank = len(shapes[0])
     axis = _norm(node.attr("axis", 0), rank)
-    shape = list(_merge_shapes([i.shape for i in present], skip=axis))  # type: ignore[misc]
-    lengths = [i.shape[axis] for i in present]  # type: ignore[index]
-    shape[axis] = None if any(x is None for x in lengths) else _fold(S.add, lengths)  # type: ignore[arg-type]
+    shape = list(_merge_shapes(shapes, skip=axis))
+    lengths = _known([dims[axis] for dims in shapes])
+    shape[axis] = None if lengths is None else _fold(S.add, lengths)
     elems = None
-    if rank == 1 and all(i.elems is not None for i in present):
-        elems = [e for i in present for e in i.elems]  # type: ignore[union-attr]
+    parts = [i.elems for i in present if i.elems is not None]
+    if rank == 1 and len(parts) == len(present):
+        elems = [e for part in parts for e in part]
     return [_tracked(tuple(shape), elems)]
 
 
@@ -614,12 +643,13 @@ def _squeeze(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
 
 def _flatten(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     data = ins[0]
-    if data is None or data.shape is None or any(d is None for d in data.shape):
+    dims = _known(data.shape) if data is not None and data.shape is not None else None
+    if data is None or dims is None:
         return [None]
-    rank = len(data.shape)
+    rank = len(dims)
     axis = node.attr("axis", 1)
     axis = axis + rank if axis < 0 else axis
-    shape = (S.prod(data.shape[:axis]), S.prod(data.shape[axis:]))  # type: ignore[arg-type]
+    shape = (S.prod(dims[:axis]), S.prod(dims[axis:]))
     return [_tracked(shape, data.elems)]
 
 
@@ -634,11 +664,12 @@ def reshape_dims(data: Shape, target: Elems, allowzero: bool) -> Shape:
             out.append(t)
     if -1 in out:
         k = out.index(-1)
-        others = [d for j, d in enumerate(out) if j != k]
-        if any(d is None for d in others) or any(d is None for d in data):
+        others = _known([d for j, d in enumerate(out) if j != k])
+        known = _known(data)
+        if others is None or known is None:
             out[k] = None
         else:
-            total, rest = S.prod(data), S.prod(others)  # type: ignore[arg-type]
+            total, rest = S.prod(known), S.prod(others)
             q = S.exact_div(total, rest)
             out[k] = q if q is not None else S.atom("div", total, rest, dim=True)
     return tuple(out)
@@ -711,7 +742,7 @@ def _constant_of_shape(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | 
 def _range(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     if len(ins) < 3 or any(i is None or i.elems is None or len(i.elems) != 1 for i in ins[:3]):
         return [SymInfo((None,))]
-    start, limit, delta = (i.elems[0] for i in ins[:3])  # type: ignore[union-attr, index]
+    start, limit, delta = (i.elems[0] for i in ins[:3] if i is not None and i.elems)
     if not _out_int(node) or start is None or limit is None or not isinstance(delta, int):
         return [SymInfo((None,))]
     if delta == 0:
@@ -722,7 +753,7 @@ def _range(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     span = S.sub(limit, start) if delta > 0 else S.sub(start, limit)
     step = abs(delta)
     count = span if step == 1 else S.div(S.add(span, step - 1), step)
-    return [SymInfo((S.dmax(count, 0) if count is not None else None,))]  # type: ignore[arg-type]
+    return [SymInfo((S.dmax(count, 0) if count is not None else None,))]
 
 
 def slice_params(
@@ -742,7 +773,10 @@ def slice_params(
             return None
         starts, ends = list(ins[1].elems), list(ins[2].elems)
         axes_info = ins[3] if len(ins) > 3 else None
-        axes = list(range(len(starts))) if axes_info is None else _ints(axes_info)  # type: ignore[assignment]
+        given = list(range(len(starts))) if axes_info is None else _ints(axes_info)
+        if given is None:
+            return None
+        axes = given
         steps_info = ins[4] if len(ins) > 4 else None
         steps = [1] * len(starts) if steps_info is None else list(steps_info.elems or ())
         if axes is None or len(steps) != len(starts):
@@ -811,9 +845,9 @@ def _slice(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     elems = None
     if rank == 1 and data.elems is not None and len(params) == 1:
         _, start, end, step = params[0]
-        if all(isinstance(x, int) for x in (start, end, step)):
+        if isinstance(start, int) and isinstance(end, int) and isinstance(step, int):
             n = len(data.elems)
-            elems = data.elems[slice(*_clamp(n, start, end, step))]  # type: ignore[arg-type]
+            elems = data.elems[slice(*_clamp(n, start, end, step))]
             shape[0] = len(elems)
     return [_tracked(tuple(shape), elems)]
 
@@ -830,7 +864,8 @@ def _split(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None] | None
         sizes = list(ins[1].elems) if ins[1].elems is not None else None
     else:
         n = len(node.outputs)
-        q = S.exact_div(data.shape[axis], n) if data.shape[axis] is not None else None
+        whole = data.shape[axis]
+        q = S.exact_div(whole, n) if whole is not None else None
         sizes = [q] * n if q is not None else None
     if sizes is None or len(sizes) != len(node.outputs):
         return None
@@ -957,10 +992,10 @@ def _constant(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     value = node.attr("value")
     if not isinstance(value, np.ndarray):
         return [None]
-    elems = None
+    tracked = None
     if value.dtype.kind in "biu" and value.size <= ELEMENT_LIMIT:
-        elems = [int(x) for x in value.reshape(-1)]
-    return [_tracked(tuple(int(d) for d in value.shape), elems)]
+        tracked = [int(x) for x in value.reshape(-1)]
+    return [_tracked(tuple(int(d) for d in value.shape), tracked)]
 
 
 RULES: dict[str, Rule] = {

@@ -156,13 +156,14 @@ class Tensor:
     def raw_bytes(self) -> bytes:
         """The raw_data bytes read from the source file (only for tensors with a source)."""
         assert self.source is not None
+        name = self.proto.name if self.proto is not None else ""
         try:
             with open(self.source.path, "rb") as f:
                 f.seek(self.source.offset)
                 data = f.read(self.source.length)
         except OSError as e:
             raise InferccError(
-                f"cannot read weights of tensor '{self.proto.name}' from {self.source.path}: "
+                f"cannot read weights of tensor '{name}' from {self.source.path}: "
                 f"{e.strerror or e}",
                 "the input model must stay in place while infercc reads it",
             ) from None
