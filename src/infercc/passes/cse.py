@@ -96,7 +96,7 @@ def _buckets(members: list[Value], key: Callable[[np.ndarray], bytes | None]) ->
 
 def _bytes_of(v: Value) -> np.ndarray:
     """The constant's bytes as a flat uint8 array (memory-mapped weights stay mapped)."""
-    arr = v.const.numpy()  # type: ignore[union-attr]
+    arr = v.tensor.numpy()
     if arr.dtype.kind in "OUS":
         return np.empty(0, np.uint8)
     return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
@@ -106,17 +106,17 @@ def _sample_digest(flat: np.ndarray) -> bytes | None:
     if flat.size == 0:
         return None
     if flat.size <= 3 * _SAMPLE:
-        return hashlib.sha256(flat).digest()
-    h = hashlib.sha256(flat[:_SAMPLE])
-    h.update(flat[-_SAMPLE:])
+        return hashlib.sha256(flat.data).digest()
+    h = hashlib.sha256(flat[:_SAMPLE].data)
+    h.update(flat[-_SAMPLE:].data)
     step = flat.size // _PROBES
     for i in range(1, _PROBES):
-        h.update(flat[i * step : i * step + 64])
+        h.update(flat[i * step : i * step + 64].data)
     return h.digest()
 
 
 def _full_digest(flat: np.ndarray) -> bytes | None:
-    return hashlib.sha256(flat).digest() if flat.size else None
+    return hashlib.sha256(flat.data).digest() if flat.size else None
 
 
 def _byte_equal_sets(same: list[Value]) -> list[list[Value]]:
@@ -136,15 +136,16 @@ def _byte_equal_sets(same: list[Value]) -> list[list[Value]]:
 def _merge_equal(equal: list[Value], ctx: PassContext) -> int:
     """Readers of every member read one of them, kept in the innermost graph that encloses
     all members' graphs (hoisted there if none of them is)."""
-    home = _common_graph([v.graph for v in equal])  # type: ignore[misc]
-    keeper = next((v for v in equal if v.graph is home), equal[0])
+    graphs = [(v, v.graph) for v in equal if v.graph is not None]  # constants: in a graph
+    home = _common_graph([g for _, g in graphs])
+    keeper = next((v for v, g in graphs if g is home), graphs[0][0])
     merged = 0
-    for v in equal:
+    for v, graph in graphs:
         if v is keeper or not ctx.allow_rewrite(v.users()[0]):
             continue
         if keeper.graph is not home:
             _hoist(keeper, home)
-        v.graph.replace_all_uses_with(v, keeper)  # type: ignore[union-attr]
+        graph.replace_all_uses_with(v, keeper)
         merged += 1
     return merged
 
@@ -190,9 +191,11 @@ def _node_key(node: Node) -> tuple | None:
 
 @dataclass(frozen=True)
 class _Duplicate:
-    """The node computes what `first`, earlier in the graph, computes."""
+    """The node computes what `first`, earlier in the graph, computes: each of its outputs
+    (every one present) is the one of `first` beside it in `outputs`."""
 
     first: Node
+    outputs: tuple[tuple[Value, Value], ...]
 
 
 def _duplicates() -> Rule[_Duplicate]:
@@ -204,28 +207,27 @@ def _duplicates() -> Rule[_Duplicate]:
         if key is None:
             raise NoMatch()
         first = seen.setdefault(key, node)
-        if first is node or not _can_take_outputs(node, first):
+        pairs = tuple(
+            (old, new)
+            for old, new in zip(node.outputs, first.outputs, strict=True)
+            if old is not None and new is not None  # every one: `_node_key` holds no omitted
+        )
+        if first is node or not _can_take_outputs(node, pairs):
             raise NoMatch()
-        return _Duplicate(first)
+        return _Duplicate(first, pairs)
 
     return Rule("nodes", None, check, _merge_node)
 
 
-def _can_take_outputs(node: Node, first: Node) -> bool:
+def _can_take_outputs(node: Node, outputs: tuple[tuple[Value, Value], ...]) -> bool:
     """Whether each of the duplicate's graph outputs can be served by `first`'s output taking its
     name (not when that output already is a graph output: two names need an Identity)."""
-    graph = node.graph
-    assert graph is not None
-    return all(
-        graph.can_take_output_name(new)  # type: ignore[arg-type]
-        for old, new in zip(node.outputs, first.outputs, strict=True)
-        if old is not None and old.is_graph_output
-    )
+    graph = node.owning_graph()
+    return all(graph.can_take_output_name(new) for old, new in outputs if old.is_graph_output)
 
 
 def _merge_node(node: Node, found: _Duplicate, ctx: PassContext) -> None:
-    graph = node.graph
-    assert graph is not None
-    for old, new in zip(node.outputs, found.first.outputs, strict=True):
-        graph.replace_all_uses_with(old, new)  # type: ignore[arg-type]
+    graph = node.owning_graph()
+    for old, new in found.outputs:
+        graph.replace_all_uses_with(old, new)
     graph.remove(node)

@@ -72,6 +72,7 @@ the conversions, and the fp16_io interface change is made whatever the limit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -137,12 +138,12 @@ class Fp16Plan:
         return Fp16Plan(kept, self.converted + later.converted)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Plan:
-    """Which inputs and outputs of a float16 node become float16."""
+    """Which inputs and outputs of a float16 node become float16: index -> the value there."""
 
-    inputs: set[int]
-    outputs: set[int]
+    inputs: dict[int, Value]
+    outputs: dict[int, Value]
 
 
 @dataclass
@@ -239,7 +240,7 @@ def _exclusion(st: _State, node: Node) -> str | None:
 def _schema_plan(st: _State, node: Node) -> _Plan:
     schema = _schema(node.op_type, st.opset)
     groups = _type_groups(node, schema) if schema is not None else None
-    if groups is None:
+    if schema is None or groups is None:
         raise NoMatch("no ONNX schema for its inputs and outputs")
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
     plan = _plan_from_groups(st, node, groups, allowed)
@@ -254,7 +255,7 @@ def _schema_plan(st: _State, node: Node) -> _Plan:
 def _plan_from_groups(
     st: _State, node: Node, groups: dict[str, list[tuple[bool, int]]], allowed: dict[str, set]
 ) -> _Plan:
-    plan = _Plan(set(), set())
+    plan = _Plan({}, {})
     coords = _COORD_INPUTS.get(node.op_type, ())
     unknown = already = False
     for type_str, members in groups.items():
@@ -266,8 +267,8 @@ def _plan_from_groups(
             continue
         if any(is_in and i in coords for is_in, i in members):
             continue
-        for is_in, i in members:
-            (plan.inputs if is_in else plan.outputs).add(i)
+        for (is_in, i), v in zip(members, vals, strict=True):
+            (plan.inputs if is_in else plan.outputs)[i] = v
     if plan.inputs or plan.outputs:
         return plan
     if already:
@@ -311,7 +312,7 @@ def _type_groups(
     return groups
 
 
-def _formal(params: list, i: int) -> Any:
+def _formal(params: Sequence[onnx.defs.OpSchema.FormalParameter], i: int) -> Any:
     if i < len(params):
         return params[i]
     variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
@@ -320,13 +321,12 @@ def _formal(params: list, i: int) -> Any:
 
 def _overflow_reason(st: _State, node: Node, plan: _Plan) -> str | None:
     saturating = _SATURATING.get(node.op_type, ())
-    for i in sorted(plan.inputs):
-        v = node.inputs[i]
+    for i, v in sorted(plan.inputs.items()):
         peak = None if i in saturating else _const_peak(v)
         if peak is not None and peak > FP16_MAX:
             return f"weight '{v.name}' overflows fp16 (max {peak:.6g})"
-    values = [node.inputs[i] for i in sorted(plan.inputs)]
-    values += [node.outputs[i] for i in sorted(plan.outputs)]
+    values = [v for _, v in sorted(plan.inputs.items())]
+    values += [v for _, v in sorted(plan.outputs.items())]
     return _range_reason(st, values)
 
 
@@ -339,10 +339,10 @@ def _attr_overflow_reason(node: Node) -> str | None:
     return None
 
 
-def _range_reason(st: _State, values: list[Value | None]) -> str | None:
+def _range_reason(st: _State, values: list[Value]) -> str | None:
     ranges = st.ctx.ranges or {}
     for v in values:
-        r = ranges.get(v.name) if v is not None else None
+        r = ranges.get(v.name)
         if r is not None and max(abs(float(r[0])), abs(float(r[1]))) > FP16_MAX:
             return f"tensor '{v.name}' overflows fp16 (calibrated range [{r[0]:.6g}, {r[1]:.6g}])"
     return None
@@ -361,7 +361,7 @@ def _peak(a: np.ndarray) -> float | None:
 
 
 def _no_float_output_reason(st: _State, node: Node, plan: _Plan) -> str | None:
-    if any(st.converted.get(node.inputs[i]) == FLOAT for i in plan.inputs):
+    if any(st.converted.get(v) == FLOAT for v in plan.inputs.values()):
         return None
     return "produces no float tensor and reads only float32 values"
 
@@ -377,16 +377,15 @@ def _is_float(dtype: int | None) -> bool:
 
 
 def _convert_node(st: _State, node: Node, plan: _Plan) -> None:
-    for i in sorted(plan.inputs):
-        v = node.inputs[i]
+    for i, v in sorted(plan.inputs.items()):
         if v.dtype == FLOAT16:
             continue  # produced by a float16 node (or a float16 graph input)
         if v.const is not None:
             node.set_input(i, _fp16_const(st, v))
         else:
             node.set_input(i, _cast(st, v, FLOAT16))
-    for i in plan.outputs:
-        _mark_converted(st, node.outputs[i])
+    for _, out in sorted(plan.outputs.items()):
+        _mark_converted(st, out)
     if node.op_type == "ConstantOfShape":
         value = node.attr("value")
         value = np.zeros(1, np.float32) if value is None else value

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto
@@ -135,28 +136,76 @@ def _per_channel(c: np.ndarray, rank: int | None, m: int) -> np.ndarray | None:
     return np.broadcast_to(c.reshape(-1).astype(np.float64), (m,)).copy()
 
 
-# -- BatchNormalization parameters --------------------------------------------------------------
+# -- what the checks prove: the constants a fold reads ---------------------------------------
 
 
-def _bn_reason(bn: Node) -> str | None:
-    """Why BN is not a foldable inference-mode BatchNormalization (None when it is)."""
+@dataclass(frozen=True)
+class _BnParams:
+    """A foldable inference-mode BatchNormalization's constants: float vectors of one length."""
+
+    gamma_v: Value
+    beta_v: Value
+    gamma: np.ndarray
+    beta: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+
+
+@dataclass(frozen=True)
+class _ConvWeights:
+    """A Conv's (or ConvTranspose's) constant float weight, of rank >= 3, and its bias."""
+
+    w_val: Value
+    w: np.ndarray
+    b_val: Value | None
+    b: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class _GemmWeights:
+    """A Gemm's constant float weight matrix B and its constant bias C (if any)."""
+
+    b_val: Value
+    b: np.ndarray
+    c_val: Value | None
+    c: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class _MatMulWeights:
+    """A MatMul's constant float weight matrix, and the Add of its per-column bias after it."""
+
+    mm: Node
+    w_val: Value
+    w: np.ndarray
+    add: Node | None = None
+    bias_i: int = -1  # the bias input of `add`
+    bias_val: Value | None = None
+    bias: np.ndarray | None = None
+
+
+def _bn_params(bn: Node) -> _BnParams:
+    """BN's constants, or NoMatch: why it is not a foldable inference-mode BatchNormalization."""
     if bn.attr("training_mode", 0):
-        return "BatchNormalization is in training mode"
+        raise NoMatch("BatchNormalization is in training mode")
     if bn.attr("spatial", 1) == 0:
-        return "BatchNormalization with spatial=0 is not per-channel"
+        raise NoMatch("BatchNormalization with spatial=0 is not per-channel")
     if any(o is not None and (o.uses() or o.is_graph_output) for o in bn.outputs[1:]):
-        return "BatchNormalization has more than one output in use"
-    params = [const_value(bn.input(i)) for i in range(1, 5)]
-    if any(p is None for p in params):
-        return "BatchNormalization parameters are not constant"
+        raise NoMatch("BatchNormalization has more than one output in use")
+    gamma_v, beta_v = bn.input(1), bn.input(2)
+    found = [const_value(bn.input(i)) for i in range(1, 5)]
+    params = [p for p in found if p is not None]
+    if gamma_v is None or beta_v is None or len(params) != len(found):
+        raise NoMatch("BatchNormalization parameters are not constant")
     if any(p.ndim != 1 or p.shape != params[0].shape or not _is_float(p) for p in params):
-        return "BatchNormalization parameters are not float vectors of one length"
-    return None
+        raise NoMatch("BatchNormalization parameters are not float vectors of one length")
+    gamma, beta, mean, var = params
+    return _BnParams(gamma_v, beta_v, gamma, beta, mean, var)
 
 
-def _bn_affine(bn: Node) -> tuple[np.ndarray, np.ndarray]:
+def _bn_affine(bn: Node, p: _BnParams) -> tuple[np.ndarray, np.ndarray]:
     """(s, t) in float64 with BN(y) = y·s + t per channel."""
-    gamma, beta, mean, var = (const_value(bn.input(i)).astype(np.float64) for i in range(1, 5))
+    gamma, beta, mean, var = (a.astype(np.float64) for a in (p.gamma, p.beta, p.mean, p.var))
     s = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
     return s, beta - mean * s
 
@@ -165,57 +214,73 @@ def _bn_affine(bn: Node) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class _Fold:
-    """An affine map (`scale`, `shift` per output channel; None: identity) that `layer`
-    absorbs, replacing `node` (a BatchNormalization, Mul or Add) after it. For a MatMul,
-    `layer` is the MatMul or the Add of a constant bias after it."""
+class _BnFold:
+    """BatchNormalization as the affine map `scale`, `shift` per output channel, which `layer`
+    (a Conv, ConvTranspose, Gemm, MatMul, or the Add of a constant bias after a MatMul) absorbs
+    through the constants `into`."""
+
+    key: str
+    layer: Node
+    scale: np.ndarray
+    shift: np.ndarray
+    bn: _BnParams
+    into: _ConvWeights | _GemmWeights | _MatMulWeights
+
+
+@dataclass(frozen=True)
+class _AffineFold:
+    """A Mul or Add as the affine map `scale`, `shift` per output channel (None: identity),
+    which `layer` (a Conv, ConvTranspose or BatchNormalization) absorbs through `into`."""
 
     key: str
     layer: Node
     scale: np.ndarray | None
     shift: np.ndarray | None
+    into: _ConvWeights | _BnParams
 
 
-def _check_bn(bn: Node, ctx: PassContext) -> _Fold:
+def _check_bn(bn: Node, ctx: PassContext) -> _BnFold:
     x = bn.input(0)
     p = x.producer if x is not None else None
     target = _bn_target(p) if p is not None and p.graph is bn.graph else None
-    if target is None:
+    if p is None or target is None:
         raise NoMatch()
-    assert p is not None
-    reason = _bn_reason(bn) or _reader_reason(p, bn)
+    params = _bn_params(bn)
+    reason = _reader_reason(p, bn)
     if reason is not None:
         raise NoMatch(reason)
-    scale, shift = _bn_affine(bn)
-    check = {"conv": _bn_conv_reason, "gemm": _bn_gemm_reason, "matmul": _bn_matmul_reason}
-    reason = check[target](p, bn, scale)
-    if reason is not None:
-        raise NoMatch(reason)
-    key = {"Conv": "bn_into_conv", "ConvTranspose": "bn_into_convtranspose", "Gemm": "bn_into_gemm"}
-    return _Fold(key.get(p.op_type, "bn_into_matmul"), p, scale, shift)
-
-
-def _fold_bn(bn: Node, fold: _Fold, ctx: PassContext) -> None:
-    graph = bn.graph
-    assert graph is not None and fold.scale is not None and fold.shift is not None
-    layer = fold.layer
-    if layer.op_type == "Conv" and _fold_as_onnxruntime(graph, layer, bn):
-        _replace_node(graph, bn, layer.output)
-    elif layer.op_type in _CONVS:
-        _rewrite_conv(graph, layer, fold.scale, fold.shift)
-        _replace_node(graph, bn, layer.output)
-    elif layer.op_type == "Gemm":
-        _bn_into_gemm(graph, layer, bn, fold.scale, fold.shift)
+    scale, shift = _bn_affine(bn, params)
+    into: _ConvWeights | _GemmWeights | _MatMulWeights
+    if target == "conv":
+        into = _conv_weights(p, len(scale))
+    elif target == "gemm":
+        into = _gemm_weights(p, len(scale))
     else:
-        _bn_into_matmul(graph, layer, bn, fold.scale, fold.shift)
+        into = _matmul_weights(p, bn, len(scale))
+    key = {"Conv": "bn_into_conv", "ConvTranspose": "bn_into_convtranspose", "Gemm": "bn_into_gemm"}
+    return _BnFold(key.get(p.op_type, "bn_into_matmul"), p, scale, shift, params, into)
 
 
-def _fold_as_onnxruntime(graph: Graph, conv: Node, bn: Node) -> bool:
+def _fold_bn(bn: Node, fold: _BnFold, ctx: PassContext) -> None:
+    graph = bn.owning_graph()
+    layer, into = fold.layer, fold.into
+    if isinstance(into, _ConvWeights):
+        if layer.op_type != "Conv" or not _fold_as_onnxruntime(graph, layer, into, fold.bn, bn):
+            _rewrite_conv(graph, layer, into, fold.scale, fold.shift)
+        _replace_node(graph, bn, layer.output)
+    elif isinstance(into, _GemmWeights):
+        _bn_into_gemm(graph, layer, bn, into, fold.scale, fold.shift)
+    else:
+        _bn_into_matmul(graph, bn, into, fold.scale, fold.shift)
+
+
+def _fold_as_onnxruntime(
+    graph: Graph, conv: Node, weights: _ConvWeights, params: _BnParams, bn: Node
+) -> bool:
     """Fold `bn` into `conv` in onnxruntime's precision and order (module docstring); False,
     nothing changed, where the dtypes differ (onnxruntime does not fuse those)."""
-    w_val, b_val = conv.input(1), conv.input(2)
-    w, b = const_value(w_val), const_value(b_val)
-    gamma, beta, mean, var = (const_value(bn.input(i)) for i in range(1, 5))
+    w, b = weights.w, weights.b
+    gamma, beta, mean, var = params.gamma, params.beta, params.mean, params.var
     dtype = w.dtype
     if any(p.dtype != dtype for p in (gamma, beta, mean, var)):
         return False
@@ -228,8 +293,9 @@ def _fold_as_onnxruntime(graph: Graph, conv: Node, bn: Node) -> bool:
         b_new = (beta - (mean * s).astype(dtype)).astype(dtype)
     else:
         b_new = ((((b - mean).astype(dtype)) * s).astype(dtype) + beta).astype(dtype)
-    conv.set_input(1, _new_const(graph, w_new, w_val, "W"))
-    _set_input(conv, 2, _new_const(graph, b_new, b_val, f"{w_val.name}_bias"))
+    conv.set_input(1, _new_const(graph, w_new, weights.w_val, "W"))
+    name = f"{weights.w_val.name}_bias"
+    _set_input(conv, 2, _new_const(graph, b_new, weights.b_val, name))
     return True
 
 
@@ -252,25 +318,26 @@ def _reader_reason(p: Node, node: Node) -> str | None:
     return "conv output has other readers" if p.op_type in _CONVS else "output has other readers"
 
 
-def _conv_reason(conv: Node, m: int | None = None) -> str | None:
-    """Why conv's weight/bias cannot absorb a per-output-channel scale (None when they can)."""
-    w = const_value(conv.input(1))
-    if w is None:
-        return "conv weight is not constant"
+def _conv_weights(conv: Node, m: int | None = None) -> _ConvWeights:
+    """The constants of a conv whose weight/bias can absorb a per-output-channel scale (of `m`
+    channels, when given); NoMatch says why they cannot."""
+    w_val, b_val = conv.input(1), conv.input(2)
+    w, b = const_value(w_val), const_value(b_val)
+    if w_val is None or w is None:
+        raise NoMatch("conv weight is not constant")
     if not _is_float(w) or w.ndim < 3:
-        return "conv weight is not a float tensor of rank >= 3"
-    if conv.input(2) is not None and const_value(conv.input(2)) is None:
-        return "conv bias is not constant"
+        raise NoMatch("conv weight is not a float tensor of rank >= 3")
+    if b_val is not None and b is None:
+        raise NoMatch("conv bias is not constant")
     group = int(conv.attr("group", 1))
     if conv.op_type == "ConvTranspose" and w.shape[0] % group:
-        return "ConvTranspose weight does not split into its groups"
-    if m is not None and m != _out_channels(conv):
-        return "channel count does not match the conv's output channels"
-    return None
+        raise NoMatch("ConvTranspose weight does not split into its groups")
+    if m is not None and m != _out_channels(conv, w):
+        raise NoMatch("channel count does not match the conv's output channels")
+    return _ConvWeights(w_val, w, b_val, b)
 
 
-def _out_channels(conv: Node) -> int:
-    w = const_value(conv.input(1))
+def _out_channels(conv: Node, w: np.ndarray) -> int:
     if conv.op_type == "Conv":
         return int(w.shape[0])
     return int(w.shape[1]) * int(conv.attr("group", 1))
@@ -287,63 +354,67 @@ def _scale_out_channels(w: np.ndarray, s: np.ndarray, op: str, group: int) -> np
 
 
 def _rewrite_conv(
-    graph: Graph, conv: Node, scale: np.ndarray | None, shift: np.ndarray | None
+    graph: Graph,
+    conv: Node,
+    weights: _ConvWeights,
+    scale: np.ndarray | None,
+    shift: np.ndarray | None,
 ) -> None:
     """conv' = conv·scale + shift per output channel (new weight/bias constants); a Conv
     without bias gets one only from a shift."""
-    w_val = conv.input(1)
-    dtype = const_value(w_val).dtype
-    b = const_value(conv.input(2))
+    dtype, b = weights.w.dtype, weights.b
     if scale is not None:
-        _scale_weight(graph, conv, scale)
+        _scale_weight(graph, conv, weights, scale)
     if b is None and shift is None:
         return
-    bias = np.zeros(_out_channels(conv)) if b is None else b.astype(np.float64)
+    bias = np.zeros(_out_channels(conv, weights.w)) if b is None else b.astype(np.float64)
     if scale is not None:
         bias = bias * scale
     if shift is not None:
         bias = bias + shift
-    new_b = _new_const(graph, bias.astype(dtype), conv.input(2), f"{w_val.name}_bias")
-    _set_input(conv, 2, new_b)
+    name = f"{weights.w_val.name}_bias"
+    _set_input(conv, 2, _new_const(graph, bias.astype(dtype), weights.b_val, name))
 
 
-def _scale_weight(graph: Graph, conv: Node, scale: np.ndarray) -> None:
+def _scale_weight(graph: Graph, conv: Node, weights: _ConvWeights, scale: np.ndarray) -> None:
     """conv's weight with output channel o multiplied by scale[o] (a new constant)."""
-    w_val = conv.input(1)
-    w = const_value(w_val)
+    w = weights.w
     group = int(conv.attr("group", 1))
     w_new = _scale_out_channels(w.astype(np.float64), scale, conv.op_type, group)
-    conv.set_input(1, _new_const(graph, w_new.astype(w.dtype), w_val, "W"))
+    conv.set_input(1, _new_const(graph, w_new.astype(w.dtype), weights.w_val, "W"))
 
 
-def _bn_conv_reason(conv: Node, bn: Node, scale: np.ndarray) -> str | None:
-    return _conv_reason(conv, len(scale))
-
-
-def _bn_gemm_reason(gemm: Node, bn: Node, scale: np.ndarray) -> str | None:
-    b, c_val = const_value(gemm.input(1)), gemm.input(2)
-    c = const_value(c_val)
+def _gemm_weights(gemm: Node, m: int) -> _GemmWeights:
+    """The constants of a Gemm that can absorb a scale of its `m` output columns."""
+    b_val, c_val = gemm.input(1), gemm.input(2)
+    b, c = const_value(b_val), const_value(c_val)
     trans_b = int(gemm.attr("transB", 0))
-    if b is None or not _is_float(b) or b.ndim != 2:
-        return "Gemm weight is not a constant float matrix"
+    if b_val is None or b is None or not _is_float(b) or b.ndim != 2:
+        raise NoMatch("Gemm weight is not a constant float matrix")
     if c_val is not None and (c is None or c.ndim > 2):
-        return "Gemm bias is not constant"
-    if b.shape[0 if trans_b else 1] != len(scale):
-        return "channel count does not match the Gemm's output columns"
-    return None
+        raise NoMatch("Gemm bias is not constant")
+    if b.shape[0 if trans_b else 1] != m:
+        raise NoMatch("channel count does not match the Gemm's output columns")
+    return _GemmWeights(b_val, b, c_val, c)
 
 
-def _bn_into_gemm(graph: Graph, gemm: Node, bn: Node, scale: np.ndarray, shift: np.ndarray) -> None:
-    b, c_val = const_value(gemm.input(1)), gemm.input(2)
-    c = const_value(c_val)
+def _bn_into_gemm(
+    graph: Graph,
+    gemm: Node,
+    bn: Node,
+    weights: _GemmWeights,
+    scale: np.ndarray,
+    shift: np.ndarray,
+) -> None:
+    b, c = weights.b, weights.c
     trans_b = int(gemm.attr("transB", 0))
     cols = scale[:, None] if trans_b else scale[None, :]
-    gemm.set_input(
-        1, _new_const(graph, (b.astype(np.float64) * cols).astype(b.dtype), gemm.input(1), "B")
-    )
+    scaled = (b.astype(np.float64) * cols).astype(b.dtype)
+    gemm.set_input(1, _new_const(graph, scaled, weights.b_val, "B"))
     beta = float(gemm.attr("beta", 1.0))
     c64 = np.zeros(()) if c is None else beta * c.astype(np.float64)
-    _set_input(gemm, 2, _new_const(graph, (c64 * scale + shift).astype(b.dtype), c_val, "C"))
+    c_new = (c64 * scale + shift).astype(b.dtype)
+    _set_input(gemm, 2, _new_const(graph, c_new, weights.c_val, "C"))
     gemm.set_attr("beta", 1.0)
     _replace_node(graph, bn, gemm.output)
 
@@ -360,30 +431,52 @@ def _matmul_add(add: Node) -> tuple[Node, int] | None:
     return None
 
 
-def _matmul_and_add(node: Node) -> tuple[Node, Node | None, int]:
-    """(MatMul, the Add of its bias or None, the bias input's index) for the layer `node`."""
+def _matmul_weights(node: Node, bn: Node, m: int) -> _MatMulWeights:
+    """The constants of the layer `node` (a MatMul, or the Add of a constant bias after it)
+    that can absorb a scale of its `m` output columns."""
+    found = _matmul_add(node) if node.op_type == "Add" else (node, -1)
+    if found is None:
+        raise NoMatch()  # `_bn_target` saw the MatMul under the Add
+    mm, bias_i = found
+    w_val = mm.input(1)
+    w = const_value(w_val)
+    if w_val is None or w is None or not _is_float(w) or w.ndim != 2:
+        raise NoMatch("MatMul weight is not a constant float matrix")
+    if w.shape[1] != m:
+        raise NoMatch("channel count does not match the MatMul's output columns")
+    x = bn.input(0)
+    if x is None or x.rank != 2:
+        raise NoMatch(
+            "BatchNormalization input is not 2-D, so its channels are not the MatMul columns"
+        )
     if node.op_type != "Add":
-        return node, None, -1
-    mm, bias_i = _matmul_add(node)  # type: ignore[misc]
-    return mm, node, bias_i
-
-
-def _bn_matmul_reason(node: Node, bn: Node, scale: np.ndarray) -> str | None:
-    """node is the MatMul, or the Add of a constant bias after it."""
-    mm, add, _ = _matmul_and_add(node)
-    return _matmul_reason(mm, add, bn, len(scale))
+        return _MatMulWeights(mm, w_val, w)
+    if not _reads_only(mm.output, node):
+        raise NoMatch("output has other readers")
+    bias_val = node.input(bias_i)
+    bias = const_value(bias_val)
+    if (
+        bias_val is None
+        or bias is None
+        or bias.ndim > 2
+        or bias.size not in (1, m)
+        or (bias.ndim and bias.shape[-1] not in (1, m))
+    ):
+        raise NoMatch("MatMul bias is not per column")
+    return _MatMulWeights(mm, w_val, w, node, bias_i, bias_val, bias)
 
 
 def _bn_into_matmul(
-    graph: Graph, node: Node, bn: Node, scale: np.ndarray, shift: np.ndarray
+    graph: Graph, bn: Node, weights: _MatMulWeights, scale: np.ndarray, shift: np.ndarray
 ) -> None:
-    mm, add, bias_i = _matmul_and_add(node)
-    w_val = mm.input(1)
-    w = const_value(w_val)
+    mm, add, w = weights.mm, weights.add, weights.w
+    w_val = weights.w_val
     mm.set_input(1, _new_const(graph, (w.astype(np.float64) * scale).astype(w.dtype), w_val, "W"))
-    if add is not None:
-        bias = const_value(add.input(bias_i)).astype(np.float64) * scale + shift
-        add.set_input(bias_i, _new_const(graph, bias.astype(w.dtype), add.input(bias_i), "b"))
+    if add is not None and weights.bias is not None:
+        bias = weights.bias.astype(np.float64) * scale + shift
+        add.set_input(
+            weights.bias_i, _new_const(graph, bias.astype(w.dtype), weights.bias_val, "b")
+        )
         _replace_node(graph, bn, add.output)
         return
     b = _new_const(graph, shift.astype(w.dtype), None, f"{w_val.name}_bias")
@@ -392,40 +485,25 @@ def _bn_into_matmul(
     _replace_node(graph, bn, new_add.output)
 
 
-def _matmul_reason(mm: Node, add: Node | None, bn: Node, m: int) -> str | None:
-    w = const_value(mm.input(1))
-    if w is None or not _is_float(w) or w.ndim != 2:
-        return "MatMul weight is not a constant float matrix"
-    if w.shape[1] != m:
-        return "channel count does not match the MatMul's output columns"
-    if bn.input(0).rank != 2:
-        return "BatchNormalization input is not 2-D, so its channels are not the MatMul columns"
-    if add is None:
-        return None
-    if not _reads_only(mm.output, add):
-        return "output has other readers"
-    bias = const_value(add.input(_matmul_add(add)[1]))
-    if bias.ndim > 2 or bias.size not in (1, m) or (bias.ndim and bias.shape[-1] not in (1, m)):
-        return "MatMul bias is not per column"
-    return None
-
-
 def _data_and_const(node: Node) -> tuple[Value, int, np.ndarray] | None:
     """(data input, index of the constant input, constant) of a binary op with one constant."""
     a, b = node.input(0), node.input(1)
     ca, cb = const_value(a), const_value(b)
-    if a is None or b is None or (ca is None) == (cb is None):
+    if a is None or b is None:
         return None
-    return (b, 0, ca) if ca is not None else (a, 1, cb)
+    if ca is not None and cb is None:
+        return b, 0, ca
+    if cb is not None and ca is None:
+        return a, 1, cb
+    return None
 
 
-def _check_mul_add(node: Node, ctx: PassContext) -> _Fold:
+def _check_mul_add(node: Node, ctx: PassContext) -> _AffineFold:
     found = _data_and_const(node)
-    if found is None or found[0].producer is None or found[0].producer.graph is not node.graph:
+    p = found[0].producer if found is not None else None
+    if found is None or p is None or p.graph is not node.graph:
         raise NoMatch()  # no producer here (a graph input, or an outer-scope value)
-    x, _, c = found
-    p = x.producer
-    assert p is not None
+    c = found[2]
     if not p.is_standard or p.op_type not in (*_CONVS, "BatchNormalization"):
         raise NoMatch()
     if p.op_type in _CONVS:
@@ -433,58 +511,55 @@ def _check_mul_add(node: Node, ctx: PassContext) -> _Fold:
     return _mul_add_bn(p, node, c)
 
 
-def _mul_add_conv(conv: Node, node: Node, c: np.ndarray) -> _Fold:
-    reason = _reader_reason(conv, node) or _conv_reason(conv)
+def _mul_add_conv(conv: Node, node: Node, c: np.ndarray) -> _AffineFold:
+    reason = _reader_reason(conv, node)
     if reason is not None:
         raise NoMatch(reason)
-    w = const_value(conv.input(1))
+    weights = _conv_weights(conv)
+    w = weights.w
     if c.dtype != w.dtype:
         raise NoMatch("constant dtype differs from the conv weight")
-    vec = _per_channel(c, w.ndim, _out_channels(conv))
+    vec = _per_channel(c, w.ndim, _out_channels(conv, w))
     if vec is None:
         raise NoMatch(f"{node.op_type} constant does not broadcast per output channel")
     if node.op_type == "Mul":
-        return _Fold("mul_into_conv", conv, vec, None)
-    return _Fold("add_into_conv", conv, None, vec)
+        return _AffineFold("mul_into_conv", conv, vec, None, weights)
+    return _AffineFold("add_into_conv", conv, None, vec, weights)
 
 
-def _mul_add_bn(bn: Node, node: Node, c: np.ndarray) -> _Fold:
-    reason = _bn_reason(bn)
-    if reason is None and not _reads_only(bn.output, node):
-        reason = "BatchNormalization output has other readers"
-    if reason is not None:
-        raise NoMatch(reason)
-    gamma = const_value(bn.input(1))
-    rank = bn.output.rank if bn.output.rank is not None else bn.input(0).rank
-    vec = _per_channel(c, rank, len(gamma))
+def _mul_add_bn(bn: Node, node: Node, c: np.ndarray) -> _AffineFold:
+    params = _bn_params(bn)
+    if not _reads_only(bn.output, node):
+        raise NoMatch("BatchNormalization output has other readers")
+    x = bn.input(0)
+    rank = bn.output.rank if bn.output.rank is not None else x.rank if x is not None else None
+    vec = _per_channel(c, rank, len(params.gamma))
     if vec is None or c.dtype not in _FLOATS:
         raise NoMatch(f"{node.op_type} constant does not broadcast per channel")
     if node.op_type == "Mul":
-        return _Fold("affine_into_bn", bn, vec, None)
-    return _Fold("affine_into_bn", bn, None, vec)
+        return _AffineFold("affine_into_bn", bn, vec, None, params)
+    return _AffineFold("affine_into_bn", bn, None, vec, params)
 
 
-def _fold_mul_add(node: Node, fold: _Fold, ctx: PassContext) -> None:
-    graph = node.graph
-    assert graph is not None
-    layer = fold.layer
-    if layer.op_type in _CONVS:
-        _rewrite_conv(graph, layer, fold.scale, fold.shift)
+def _fold_mul_add(node: Node, fold: _AffineFold, ctx: PassContext) -> None:
+    graph = node.owning_graph()
+    layer, into = fold.layer, fold.into
+    if isinstance(into, _ConvWeights):
+        _rewrite_conv(graph, layer, into, fold.scale, fold.shift)
         _replace_node(graph, node, layer.output)
         return
-    gamma_v, beta_v = layer.input(1), layer.input(2)
-    gamma, beta = const_value(gamma_v), const_value(beta_v)
+    gamma, beta = into.gamma, into.beta
     g64, b64 = gamma.astype(np.float64), beta.astype(np.float64)
     if fold.scale is not None:
         g64, b64 = g64 * fold.scale, b64 * fold.scale
-        layer.set_input(1, _new_const(graph, g64.astype(gamma.dtype), gamma_v, "scale"))
-    else:
+        layer.set_input(1, _new_const(graph, g64.astype(gamma.dtype), into.gamma_v, "scale"))
+    elif fold.shift is not None:
         b64 = b64 + fold.shift
-    layer.set_input(2, _new_const(graph, b64.astype(beta.dtype), beta_v, "bias"))
+    layer.set_input(2, _new_const(graph, b64.astype(beta.dtype), into.beta_v, "bias"))
     _replace_node(graph, node, layer.output)
 
 
-AFFINE_RULES = [
+AFFINE_RULES: list[Rule[Any]] = [
     Rule("bn_into_conv", ("BatchNormalization",), _check_bn, _fold_bn),
     Rule("mul_into_conv", ("Mul", "Add"), _check_mul_add, _fold_mul_add),
 ]
@@ -501,19 +576,14 @@ def _check_activation(act: Node, ctx: PassContext) -> tuple[Node, list[float]]:
     if conv.graph is not act.graph:
         raise NoMatch()
     reason = _fused_conv_reason(conv, act)
-    params = _activation_params(act) if reason is None else None
-    if isinstance(params, str):
-        reason = params
     if reason is not None:
         raise NoMatch(reason)
-    assert params is not None
-    return conv, params
+    return conv, _activation_params(act)
 
 
 def _fuse_activation(act: Node, found: tuple[Node, list[float]], ctx: PassContext) -> None:
     conv, params = found
-    assert act.graph is not None
-    _make_fused_conv(act.graph, conv, act, params)
+    _make_fused_conv(act.owning_graph(), conv, act, params)
 
 
 ACTIVATION_RULES = [Rule("activation_fused", _ACTIVATIONS, _check_activation, _fuse_activation)]
@@ -532,8 +602,8 @@ def _fused_conv_reason(conv: Node, act: Node) -> str | None:
     return None
 
 
-def _activation_params(act: Node) -> list[float] | str:
-    """FusedConv's activation_params for `act`, or why it cannot be expressed."""
+def _activation_params(act: Node) -> list[float]:
+    """FusedConv's activation_params for `act`; NoMatch says why they cannot be expressed."""
     op = act.op_type
     if op == "LeakyRelu":
         return [float(act.attr("alpha", 0.01))]
@@ -548,7 +618,7 @@ def _activation_params(act: Node) -> list[float] | str:
         v = act.input(i)
         c = const_value(v) if v is not None else np.float32(default)
         if c is None or c.size != 1:
-            return "Clip bounds are not constant scalars"
+            raise NoMatch("Clip bounds are not constant scalars")
         bounds.append(float(np.asarray(c).reshape(())))
     return bounds
 
@@ -572,4 +642,4 @@ def _make_fused_conv(graph: Graph, conv: Node, act: Node, params: list[float]) -
     fused.output.dtype, fused.output.shape = act.output.dtype, act.output.shape
     _replace_node(graph, act, fused.output)
     graph.remove(conv)
-    graph.model.opset_imports.setdefault(MS_DOMAIN, 1)
+    graph.ensure_opset(MS_DOMAIN)

@@ -26,7 +26,7 @@ itself (its MatMulAddFusion), so the kernel that runs is the one it ran before.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from onnx import TensorProto
@@ -54,7 +54,12 @@ def fuse_gemm(graph: Graph, ctx: PassContext) -> PassResult:
 @dataclass(frozen=True)
 class _Match:
     matmul: Node
+    a: Value  # the MatMul's activation
+    weight: Value  # its constant [K, N] weight
+    k: int
+    n: int
     bias: Tensor
+    out: Value  # the Add's output
     inner: Node | None  # the Reshape producing A (through_reshapes), else None
     outer: Node | None  # the Reshape reading the Add's result (through_reshapes)
     key: str
@@ -65,21 +70,25 @@ def _check(add: Node, ctx: PassContext) -> _Match:
     if found is None:
         raise NoMatch()
     mm, bias = found
-    weight = const_tensor(mm.input(1))
-    if weight is None or len(weight.shape) != 2 or weight.dtype not in _FLOATS:
+    weight_v = mm.input(1)
+    weight = const_tensor(weight_v)
+    if weight_v is None or weight is None or len(weight.shape) != 2 or weight.dtype not in _FLOATS:
         raise NoMatch()
     a = mm.input(0)
     if a is None or (a.dtype is not None and a.dtype != weight.dtype):
         raise NoMatch()
-    if bias.dtype != weight.dtype or not _bias_broadcasts(bias, int(weight.shape[1])):
+    k, n = (int(d) for d in weight.shape)
+    if bias.dtype != weight.dtype or not _bias_broadcasts(bias, n):
         raise NoMatch()
-    if sole_reader(mm.outputs[0]) is not add or add.outputs[0] is None:
+    out = add.outputs[0]
+    if sole_reader(mm.outputs[0]) is not add or out is None:
         raise NoMatch()
     if default_opset(add) < 11:
         raise NoMatch("opset below 11 (Gemm's C does not broadcast the same way)")
+    found_match = _Match(mm, a, weight_v, k, n, bias, out, None, None, "rank2")
     if a.rank == 2 and len(bias.shape) <= 2:
-        return _Match(mm, bias, None, None, "rank2")
-    return _through_reshapes(add, mm, bias)
+        return found_match
+    return _through_reshapes(add, found_match)
 
 
 def _matmul_and_bias(add: Node) -> tuple[Node, Tensor] | None:
@@ -99,7 +108,8 @@ def _bias_broadcasts(bias: Tensor, n: int) -> bool:
     return all(d == 1 for d in shape[:-1]) and shape[-1] in (1, n)
 
 
-def _through_reshapes(add: Node, mm: Node, bias: Tensor) -> _Match:
+def _through_reshapes(add: Node, m: _Match) -> _Match:
+    mm, bias = m.matmul, m.bias
     inner = producer(mm.input(0), "Reshape")
     outer = sole_reader(add.outputs[0])
     if inner is None or outer is None or outer.op_type != "Reshape" or not outer.is_standard:
@@ -117,28 +127,23 @@ def _through_reshapes(add: Node, mm: Node, bias: Tensor) -> _Match:
         raise NoMatch("the Reshape after the bias copies a dimension (a 0 in its target)")
     if sole_reader(mm.input(0)) is not mm:
         raise NoMatch("the reshaped input has other readers")
-    return _Match(mm, bias, inner, outer, "through_reshapes")
+    return replace(m, inner=inner, outer=outer, key="through_reshapes")
 
 
 def _rewrite(add: Node, m: _Match, ctx: PassContext) -> None:
-    graph = add.graph
-    assert graph is not None
-    weight = m.matmul.input(1)
-    assert weight is not None
-    n = int(const_tensor(weight).shape[1])  # type: ignore[union-attr]
-    c = graph.make_constant(_flat_bias(m.bias, n), "gemm_bias")
-    a = m.matmul.input(0)
+    graph = add.owning_graph()
+    c = graph.make_constant(_flat_bias(m.bias, m.n), "gemm_bias")
+    a = m.a
     if m.inner is not None:
-        a = _rows(graph, m.inner, int(const_tensor(weight).shape[0]), before=m.matmul)  # type: ignore[union-attr]
-    gemm = graph.make_node("Gemm", [a, weight, c], before=add, name="gemm")
-    out = gemm.outputs[0]
-    assert out is not None and add.outputs[0] is not None
-    out.dtype = add.outputs[0].dtype
-    out.shape = add.outputs[0].shape if m.inner is None else None
+        a = _rows(graph, m.inner, m.k, before=m.matmul)
+    gemm = graph.make_node("Gemm", [a, m.weight, c], before=add, name="gemm")
+    out = gemm.output
+    out.dtype = m.out.dtype
+    out.shape = m.out.shape if m.inner is None else None
     if m.outer is not None:
         m.outer.set_input(0, out)
     else:
-        graph.replace_all_uses_with(add.outputs[0], out)
+        graph.replace_all_uses_with(m.out, out)
     graph.remove(add)
     graph.remove(m.matmul)
     if m.matmul.name:  # the layer keeps its name: --exclude and the reports still name it

@@ -309,6 +309,7 @@ def _split(
     graph: Graph, y: Value, group: list[_Member], anchor: Node, axis: int, opset: int
 ) -> list[Value]:
     sizes = [m.width for m in group]
+    attrs: dict[str, object]
     if opset >= 13:
         split = graph.make_constant(np.asarray(sizes, dtype=np.int64), "qkv_split")
         inputs, attrs = [y, split], {"axis": axis}

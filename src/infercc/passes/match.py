@@ -39,9 +39,10 @@ def through_identity(value: Value) -> Value:
     """`value`, or what the chain of standard Identity nodes producing it reads."""
     while True:
         p = producer(value, "Identity")
-        if p is None or p.input(0) is None:
+        source = p.input(0) if p is not None else None
+        if source is None:
             return value
-        value = p.input(0)  # type: ignore[assignment]
+        value = source
 
 
 def const_tensor(value: Value | None) -> Tensor | None:

@@ -354,5 +354,5 @@ def relink(graph: Graph, order: list[Node]) -> None:
     root._prev = root._next = root
     for n in order:
         n._prev, n._next = root._prev, root
-        root._prev._next = n  # type: ignore[union-attr]
+        root._prev._next = n
         root._prev = n

@@ -80,8 +80,9 @@ def candidates(model: Model) -> dict[str, str]:
     for node in model.graph:
         if node.op_type != "MatMul" or not node.is_standard or not node.name:
             continue
-        if _candidate_problem(node) is None:
-            found[node.name] = node.input(0).name  # type: ignore[union-attr]
+        x = node.input(0)
+        if x is not None and _candidate_problem(node) is None:
+            found[node.name] = x.name
     return found
 
 
