@@ -301,7 +301,7 @@ def _picklable(exc: Exception) -> Exception:
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:

@@ -46,7 +46,7 @@ def json_safe(data: Any) -> Any:
     if isinstance(data, bool | int | str) or data is None:
         return data
     if isinstance(data, float | np.floating):
-        return json_float(data)
+        return json_float(float(data))
     if isinstance(data, dict):
         return {k: json_safe(v) for k, v in data.items()}
     if isinstance(data, list | tuple):

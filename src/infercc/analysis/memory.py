@@ -281,8 +281,9 @@ class _Arena:
             return
         offsets, sizes = self.offsets, self.sizes
         spans = sorted(
-            (offsets[j], offsets[j] + sizes[j])  # type: ignore[operator]
+            (start, start + sizes[j])
             for j in self.index.overlapping(self.firsts[i], self.lasts[i])
+            if (start := offsets[j]) is not None  # every overlapping one is placed already
         )
         best, best_gap, cur = -1, math.inf, 0
         for start, end in spans:
@@ -375,7 +376,7 @@ def plan_memory(
     order = list(graph) if order is None else order
     sizes, unknown = value_sizes(model, input_shapes)
     plan = plan_intervals(tensor_lifetimes(order, graph, sizes), alignment)
-    plan.weights_bytes = sum(v.const.nbytes for v in graph.initializers.values())  # type: ignore[union-attr]
+    plan.weights_bytes = sum(v.tensor.nbytes for v in graph.initializers.values())
     plan.shape_profile = {k: [int(d) for d in v] for k, v in input_shapes.items()}
     plan.order = node_labels(order)
     plan.unknown = unknown

@@ -120,53 +120,61 @@ def _present(shapes: Ins, i: int) -> bool:
     return i < len(shapes) and shapes[i] is not None
 
 
+def _at(shapes: Ins, i: int) -> Shape:
+    """Shape `i`: a required input's, or output 0's (which `node_cost` checked)."""
+    shape = shapes[i]
+    if shape is None:
+        raise TypeError(f"shape {i} of a node's required operands is unknown")
+    return shape
+
+
 def _conv(node: Node, ins: Ins, outs: Ins, w: int = 1, bias: int = 2) -> int:
     """Each output element: C/g x prod(kernel) multiply-adds (the weight is [M, C/g, k...])."""
-    y = math.prod(outs[0])
-    return 2 * y * math.prod(ins[w][1:]) + (y if _present(ins, bias) else 0)
+    y = math.prod(_at(outs, 0))
+    return 2 * y * math.prod(_at(ins, w)[1:]) + (y if _present(ins, bias) else 0)
 
 
 def _fused_conv(node: Node, ins: Ins, outs: Ins) -> int:
     """Conv + 1 per output element for the activation (+1 more for the summed input Z)."""
-    y = math.prod(outs[0])
+    y = math.prod(_at(outs, 0))
     return _conv(node, ins, outs) + y + (y if _present(ins, 3) else 0)
 
 
 def _conv_transpose(node: Node, ins: Ins, outs: Ins) -> int:
     """Each input element scatters into M/g x prod(kernel) outputs (weight [C, M/g, k...])."""
-    y = math.prod(outs[0])
-    return 2 * math.prod(ins[0]) * math.prod(ins[1][1:]) + (y if _present(ins, 2) else 0)
+    y = math.prod(_at(outs, 0))
+    return 2 * math.prod(_at(ins, 0)) * math.prod(_at(ins, 1)[1:]) + (y if _present(ins, 2) else 0)
 
 
 def _matmul(node: Node, ins: Ins, outs: Ins, a: int = 0) -> int:
     """2 x prod(Y) x K, K the contracted dimension of A (batch dims broadcast into Y)."""
-    shape_a = ins[a]
+    shape_a = _at(ins, a)
     k = shape_a[-2] if node.attr("transA", 0) and len(shape_a) >= 2 else shape_a[-1]
-    return 2 * math.prod(outs[0]) * (k if shape_a else 1)
+    return 2 * math.prod(_at(outs, 0)) * (k if shape_a else 1)
 
 
 def _gemm(node: Node, ins: Ins, outs: Ins) -> int:
     """Y = alpha A'B' + beta C: 2 x M x N x K, plus M x N for C."""
-    y = math.prod(outs[0])
-    k = ins[0][0] if node.attr("transA", 0) else ins[0][1]
+    y = math.prod(_at(outs, 0))
+    k = _at(ins, 0)[0] if node.attr("transA", 0) else _at(ins, 0)[1]
     return 2 * y * k + (y if _present(ins, 2) else 0)
 
 
 def _pool(node: Node, ins: Ins, outs: Ins) -> int:
-    return math.prod(outs[0]) * math.prod(node.attr("kernel_shape", ()) or (1,))
+    return math.prod(_at(outs, 0)) * math.prod(node.attr("kernel_shape", ()) or (1,))
 
 
 def _variadic(node: Node, ins: Ins, outs: Ins) -> int:
     """Sum/Max/Min of n inputs: n-1 ops per output element; Mean one more (the divide)."""
     n = sum(1 for s in ins if s is not None)
-    return math.prod(outs[0]) * (n if node.op_type == "Mean" else max(n - 1, 0))
+    return math.prod(_at(outs, 0)) * (n if node.op_type == "Mean" else max(n - 1, 0))
 
 
 def _resize(node: Node, ins: Ins, outs: Ins) -> int:
     """Nearest is a gather (0); linear/cubic interpolation ~ 4 ops per output element."""
     mode = node.attr("mode", "nearest")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    return 0 if mode == "nearest" else 4 * math.prod(outs[0])
+    return 0 if mode == "nearest" else 4 * math.prod(_at(outs, 0))
 
 
 FlopRule = Callable[[Node, Ins, Ins], int]
@@ -211,9 +219,9 @@ def node_flops(node: Node, ins: Ins, outs: Ins) -> int:
     if op in _RULES:
         return _RULES[op](node, ins, outs)
     if op in _PER_OUTPUT:
-        return _PER_OUTPUT[op] * math.prod(outs[0])
+        return _PER_OUTPUT[op] * math.prod(_at(outs, 0))
     if op in _PER_INPUT:
-        return _PER_INPUT[op] * math.prod(ins[0])
+        return _PER_INPUT[op] * math.prod(_at(ins, 0))
     return 0
 
 
