@@ -331,8 +331,9 @@ def pinned_signature(
     from infercc.data.signature import resolve_shape
 
     for vi in real_inputs(model):
-        if vi.name in (shapes or {}):
-            resolve_shape(vi, shapes, {})  # rank and static dims, one input at a time
+        if shapes is not None and vi.name in shapes:
+            # rank and static dims, one input at a time
+            resolve_shape(vi, {vi.name: tuple(shapes[vi.name])}, {})
     try:
         sig = decoder_signature(model)
     except InferccError:

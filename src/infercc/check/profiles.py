@@ -173,6 +173,7 @@ def decoder_note(profiles: Sequence[Profile]) -> str:
     """What a decoder was validated at, for the report's notes."""
     described = []
     for p in profiles:
+        assert p.call is not None  # a decoder's profiles are calls
         batch, past, new = p.call
         described.append(f"{p.source} (batch {batch}, {past} cached + {new} new tokens)")
     note = "a decoder (KV-cache inputs and outputs): validated at " + "; ".join(described)

@@ -481,7 +481,7 @@ class _StderrHandler(logging.StreamHandler):
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
@@ -677,9 +677,10 @@ def bare_options(args: list[str], names: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _click_exceptions() -> tuple[type[Exception], ...]:
-    """Usage errors (unknown option, missing argument): typer's vendored click, or click's."""
-    found: list[type[Exception]] = []
+def _click_exceptions() -> tuple[type[Any], ...]:
+    """Usage errors (unknown option, missing argument): typer's vendored click, or click's
+    (ClickException: `show()`, `format_message()`; typed Any, as the module is found here)."""
+    found: list[type[Any]] = []
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
             found.append(importlib.import_module(module).ClickException)
