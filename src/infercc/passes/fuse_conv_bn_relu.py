@@ -568,7 +568,15 @@ AFFINE_RULES: list[Rule[Any]] = [
 # -- activation fusion (onnxruntime FusedConv) --------------------------------------------------
 
 
-def _check_activation(act: Node, ctx: PassContext) -> tuple[Node, list[float]]:
+@dataclass(frozen=True)
+class _Activation:
+    """The 2-D float32 Conv read only by the activation, and FusedConv's activation_params."""
+
+    conv: Node
+    params: list[float]
+
+
+def _check_activation(act: Node, ctx: PassContext) -> _Activation:
     x = act.input(0)
     conv = x.producer if x is not None else None
     if conv is None or conv.op_type != "Conv" or not conv.is_standard:
@@ -578,12 +586,11 @@ def _check_activation(act: Node, ctx: PassContext) -> tuple[Node, list[float]]:
     reason = _fused_conv_reason(conv, act)
     if reason is not None:
         raise NoMatch(reason)
-    return conv, _activation_params(act)
+    return _Activation(conv, _activation_params(act))
 
 
-def _fuse_activation(act: Node, found: tuple[Node, list[float]], ctx: PassContext) -> None:
-    conv, params = found
-    _make_fused_conv(act.owning_graph(), conv, act, params)
+def _fuse_activation(act: Node, found: _Activation, ctx: PassContext) -> None:
+    _make_fused_conv(act.owning_graph(), found.conv, act, found.params)
 
 
 ACTIVATION_RULES = [Rule("activation_fused", _ACTIVATIONS, _check_activation, _fuse_activation)]

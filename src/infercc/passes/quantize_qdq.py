@@ -132,7 +132,7 @@ class QuantizeReport:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Operand:
     """The plan for one input of a target node."""
 
