@@ -5,6 +5,9 @@
 - `tiny_encoder.onnx`: one BERT-style self-attention layer as exporters write it (separate Q, K,
   V MatMul+Add projections, Reshape/Transpose to heads, Softmax, output projection, residual,
   LayerNormalization), with a shape computed at run time through Shape/Gather/Concat.
+- `images/`: eight small synthetic RGB pictures (colour gradients, a disc, noise; 40x48 PNG),
+  calibration samples for `infercc calibrate examples/small_cnn.onnx --data examples/images
+  --preprocess imagenet` (needs Pillow).
 
     python examples/make_examples.py
 """
@@ -202,12 +205,38 @@ def tiny_encoder(hidden: int = 64, heads: int = 4) -> onnx.ModelProto:
     )
 
 
+def images(count: int = 8, height: int = 40, width: int = 48) -> list[Path]:
+    """Synthetic RGB pictures for the image-calibration example: a colour gradient, a disc
+    and noise each, so the activations have the spread of real images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)  # its own generator: the models' bytes do not depend on it
+    out = HERE / "images"
+    out.mkdir(exist_ok=True)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    paths = []
+    for i in range(count):
+        angle = rng.uniform(0, 2 * np.pi)
+        ramp = (np.cos(angle) * x / width + np.sin(angle) * y / height + 1) / 2
+        colour = rng.uniform(0, 255, 3)
+        img = ramp[..., None] * colour + (1 - ramp[..., None]) * rng.uniform(0, 255, 3)
+        cy, cx, r = rng.uniform(0, height), rng.uniform(0, width), rng.uniform(6, 16)
+        img[(y - cy) ** 2 + (x - cx) ** 2 < r * r] = rng.uniform(0, 255, 3)
+        img += rng.normal(0, 12, img.shape)
+        path = out / f"picture_{i}.png"
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), "RGB").save(path)
+        paths.append(path)
+    return paths
+
+
 def main() -> None:
     for name, model in (("small_cnn", small_cnn()), ("tiny_encoder", tiny_encoder())):
         onnx.checker.check_model(model, full_check=True)
         path = HERE / f"{name}.onnx"
         onnx.save(model, path)
         print(f"wrote {path} ({path.stat().st_size} bytes, {len(model.graph.node)} nodes)")
+    paths = images()
+    print(f"wrote {len(paths)} images in {HERE / 'images'}")
 
 
 if __name__ == "__main__":

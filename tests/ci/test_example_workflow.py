@@ -1,6 +1,6 @@
 """examples/ci/github-actions.yml can be copied as is: it installs infercc (not the user's
-project), grants the JUnit action the permission it needs, pins this version, and runs only
-`infercc ci` options that exist on a manifest laid out as its comment says."""
+project) from the wheel of this version, grants the JUnit action the permission it needs, and
+runs only `infercc ci` options that exist on a manifest laid out as its comment says."""
 
 from __future__ import annotations
 
@@ -21,12 +21,15 @@ def _steps() -> list[dict]:
     return doc["jobs"]["models"]["steps"]
 
 
-def test_installs_infercc_at_this_version():
+def test_installs_infercc_at_this_version_from_its_wheel_not_the_package_index():
     from infercc.version import __version__
 
     install = next(s["run"] for s in _steps() if s.get("name") == "Install infercc")
     assert "install ." not in install
-    assert f'"infercc=={__version__}"' in install
+    # no release is on the package index: `infercc==X` would fail for every user who copies it
+    assert "infercc==" not in install
+    wheel = f"wheels/infercc-{__version__}-py3-none-any.whl"
+    assert install.split() == ["python", "-m", "pip", "install", wheel]
 
 
 def test_its_infercc_ci_command_runs_on_the_example_manifest(tmp_path):

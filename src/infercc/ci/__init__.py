@@ -3,7 +3,7 @@
 The manifest is a TOML file (`infercc.toml`), or the `[tool.infercc]` table of a
 `pyproject.toml`. Paths in it are relative to the file. A model entry is an
 `infercc.config.BuildConfig` (every key of `BuildConfig.to_dict()`, so every option of
-`infercc optimize` works here; README lists them) plus ci's own keys (name, path, golden,
+`infercc optimize` works here; docs/ci.md lists them) plus ci's own keys (name, path, golden,
 reference, latency_budget_ms, baseline, max_slowdown, warmup, iters). Each model's config is
 checked when the manifest is read: an option that would have no effect is a bad manifest.
 
