@@ -172,6 +172,10 @@ def test_the_readme_runs_one_command_per_job_on_a_cpu_host():
         "a CI step": lambda c: c.startswith("infercc ci ") and "--junit" in c,
     }
     missing = [job for job, test in jobs.items() if not any(test(c) for c in lines)]
+    # the workflow's own step, shown beside it, is run by tests/ci/test_example_workflow.py
+    workflow = (ROOT / "examples" / "ci" / "github-actions.yml").read_text()
+    (step,) = re.findall(r"^\s+(infercc ci .+)$", workflow.replace("\n          --", " --"), re.M)
+    assert f"\n{step}\n" in README.read_text(), "the README shows the workflow's CI step"
     assert not missing, f"no runnable README command for: {', '.join(missing)}"
     python = [b for b in found if b.info == "python runnable"]
     assert len(python) == 1 and "import infercc" in python[0].text
