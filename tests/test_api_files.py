@@ -322,7 +322,7 @@ def test_outputs_follow_the_umask(tmp_path: Path, mask: int) -> None:
 
 def test_atomically_written_caches_follow_the_umask(tmp_path: Path) -> None:
     from infercc.backends.trt.caches import write_atomic
-    from infercc.calib.trt_cache import write_calibration_cache
+    from infercc.backends.trt.calib_cache import write_calibration_cache
 
     previous = os.umask(0o002)
     try:

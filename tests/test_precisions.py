@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 from infercc.analysis.targets import get_target
-from infercc.backends.base import CompileOptions
 from infercc.backends.ort import tuner
 from infercc.backends.trt.precision import compute_precision
 from infercc.check.tolerances import default_tolerance
 from infercc.precisions import BUILD_PRECISIONS, TARGET_PRECISIONS, TOLERANCES, tolerance
+from infercc.runtime.backend import CompileOptions
 
 
 def test_every_build_precision_has_a_tolerance_and_is_a_target_precision() -> None:

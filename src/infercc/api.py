@@ -18,8 +18,6 @@ from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
 from infercc.assumptions import check_used
 from infercc.assumptions import describe as describe_assumptions
-from infercc.backends.base import MODEL_FILE, CompileOptions
-from infercc.backends.registry import get_backend, require_available
 from infercc.check import coverage
 from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
@@ -37,9 +35,17 @@ from infercc.outputs import Staging, check_output_file, publish_files
 from infercc.passes.manager import run_passes
 from infercc.passes.pipelines import optimize_stages
 from infercc.precisions import tolerance
-from infercc.runtime.artifact import check_destination, publish, staging_dir, write_manifest
+from infercc.runtime.artifact import (
+    MODEL_FILE,
+    check_destination,
+    publish,
+    staging_dir,
+    write_manifest,
+)
 from infercc.runtime.artifact import manifest as artifact_manifest
+from infercc.runtime.backend import CompileOptions
 from infercc.runtime.ort_support import check_ir_version, warn_ir_version
+from infercc.runtime.registry import get_backend, require_available
 from infercc.util import json_text
 
 log = logging.getLogger(__name__)

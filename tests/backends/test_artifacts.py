@@ -17,7 +17,8 @@ from infercc import api
 from infercc.config import OrtOptions
 from infercc.data.profiles import parse_profiles
 from infercc.errors import InferccError
-from infercc.runtime.artifact import load_artifact, open_artifact
+from infercc.runtime.artifact import open_artifact
+from infercc.runtime.registry import load_runner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENCODER = EXAMPLES / "tiny_encoder.onnx"
@@ -70,7 +71,7 @@ def test_second_build_hits_the_cache(tmp_path):
 def test_loaded_artifact_matches_onnxruntime(tmp_path):
     build(tmp_path / "art", tmp_path / "cache", tune=False, ort=OrtOptions(optimized_model=True))
     assert (tmp_path / "art" / "ort_optimized.onnx").is_file()
-    runner = load_artifact(tmp_path / "art")
+    runner = load_runner(tmp_path / "art")
     x = np.random.default_rng(0).standard_normal((2, 16, 64)).astype(np.float32)
     expected = ort.InferenceSession(str(ENCODER)).run(None, {"hidden_states": x})
     got = runner.run({"hidden_states": x})

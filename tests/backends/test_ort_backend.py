@@ -13,15 +13,17 @@ import onnxruntime
 import pytest
 
 from infercc.analysis.targets import get_target
-from infercc.backends.base import Artifact, CompileOptions, ShapeProfile
 from infercc.backends.ort import backend as obk
 from infercc.backends.ort import config as oc
 from infercc.backends.ort import runner as orn
 from infercc.backends.ort import tuner as ot
-from infercc.backends.registry import get_backend
 from infercc.config import OrtOptions
 from infercc.data.feeds import make_inputs
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
+from infercc.runtime.artifact import Artifact
+from infercc.runtime.backend import CompileOptions
+from infercc.runtime.registry import get_backend
 from infercc.runtime.tuning import TuningCache
 from tests.helpers import parse
 

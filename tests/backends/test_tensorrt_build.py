@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 
 from infercc.analysis.targets import get_target
-from infercc.backends.base import Artifact, CompileOptions
 from infercc.backends.trt import backend as trt_backend
 from infercc.backends.trt import build
+from infercc.backends.trt.calib_cache import write_calibration_cache
 from infercc.backends.trt.fingerprint import Fingerprint
-from infercc.calib.trt_cache import write_calibration_cache
 from infercc.check.compare import run_model
 from infercc.config import TrtOptions
 from infercc.data.feeds import make_inputs
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
+from infercc.runtime.artifact import Artifact
+from infercc.runtime.backend import CompileOptions
 from infercc.runtime.tuning import TuningCache
 from tests.backends.test_tensorrt_fake import A100, FakeTrt, HostDevice
 

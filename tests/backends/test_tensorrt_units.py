@@ -9,8 +9,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from infercc.backends.base import CompileOptions
 from infercc.backends.trt import build, caches, precision, profiles, settings
+from infercc.backends.trt.calib_cache import write_calibration_cache
 from infercc.backends.trt.calibrator import make_calibrator
 from infercc.backends.trt.fingerprint import (
     Fingerprint,
@@ -21,10 +21,10 @@ from infercc.backends.trt.fingerprint import (
     parse_smi_query,
     target_mismatch,
 )
-from infercc.calib.trt_cache import write_calibration_cache
 from infercc.config import TrtOptions
 from infercc.data.profiles import ShapeProfile, parse_profile
 from infercc.errors import InferccError
+from infercc.runtime.backend import CompileOptions
 from infercc.runtime.tuning import TuningCache
 from tests.backends.test_tensorrt_fake import A100, FakeTrt
 from tests.helpers import parse

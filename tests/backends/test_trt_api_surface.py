@@ -201,7 +201,7 @@ def test_a_tensorrt_object_handed_outside_the_package_is_a_problem():
 
 def test_a_marked_helper_refuses_another_major(tmp_path):
     """The marks cannot go stale silently: a 10-only function called on 11 raises."""
-    from infercc.calib.trt_cache import write_calibration_cache
+    from infercc.backends.trt.calib_cache import write_calibration_cache
 
     cache = tmp_path / "calib.cache"
     write_calibration_cache(cache, {"x": 1.0}, trt_version="10.3.0.26")

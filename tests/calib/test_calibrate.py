@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
+from infercc.backends.trt.calib_cache import read_calibration_cache
 from infercc.calib import calibrate as calibrate_module
 from infercc.calib.calibrate import (
     CACHE_FILE,
@@ -25,7 +26,6 @@ from infercc.calib.calibrate import (
     calibrate,
     split_samples,
 )
-from infercc.calib.trt_cache import read_calibration_cache
 from infercc.errors import InferccError
 from tests.helpers import make_model
 

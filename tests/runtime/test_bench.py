@@ -15,10 +15,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from infercc.backends import base, registry
 from infercc.backends.ort import default_runner
 from infercc.errors import InferccError
 from infercc.runtime import bench as bench_module
+from infercc.runtime import registry
+from infercc.runtime.artifact import MANIFEST, MODEL_FILE, Artifact, Feeds, Runner
 from infercc.runtime.bench import LatencyStats, bench, compare, open_runner
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -160,7 +161,7 @@ class _FakeBackend:
     def compile(self, *args: object, **kwargs: object) -> dict:
         raise NotImplementedError
 
-    def load(self, artifact: base.Artifact) -> base.Runner:
+    def load(self, artifact: Artifact) -> Runner:
         self.loads += 1
         return default_runner(artifact.model_path)
 
@@ -168,9 +169,9 @@ class _FakeBackend:
 def make_artifact(tmp_path: Path, backend: str) -> Path:
     directory = tmp_path / "artifact"
     directory.mkdir()
-    shutil.copy(CNN, directory / base.MODEL_FILE)
+    shutil.copy(CNN, directory / MODEL_FILE)
     manifest = {"schema": "infercc.manifest/1", "backend": {"name": backend}}
-    (directory / base.MANIFEST).write_text(json.dumps(manifest))
+    (directory / MANIFEST).write_text(json.dumps(manifest))
     return directory
 
 
@@ -220,11 +221,11 @@ def test_compare_a_model_with_itself() -> None:
 
 
 class _Recording:
-    def __init__(self, runner: base.Runner, label: str, log: list[str]):
+    def __init__(self, runner: Runner, label: str, log: list[str]):
         self.runner, self.label, self.log = runner, label, log
         self.input_names, self.output_names = runner.input_names, runner.output_names
 
-    def run(self, feeds: base.Feeds) -> list[np.ndarray]:
+    def run(self, feeds: Feeds) -> list[np.ndarray]:
         self.log.append(self.label)
         return self.runner.run(feeds)
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from infercc.analysis.targets import Target
-from infercc.backends.base import Artifact, CompileOptions, Runner
 from infercc.data.profiles import ShapeProfile
 from infercc.precisions import BUILD_PRECISIONS
+from infercc.runtime.artifact import Artifact, Runner
+from infercc.runtime.backend import CompileOptions
 from infercc.version import __version__
 
 

@@ -90,7 +90,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.backends.base import MANIFEST
+from infercc.backends.trt.calib_cache import DEFAULT_TRT_VERSION, write_calibration_cache
 from infercc.calib import outliers
 from infercc.calib.choices import Settings, choose
 from infercc.calib.forms import Int8Plan, kernel_cause, plan_int8
@@ -104,7 +104,6 @@ from infercc.calib.observers import (
     collect_ranges,
     tensor_values,
 )
-from infercc.calib.trt_cache import DEFAULT_TRT_VERSION, write_calibration_cache
 from infercc.check.compare import compare_outputs, run_model
 from infercc.check.tolerances import calibrated_criterion
 from infercc.data.samples import iter_samples
@@ -128,8 +127,8 @@ from infercc.passes.quantize_qdq import (
     weight_sqnr,
 )
 from infercc.passes.split_outliers import candidates as outlier_candidates
+from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
-from infercc.runtime.artifact import publish, staging_dir, write_manifest
 from infercc.runtime.ort_support import check_ir_version
 from infercc.util import json_float
 

@@ -65,7 +65,6 @@ import onnx
 
 from infercc.analysis.decoder import DecoderSignature, pinned_signature, random_call
 from infercc.assumptions import check_assumptions, check_used, describe
-from infercc.backends.base import MANIFEST
 from infercc.calib.activations import collect_inputs
 from infercc.calib.calibrate import (
     REPORT_FILE,
@@ -103,7 +102,7 @@ from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.ir.output_types import reconcile_output_types, strictly_typed
 from infercc.passes.manager import REGISTRY, PassContext, check_pass_names, run_passes
 from infercc.passes.pipelines import CALIBRATE_FP32, DECODER_FUSIONS, check_disabled
-from infercc.runtime.artifact import publish, staging_dir, write_manifest
+from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
 from infercc.util import json_float
 
 logger = logging.getLogger(__name__)

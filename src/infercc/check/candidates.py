@@ -63,6 +63,7 @@ from infercc.data.samples import load_samples
 from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
 from infercc.runtime.artifact import candidate_model_path, open_source, read_skeleton
+from infercc.runtime.registry import load_runner
 from infercc.util import first_line
 
 # --------------------------------------------------------------------------- report
@@ -109,7 +110,7 @@ def run_candidate(candidate: str | os.PathLike[str], feeds_list: Feeds) -> Outpu
     if not path.is_dir():
         return run_model(path, feeds_list, role=CANDIDATE)
     source = open_source(path)
-    runner, skeleton = source.runner(), source.skeleton()
+    runner, skeleton = load_runner(source), source.skeleton()
     dtypes = {vi.name: input_dtype(vi) for vi in real_inputs(skeleton)}
     outputs = []
     for feeds in feeds_list:

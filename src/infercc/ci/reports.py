@@ -10,7 +10,7 @@ from typing import Any
 
 from infercc.ci.results import CiReport, ModelResult
 from infercc.outputs import write_text_atomic
-from infercc.util import json_float, json_text
+from infercc.util import json_float, json_text, num
 
 # --------------------------------------------------------------------------- reports
 
@@ -76,9 +76,9 @@ def _summary_line(m: ModelResult) -> str:
         parts.append(f"nodes {m.nodes_before} -> {m.nodes_after}")
     cosine = _worst_cosine(m.validation)
     if cosine is not None:
-        parts.append(f"worst cosine {metric_cell(cosine, '.6f')}")
+        parts.append(f"worst cosine {num(cosine, '.6f')}")
     if m.latency and m.latency.get("p50_ms") is not None:
-        parts.append(f"p50 {metric_cell(m.latency['p50_ms'], '.3f')} ms")
+        parts.append(f"p50 {num(m.latency['p50_ms'], '.3f')} ms")
     placed = placement_text(m.placement)
     if placed:
         parts.append(placed)
@@ -91,7 +91,7 @@ def placement_text(placement: Mapping[str, Any] | None) -> str | None:
     if p.get("host") is None:
         return None
     where = p["host"] + (f" ({p['accelerator']})" if p.get("accelerator") else "")
-    queued, ran = metric_cell(p.get("queued_s"), ".1f"), metric_cell(p.get("running_s"), ".1f")
+    queued, ran = num(p.get("queued_s"), ".1f"), num(p.get("running_s"), ".1f")
     text = f"built on {where}, queued {queued} s, ran {ran} s"
     if p.get("attempts", 1) > 1:
         first = p.get("first_attempt") or {}
@@ -143,10 +143,10 @@ def ci_markdown(report) -> str:
             "passed" if m.passed else ("**ERROR**" if m.error else "**FAILED**"),
             m.precision or "-",
             "-" if m.nodes_before is None else f"{m.nodes_before} → {m.nodes_after}",
-            metric_cell(w["max_abs"], ".3g"),
-            metric_cell(w["cosine"], ".6f"),
-            metric_cell(lat.get("p50_ms"), ".3f"),
-            metric_cell(lat.get("budget_ms"), "g"),
+            num(w["max_abs"], ".3g"),
+            num(w["cosine"], ".6f"),
+            num(lat.get("p50_ms"), ".3f"),
+            num(lat.get("budget_ms"), "g"),
             m.reason or "",
         ]
         lines.append("| " + " | ".join(_md_cell(str(c)) for c in cells) + " |")
@@ -171,8 +171,8 @@ def _md_placements(report) -> list[str]:
             m.name,
             p.get("host") or "-",
             p.get("accelerator") or "-",
-            metric_cell(p.get("queued_s"), ".1f"),
-            metric_cell(p.get("running_s"), ".1f"),
+            num(p.get("queued_s"), ".1f"),
+            num(p.get("running_s"), ".1f"),
             p.get("attempts", "-"),
         ]
         lines.append("| " + " | ".join(_md_cell(str(c)) for c in cells) + " |")
@@ -181,10 +181,3 @@ def _md_placements(report) -> list[str]:
 
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
-
-
-def metric_cell(x, fmt: str) -> str:
-    """A metric for a table cell: `-` for a missing one, nan/inf for a non-finite one."""
-    from infercc.cli.units import num
-
-    return num(x, fmt)

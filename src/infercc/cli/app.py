@@ -31,8 +31,8 @@ import typer.core
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
-from infercc import __version__
 from infercc.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InferccError
+from infercc.version import __version__
 
 # --------------------------------------------------------------------------- consoles
 

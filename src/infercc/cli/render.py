@@ -705,7 +705,6 @@ def render_bisect(b, console: Console) -> None:
 
 def render_ci(report, console: Console) -> None:
     """`infercc ci`: one row per model, then the reason of each failure."""
-    from infercc.ci.reports import metric_cell as _metric
     from infercc.ci.reports import worst_metrics
 
     t = table(f"infercc ci {escape(report.config)}")
@@ -726,9 +725,9 @@ def render_ci(report, console: Console) -> None:
             "[green]passed[/]" if m.passed else ("[red]ERROR[/]" if m.error else "[red]FAILED[/]"),
             m.precision or "-",
             "-" if m.nodes_before is None else f"{m.nodes_before} -> {m.nodes_after}",
-            _metric(w["max_abs"], ".3g"),
-            _metric(w["cosine"], ".6f"),
-            _metric((m.latency or {}).get("p50_ms"), ".3f"),
+            num(w["max_abs"], ".3g"),
+            num(w["cosine"], ".6f"),
+            num((m.latency or {}).get("p50_ms"), ".3f"),
         ]
         t.add_row(*row, *(_placement_cells(m.placement) if placed else ()))
     console.print(t)

@@ -18,28 +18,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from infercc.util import num
+
 # Prose on a pipe or log wraps at this width (on a terminal, at the terminal's, when narrower).
 PROSE_WIDTH = 100
-
-
-def num(x: Any, fmt: str = ".3g") -> str:
-    """A figure for a table or a line: `-` for a missing one (None), `nan`, `inf` or `-inf`
-    for a non-finite one (whatever `fmt` says: a percentage of NaN is no percentage), else
-    `format(x, fmt)`. A string (an older report's "inf") prints as it is: no renderer fails
-    on a value it did not expect."""
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    try:
-        value = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return format(x, fmt)
 
 
 def scaled(x: float | None, factor: float, offset: float = 0.0) -> float | None:

@@ -1,1 +1,2 @@
-"""Running built models: artifact directories, timing and `bench`, and the tuning cache."""
+"""Running built models: artifact directories, the `Backend` protocol and the registry that
+finds backends by name, timing and `bench`, and the tuning cache."""

@@ -10,6 +10,11 @@ host's fingerprint, the backend with its version and files, the shape profiles, 
 the tuning choices, the memory plan summary, the validation result, and `build`: the
 `infercc.config.BuildConfig` it was built with, as data (`BuildConfig.from_dict` reads it
 back; `validate --bisect` rebuilds from it).
+
+This module owns the format's names (`MANIFEST`, `MODEL_FILE`), `Artifact` (a directory and
+its parsed manifest) and the `Runner` protocol every backend's runner keeps; `open_source` opens
+a model or an artifact, and `infercc.runtime.registry.load_runner` runs it through the backend
+that built it.
 """
 
 from __future__ import annotations
@@ -20,12 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import onnx
 
-from infercc.backends.base import MANIFEST, MODEL_FILE, Artifact, Runner
-from infercc.backends.registry import get_backend, require_available
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
@@ -34,6 +38,36 @@ from infercc.util import first_line, json_text, read_schema_json
 from infercc.version import __version__
 
 SCHEMA = "infercc.manifest/1"
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.onnx"
+
+Feeds = Mapping[str, np.ndarray]
+
+
+@dataclass
+class Artifact:
+    """A built artifact: its directory and the parsed manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / str(self.manifest.get("model") or MODEL_FILE)
+
+    @property
+    def backend(self) -> str:
+        return str(self.manifest.get("backend", {}).get("name", ""))
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Runs a loaded artifact (or model): feeds by input name -> outputs in graph order."""
+
+    input_names: Sequence[str]
+    output_names: Sequence[str]
+
+    def run(self, feeds: Feeds) -> list[np.ndarray]: ...
 
 
 def check_destination(out_dir: Path) -> None:
@@ -80,11 +114,6 @@ def open_artifact(directory: Path) -> Artifact:
     return Artifact(directory, read_manifest(directory))
 
 
-def load_artifact(directory: Path) -> Runner:
-    """The runner of an artifact, through the backend that built it."""
-    return open_source(directory).runner()
-
-
 # --------------------------------------------------------------------------- model or artifact
 
 PLAIN_RUNTIME = "onnxruntime"  # what runs a plain .onnx file
@@ -113,24 +142,6 @@ class Source:
 
     def skeleton(self) -> onnx.ModelProto:
         return read_skeleton(self.model_path)
-
-    def runner(self, spinning: bool = True) -> Runner:
-        """An artifact through its backend's runner, a plain file through onnxruntime with its
-        default session options. `spinning=False` stops onnxruntime's idle intra-op threads
-        from spinning after a run (where the runner has that switch), so that two runners
-        raced against each other do not take the CPU from one another."""
-        if self.artifact is None:
-            from infercc.backends.ort import default_runner
-
-            runner = default_runner(self.path)
-            runner.spinning = spinning
-            return runner
-        backend = get_backend(self.artifact.backend)
-        require_available(backend)
-        runner = backend.load(self.artifact)
-        if not spinning and hasattr(runner, "spinning"):
-            runner.spinning = False
-        return runner
 
 
 def open_source(path: str | os.PathLike[str]) -> Source:

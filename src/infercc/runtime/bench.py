@@ -51,16 +51,13 @@ import onnx
 import onnxruntime as ort
 
 from infercc.analysis.targets import host_cpu_info
-from infercc.backends.base import (
-    Feeds,
-    Runner,
-)
 from infercc.data.feeds import make_inputs
 from infercc.data.signature import declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
 from infercc.runtime import timing
-from infercc.runtime.artifact import open_source
+from infercc.runtime.artifact import Feeds, Runner, open_source
 from infercc.runtime.kernel_profile import Profile, read_events, summarize
+from infercc.runtime.registry import load_runner
 from infercc.util import json_float
 from infercc.version import __version__
 
@@ -207,9 +204,9 @@ class CompareReport:
 
 def open_runner(path: Path, *, spinning: bool = True) -> tuple[Runner, onnx.ModelProto]:
     """A runner for an artifact directory or an .onnx file (`runtime.artifact.open_source`),
-    and the model's skeleton; `spinning=False` for races (see `Source.runner`)."""
+    and the model's skeleton; `spinning=False` for races (see `registry.load_runner`)."""
     source = open_source(path)
-    return source.runner(spinning), source.skeleton()
+    return load_runner(source, spinning), source.skeleton()
 
 
 def backend_name(path: Path) -> str:

@@ -9,12 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from infercc.analysis.targets import Target
-from infercc.backends.base import (
-    Artifact,
-    CompileOptions,
-    Runner,
-    ShapeProfile,
-)
 from infercc.backends.ort.config import (
     CONFIG_FILE,
     CUDA,
@@ -35,9 +29,12 @@ from infercc.backends.ort.tuner import (
     shape_points,
     tune_point,
 )
+from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
 from infercc.precisions import BUILD_PRECISIONS
+from infercc.runtime.artifact import Artifact, Runner
+from infercc.runtime.backend import CompileOptions
 
 try:
     import onnxruntime as ort

@@ -12,11 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from infercc.backends.base import (
-    Feeds,
-)
 from infercc.errors import InferccError
 from infercc.runtime import timing
+from infercc.runtime.artifact import Feeds
 from infercc.util import first_line
 
 try:

@@ -11,10 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from infercc.backends.base import (
-    MODEL_FILE,
-    Feeds,
-)
 from infercc.backends.ort.config import (
     CONFIG_FILE,
     CPU,
@@ -33,6 +29,7 @@ from infercc.backends.ort.tuner import _fingerprint
 from infercc.data.signature import real_inputs
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
+from infercc.runtime.artifact import MODEL_FILE, Feeds
 from infercc.util import first_line
 
 try:

@@ -13,11 +13,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.backends.base import (
-    CompileOptions,
-    Feeds,
-    ShapeProfile,
-)
 from infercc.backends.ort.config import (
     DEFAULT_SESSION_OPTIONS,
     EXTERNAL_DATA_LIMIT,
@@ -39,10 +34,13 @@ from infercc.backends.ort.config import (
 )
 from infercc.check import compare as _validate
 from infercc.data.feeds import make_inputs
+from infercc.data.profiles import ShapeProfile
 from infercc.data.signature import resolve_shapes
 from infercc.errors import InferccError
 from infercc.precisions import tolerance as table_tolerance
 from infercc.runtime import timing
+from infercc.runtime.artifact import Feeds
+from infercc.runtime.backend import CompileOptions
 from infercc.util import first_line
 
 try:

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from infercc.analysis.targets import Target
-from infercc.backends.base import Artifact, CompileOptions, Runner
 from infercc.backends.trt import nvml
 from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError
+from infercc.runtime.artifact import Artifact, Runner
+from infercc.runtime.backend import CompileOptions
 
 INSTALL_HINT = 'pip install "infercc[tensorrt]"'
 _DRIVER_FILE = Path("/proc/driver/nvidia/version")

@@ -46,7 +46,6 @@ import numpy as np
 import onnx
 
 from infercc.analysis.targets import Target
-from infercc.backends.base import CompileOptions
 from infercc.backends.trt import caches, precision, profiles
 from infercc.backends.trt.fingerprint import Fingerprint, check_loadable, detect, target_mismatch
 from infercc.backends.trt.settings import BuildSettings, read_settings
@@ -55,6 +54,7 @@ from infercc.data.profiles import ShapeProfile
 from infercc.errors import InferccError, ValidationError
 from infercc.ir.wire import read_model
 from infercc.precisions import tolerance
+from infercc.runtime.backend import CompileOptions
 from infercc.util import read_schema_json
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 TensorRT's implicit INT8 (BuilderFlag.INT8 without Q/DQ in the graph) asks a calibrator for
 scales. When the calibrator's `read_calibration_cache` returns a cache, TensorRT takes the
 scales from it and never asks for a batch, so no calibration data needs to be on the GPU
-machine: `infercc calibrate` wrote the cache (`infercc.calib.trt_cache`) from real samples.
+machine: `infercc calibrate` wrote the cache (`infercc.backends.trt.calib_cache`) from real samples.
 
 The cache is parsed with `read_calibration_cache` first, so a broken file is an error naming
 the file and line, not a TensorRT failure later; its method picks the calibrator class
@@ -24,8 +24,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from infercc.backends.trt.calib_cache import read_calibration_cache, trt_version_tag
 from infercc.backends.trt.versions import tensorrt_majors
-from infercc.calib.trt_cache import read_calibration_cache, trt_version_tag
 from infercc.errors import InferccError
 
 log = logging.getLogger(__name__)

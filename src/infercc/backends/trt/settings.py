@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercc.backends.base import CompileOptions
 from infercc.backends.trt.precision import PRECISIONS
 from infercc.errors import InferccError
+from infercc.runtime.backend import CompileOptions
 from infercc.util import parse_size  # noqa: F401  (the size parser; tests and callers use it here)
 
 MIB = 2**20

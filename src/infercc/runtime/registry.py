@@ -1,7 +1,8 @@
 """Backends by name: the built-in ones resolved lazily, like entry points, and outside
 packages' through the `infercc.backends` entry-point group (each entry point names a Backend
 class or instance). Nothing is imported until a backend is asked for, so this module imports
-no backend and no backend imports it back.
+no backend: the runtime and validation open and run any artifact (`load_runner`) while the
+backends, which import the runtime and validation's comparisons, stay above both.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
+import os
+from typing import Any
 
-from infercc.backends.base import Backend
 from infercc.errors import InferccError
+from infercc.runtime.artifact import Runner, Source, open_source
+from infercc.runtime.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +27,8 @@ BUILTIN = {
     "ort": "infercc.backends.ort.backend:OrtBackend",
     "tensorrt": "infercc.backends.trt.backend:TensorRTBackend",
 }
+# what runs a plain .onnx file: onnxruntime with its default session options
+PLAIN_RUNNER = "infercc.backends.ort.runner:default_runner"
 
 _REGISTRY: dict[str, Backend] = {}
 _ENTRY_POINTS_LOADED = False
@@ -38,10 +44,15 @@ def _load_builtin(name: str) -> Backend | None:
     spec = BUILTIN.get(name)
     if spec is None:
         return None
-    module, _, attr = spec.partition(":")
-    backend = getattr(importlib.import_module(module), attr)()
+    backend = _resolve(spec)()
     _REGISTRY.setdefault(name, backend)
     return _REGISTRY[name]
+
+
+def _resolve(spec: str) -> Any:
+    """The attribute a "module:attribute" spec names, its module imported now."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _load_entry_points() -> None:
@@ -83,3 +94,23 @@ def require_available(backend: Backend) -> None:
     ok, reason = backend.available()
     if not ok:
         raise InferccError(f"backend {backend.name!r} cannot run here: {reason}")
+
+
+def load_runner(source: Source | str | os.PathLike[str], spinning: bool = True) -> Runner:
+    """A model's or an artifact's runner: an artifact through the backend that built it, a
+    plain file through onnxruntime with its default session options. `spinning=False` stops
+    onnxruntime's idle intra-op threads from spinning after a run (where the runner has that
+    switch), so that two runners raced against each other do not take the CPU from one
+    another."""
+    if not isinstance(source, Source):
+        source = open_source(source)
+    if source.artifact is None:
+        runner = _resolve(PLAIN_RUNNER)(source.path)
+        runner.spinning = spinning
+        return runner
+    backend = get_backend(source.artifact.backend)
+    require_available(backend)
+    runner = backend.load(source.artifact)
+    if not spinning and hasattr(runner, "spinning"):
+        runner.spinning = False
+    return runner

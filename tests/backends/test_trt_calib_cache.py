@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from infercc.calib.trt_cache import (
+from infercc.backends.trt.calib_cache import (
     read_calibration_cache,
     scale_to_hex,
     trt_version_tag,
@@ -82,7 +82,7 @@ def test_hex_is_big_endian_float32_bits() -> None:
 def test_names_with_colons_and_spaces_round_trip(tmp_path, caplog) -> None:
     scales = {"conv:0": 0.25, "a: b": 0.5, "with space ": 1.0, "end:": 2.0}
     path = tmp_path / "calib.cache"
-    with caplog.at_level(logging.WARNING, logger="infercc.calib.trt_cache"):
+    with caplog.at_level(logging.WARNING, logger="infercc.backends.trt.calib_cache"):
         write_calibration_cache(path, scales)
     assert "conv:0: 3e800000" in path.read_text().splitlines()
     assert read_calibration_cache(path).scales == scales

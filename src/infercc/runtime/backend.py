@@ -1,36 +1,29 @@
-"""The backend layer: what turns an optimized ONNX model into something that runs.
+"""What a backend is: the protocol that turns an optimized ONNX model into something that runs.
 
 A backend answers `available()` with a reason when it cannot run here, says which precisions it
 supports on a target, compiles an optimized model into an artifact directory for a target and
 shape profiles (tuning where it can, with choices cached on disk), and loads an artifact into a
-runner. `infercc.backends.registry` finds backends by name: the built-in ones lazily, outside
-packages' through the `infercc.backends` entry-point group.
+runner. `infercc.runtime.registry` finds backends by name: the built-in ones of
+`infercc.backends` lazily, outside packages' through the `infercc.backends` entry-point group.
+The protocol lives here, below the backends that implement it, so that the runtime and
+validation open and run artifacts without importing any backend.
 
 An artifact directory holds `model.onnx` (the optimized model), `manifest.json` (what was
-built, from what, for what, and how it validated) and the backend's own files.
+built, from what, for what, and how it validated) and the backend's own files
+(`infercc.runtime.artifact`: the directory, its manifest and the `Runner` protocol).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
 from infercc.analysis.targets import Target
 from infercc.config import OrtOptions, TrtOptions
 from infercc.data.profiles import ShapeProfile
-
-log = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-MODEL_FILE = "model.onnx"
-
-Feeds = Mapping[str, np.ndarray]
-Shape = tuple[int, ...]
+from infercc.runtime.artifact import Artifact, Runner
 
 
 @dataclass
@@ -57,32 +50,6 @@ class CompileOptions:
     ort: OrtOptions = field(default_factory=OrtOptions)
     tensorrt: TrtOptions = field(default_factory=TrtOptions)
     on_step: Callable[[str], None] | None = None
-
-
-@dataclass
-class Artifact:
-    """A built artifact: its directory and the parsed manifest."""
-
-    path: Path
-    manifest: dict[str, Any]
-
-    @property
-    def model_path(self) -> Path:
-        return self.path / str(self.manifest.get("model") or MODEL_FILE)
-
-    @property
-    def backend(self) -> str:
-        return str(self.manifest.get("backend", {}).get("name", ""))
-
-
-@runtime_checkable
-class Runner(Protocol):
-    """Runs a loaded artifact (or model): feeds by input name -> outputs in graph order."""
-
-    input_names: Sequence[str]
-    output_names: Sequence[str]
-
-    def run(self, feeds: Feeds) -> list[np.ndarray]: ...
 
 
 @runtime_checkable

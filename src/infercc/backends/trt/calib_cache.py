@@ -1,5 +1,8 @@
 """TensorRT INT8 calibration cache files: write the scales infercc calibrated, read them back.
 
+The format is TensorRT's, so it lives with the TensorRT backend, whose calibrator reads it
+(`calibrator.py`); `infercc.calib` writes it, and imports the backends, never the reverse.
+
 The format is the text file TensorRT's calibrators write (`writeCalibrationCache`) and read
 (`readCalibrationCache`), and that trtexec takes with `--calib`:
 
