@@ -328,9 +328,10 @@ def overridable_summary(model: Model, frozen: bool) -> dict[str, Any]:
     return {"names": list(model.overridable), "frozen": frozen}
 
 
-def check_model(model: Model, cfg: BuildConfig) -> None:
-    """What the config asks of the model: shapes naming its inputs, Q/DQ pairs for int8."""
-    check_shape_names(model, cfg.shape_pins)
+def check_model(model: Model, cfg: BuildConfig, source: Path | None = None) -> None:
+    """What the config asks of the model: shapes naming its inputs (and, with `source`, a
+    warning where they give a symbol two values), Q/DQ pairs for int8."""
+    check_shape_names(model, cfg.shape_pins, source)
     if cfg.shape_pins:  # a decoder's pins agree with its declared dims and with each other
         pinned_signature(export_model(model, with_weights=False), cfg.shape_pins, strict=False)
     if cfg.precision != "int8" or (cfg.backend == "tensorrt" and cfg.tensorrt.calib_cache):
@@ -357,7 +358,7 @@ class _Job:
         (check_ir_version if cfg.validate else warn_ir_version)(self.ir.ir_version, str(src))
         if cfg.static_map:
             fix_input_shapes(self.ir, cfg.static_map)
-        check_model(self.ir, cfg)
+        check_model(self.ir, cfg, src)
         self.typed = strictly_typed(self.ir)  # declared output types are replaced only if so
         self.size_before = model_files_size(src, self.ir)
         self.nodes_before = sum(1 for _ in self.ir.graph.all_nodes())

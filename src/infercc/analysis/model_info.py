@@ -99,7 +99,7 @@ def inspect_model(
 ) -> InspectReport:
     """Describe a model; with a target, add the roofline analysis and the memory budget."""
     model = load_model(Path(path))
-    check_shape_names(model, shapes)
+    check_shape_names(model, shapes, path)
     tgt = get_target(target) if target is not None else None
     if plot is not None and tgt is None:
         raise InferccError("--plot needs a target", "add --target a100 (see infercc targets)")

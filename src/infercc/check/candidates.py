@@ -60,7 +60,13 @@ from infercc.check.tolerances import (
 from infercc.check.validation import Floor, failed_run, judge, run_with_coverage, runtime_floor
 from infercc.data.feeds import make_inputs
 from infercc.data.samples import load_samples
-from infercc.data.signature import declared_dims, input_dtype, real_inputs
+from infercc.data.signature import (
+    declared_dims,
+    input_dims,
+    input_dtype,
+    real_inputs,
+    warn_shape_conflicts,
+)
 from infercc.errors import InferccError
 from infercc.runtime.artifact import candidate_model_path, open_source, read_skeleton
 from infercc.runtime.registry import load_runner
@@ -234,6 +240,7 @@ def reference_feeds_plan(
     """The profiles and the reference's outputs (`infercc.check.profiles.plan_feeds`); inputs
     the `candidate` skeleton fixes (it accepts no other shape) are validated at that shape."""
     model, constants = reference_graph(Path(reference))
+    warn_shape_conflicts(input_dims(model), shapes, reference)
     fixed = _fixed_inputs(candidate, model)
     return plan_feeds(
         reference,

@@ -50,7 +50,7 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
-from infercc.data.signature import declared_dims, input_dtype, real_inputs
+from infercc.data.signature import _format_dims, declared_dims, input_dtype, real_inputs
 from infercc.errors import InferccError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ PRESETS = {
     "imagenet": "scale=1/255,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,order=rgb",
     "raw": "",
 }
+# The crop a preset's `crop=auto` takes on an axis the model leaves symbolic (a warning says so).
+PRESET_SIZES: dict[str, Size] = {"imagenet": (224, 224)}
 KEYS = ("input", "resize", "crop", "scale", "mean", "std", "order", "layout", "dtype", "interp")
 ORDERS = ("rgb", "bgr", "gray")
 LAYOUTS = ("nchw", "nhwc")
@@ -87,6 +89,7 @@ class Preprocess:
     layout: str | None = None
     dtype: str | None = None
     interp: str = "bilinear"
+    symbolic_size: Size | None = None  # crop=auto's H x W where the model's are symbolic
 
 
 # --------------------------------------------------------------------------- the spec
@@ -96,6 +99,8 @@ def parse_preprocess(spec: str) -> Preprocess:
     """Parse a spec (module docstring); InferccError naming the bad item."""
     preset, items = _split_spec(spec)
     result = parse_preprocess(PRESETS[preset]) if preset else Preprocess()
+    if preset in PRESET_SIZES:
+        result = replace(result, symbolic_size=PRESET_SIZES[preset])
     fields = {key: _parse_value(key, value) for key, value in items.items()}
     return replace(result, **fields)
 
@@ -236,21 +241,39 @@ class ImagePlan:
     dtype: np.dtype
     interp: str
 
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        """The shape of one sample (None: each image's own height or width)."""
+        n = 1 if self.order == "gray" else 3
+        height, width = _final_size(self.resize, self.crop) or (None, None)
+        hw = (height, width)
+        chw = (n, *hw) if self.layout == "nchw" else (*hw, n)
+        return (self.batch, *chw) if self.rank == 4 else chw
+
+    def describe(self) -> str:
+        """`images -> x float32[1,3,224,224]` (`?`: each image's own size)."""
+        dims = ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"images -> {self.input} {self.dtype.name}[{dims}]"
+
 
 def plan_images(spec: Preprocess, model: onnx.ModelProto) -> ImagePlan:
-    """Resolve `auto` sizes, the layout, the dtype and the batch from the model's input."""
+    """Resolve `auto` sizes, the layout, the dtype and the batch from the model's input; warn
+    where the model leaves height or width symbolic and the spec does not fix them."""
     vi = _image_input(spec.input, model)
     dims = declared_dims(vi) or []
     layout = spec.layout or _guess_layout(dims)
     channels, height, width = _chw(dims, layout)
     _check_channels(vi.name, channels, spec.order)
     crop = (height, width) if spec.crop == AUTO and height and width else spec.crop
+    symbolic = spec.crop == AUTO and not (height and width)
+    if symbolic and spec.symbolic_size is not None:
+        crop = (height or spec.symbolic_size[0], width or spec.symbolic_size[1])
     crop = None if crop == AUTO else crop
     resize = _auto_resize(crop) if spec.resize == AUTO else spec.resize
     _check_size(vi.name, dims, resize, crop, height, width)
     batch = dims[0] if len(dims) == 4 and isinstance(dims[0], int) and dims[0] > 0 else 1
     n = 1 if spec.order == "gray" else 3
-    return ImagePlan(
+    plan = ImagePlan(
         input=vi.name,
         rank=len(dims),
         batch=batch,
@@ -263,6 +286,24 @@ def plan_images(spec: Preprocess, model: onnx.ModelProto) -> ImagePlan:
         std=_per_channel("std", spec.std, n),
         dtype=np.dtype(spec.dtype) if spec.dtype else input_dtype(vi),
         interp=spec.interp,
+    )
+    if symbolic and (crop is not None or spec.resize in (AUTO, None)):
+        _warn_symbolic(plan, dims)
+    return plan
+
+
+def _warn_symbolic(plan: ImagePlan, dims: list[int | str | None]) -> None:
+    how = (
+        "each image keeps its own size; give crop=HxW or resize=HxW"
+        if plan.crop is None
+        else "give crop=HxW"
+    )
+    logger.warning(
+        "input %r has a symbolic height or width (%s): %s; %s for the size the model runs at",
+        plan.input,
+        _format_dims(dims),
+        plan.describe(),
+        how,
     )
 
 
@@ -476,7 +517,7 @@ def iter_image_samples(
     spec = parse_preprocess(preprocess) if isinstance(preprocess, str) else preprocess
     plan = plan_images(spec, model)
     import_pil()  # fail before the first file, not inside the loop
-    logger.info("images -> %r: %s", plan.input, plan)
+    logger.info("%s: %s", plan.describe(), plan)
     pending: list[tuple[Path, np.ndarray]] = []
     for path in files:
         pending.append((path, load_image(path, plan)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,16 @@ class ShapeProfile:
 
 
 def parse_profile(spec: str) -> ShapeProfile:
-    """Parse one `NAME=1x3x224x224` or `NAME=MIN:OPT:MAX` spec."""
+    """Parse one `NAME=1x3x224x224` or `NAME=MIN:OPT:MAX` spec; trtexec's and onnxsim's
+    spellings (`NAME:1x3x224x224`, `NAME:1,3,224,224`, `NAME=1,3,224,224`) are answered with
+    infercc's (`did_you_mean`)."""
+    suggestion = did_you_mean(spec)
+    if suggestion is not None:
+        raise InferccError(
+            f"bad --shape {spec!r}: did you mean {suggestion}?",
+            "infercc's form is NAME=D0xD1x... (trtexec writes NAME:D0xD1x..., onnxsim "
+            "NAME:D0,D1,...)",
+        )
     name, sep, dims_text = spec.rpartition("=")
     name = name.strip()
     if not sep or not name:
@@ -80,6 +90,29 @@ def parse_profile(spec: str) -> ShapeProfile:
             "give the smallest shape first and the largest last",
         )
     return ShapeProfile(name, lo, opt, hi)
+
+
+_X_DIMS = re.compile(r"\d+(?:x\d+)*")
+_COMMA_DIMS = re.compile(r"\d+(?:,\d+)+")
+
+
+def did_you_mean(spec: str) -> str | None:
+    """infercc's spelling of a shape written as trtexec (`x:1x3x48x192`, a list
+    `x:1x3,y:1x4`) or onnxsim (`x:1,3,48,192`) write it, or with commas for `x` after `=`
+    (`x=1,3,48,192`); None for any other spec (infercc's own, or one nobody writes)."""
+    text = spec.strip()
+    if "=" in text:
+        name, _, dims = text.rpartition("=")
+        if name.strip() and _COMMA_DIMS.fullmatch(dims.strip()):
+            return f"{name.strip()}={dims.strip().replace(',', 'x')}"
+        return None
+    specs = [part.strip().rpartition(":") for part in text.split(",")]
+    if len(specs) > 1 and all(n.strip() and _X_DIMS.fullmatch(d) for n, _, d in specs):
+        return " ".join(f"--shape {n.strip()}={d}" for n, _, d in specs)  # trtexec's list
+    name, _, dims = text.rpartition(":")
+    if name.strip() and (_X_DIMS.fullmatch(dims) or _COMMA_DIMS.fullmatch(dims)):
+        return f"{name.strip()}={dims.replace(',', 'x')}"
+    return None
 
 
 def parse_shape(spec: str) -> tuple[str, tuple[int, ...]]:

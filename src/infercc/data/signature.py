@@ -12,7 +12,8 @@ default ones fail (`infercc.check.profiles`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ import onnx
 
 from infercc.errors import InferccError
 from infercc.ir import Model, dtypes, export_model
+from infercc.ir.graph import declared_dim
 
 logger = logging.getLogger(__name__)
 
@@ -78,16 +80,7 @@ def declared_dims(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
     tensor_type = _tensor_type(vi)
     if not tensor_type.HasField("shape"):
         return None
-    return [_declared_dim(dim) for dim in tensor_type.shape.dim]
-
-
-def _declared_dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
-    kind = dim.WhichOneof("value")
-    if kind == "dim_value":
-        return dim.dim_value if dim.dim_value >= 0 else None  # -1: a dynamic axis
-    if kind == "dim_param" and dim.dim_param:
-        return dim.dim_param
-    return None
+    return [declared_dim(dim) for dim in tensor_type.shape.dim]
 
 
 def resolve_shape(
@@ -160,15 +153,46 @@ def _check_pinned_dim(
             f"use {dim} on axis {axis}",
         )
     if isinstance(dim, str):
-        chosen = symbols.setdefault(dim, value)
-        if chosen != value:
-            logger.warning(
-                "--shape for %r sets symbol %r to %d, another input already uses %d",
-                name,
-                dim,
-                value,
-                chosen,
-            )
+        symbols.setdefault(dim, value)  # a second value is `shape_conflicts`'s to say
+
+
+def shape_conflicts(
+    dims: Mapping[str, Sequence[int | str | None] | None], shapes: Shapes | None
+) -> list[str]:
+    """Where `--shape` pins give one named symbol two values (`dims`: each input's declared
+    dims): one line per symbol. The first value is the one shapes are resolved with."""
+    first: dict[str, tuple[int, str]] = {}
+    lines: dict[str, str] = {}
+    for name, pinned in (shapes or {}).items():
+        declared = dims.get(name)
+        if declared is None or len(declared) != len(pinned):
+            continue  # a rank the checks of the pins refuse
+        for axis, (dim, value) in enumerate(zip(declared, pinned, strict=True)):
+            if not isinstance(dim, str):
+                continue
+            seen, where = first.setdefault(dim, (int(value), f"{name}[{axis}]"))
+            if seen != value and dim not in lines:
+                lines[dim] = (
+                    f"--shape sets symbol {dim!r} to {seen} on {where} and to {value} on "
+                    f"{name}[{axis}]; the model names them alike, and may need them equal"
+                )
+    return list(lines.values())
+
+
+def warn_shape_conflicts(
+    dims: Mapping[str, Sequence[int | str | None] | None],
+    shapes: Shapes | None,
+    source: str | os.PathLike[str],
+) -> None:
+    """Warn once per `shape_conflicts` line, naming the model; called where a command first
+    holds the user's pins and the model (not in `resolve_shapes`, which runs many times)."""
+    for line in shape_conflicts(dims, shapes):
+        logger.warning("%s: %s", os.fspath(source), line)
+
+
+def input_dims(model: onnx.ModelProto) -> dict[str, list[int | str | None] | None]:
+    """Each real input's declared dims (`declared_dims`), by name."""
+    return {vi.name: declared_dims(vi) for vi in real_inputs(model)}
 
 
 def _format_dims(dims: Iterable[int | str | None]) -> str:
@@ -204,7 +228,13 @@ def _check_shape_names(inputs: list[onnx.ValueInfoProto], shapes: Shapes) -> Non
         )
 
 
-def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None) -> None:
+def check_shape_names(
+    model: Model,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    source: str | os.PathLike[str] | None = None,
+) -> None:
+    """Refuse pins naming no input or of the wrong rank; with `source`, warn where they give
+    a symbol two values (`warn_shape_conflicts`)."""
     names = [v.name for v in model.graph.inputs]
     for name, dims in (shapes or {}).items():
         if name not in names:
@@ -218,6 +248,9 @@ def check_shape_names(model: Model, shapes: Mapping[str, tuple[int, ...]] | None
                 f"--shape {name} has rank {len(dims)} but the input has rank {len(v.shape)}",
                 "give one size per dimension, e.g. NAME=1x3x224x224",
             )
+    if source is not None:
+        dims = {v.name: v.shape for v in model.graph.inputs}
+        warn_shape_conflicts(dims, shapes, source)
 
 
 def shape_profile(

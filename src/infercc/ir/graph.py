@@ -794,9 +794,20 @@ def _declared_shape(output: Value) -> None:
     tp = output.type_proto
     if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
         return
-    output.shape = tuple(
-        int(d.dim_value)
-        if d.HasField("dim_value") and d.dim_value >= 0
-        else (d.dim_param if d.HasField("dim_param") else None)
-        for d in tp.tensor_type.shape.dim
-    )
+    output.shape = tuple(declared_dim(d) for d in tp.tensor_type.shape.dim)
+
+
+# dim_params that name no symbol: paddle2onnx writes '?' on every dynamic axis, other exporters
+# an empty string. Each such axis is unknown on its own (two '?' are not one symbol).
+ANONYMOUS_DIM_PARAMS = frozenset({"", "?"})
+
+
+def declared_dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    """One declared dimension: an int, a symbol's name, or None where unknown (no value, a
+    negative dim_value, which Paddle and TensorFlow exports write for a dynamic axis and
+    onnxruntime reads as unknown, or an anonymous dim_param)."""
+    if d.HasField("dim_value"):
+        return int(d.dim_value) if d.dim_value >= 0 else None
+    if d.HasField("dim_param") and d.dim_param not in ANONYMOUS_DIM_PARAMS:
+        return d.dim_param
+    return None

@@ -14,7 +14,16 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from infercc.errors import InferccError
-from infercc.ir.graph import Graph, IRError, Model, Node, Value, _stable_kahn, cycle_in
+from infercc.ir.graph import (
+    Graph,
+    IRError,
+    Model,
+    Node,
+    Value,
+    _stable_kahn,
+    cycle_in,
+    declared_dim,
+)
 from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.ir.tensor import Tensor
 from infercc.ir.wire import RawSlice, read_model
@@ -121,19 +130,10 @@ def _check_versions(proto: onnx.ModelProto) -> None:
 
 
 def _dims(type_proto: onnx.TypeProto) -> tuple[int | str | None, ...] | None:
-    """The dims: ints, symbol names, None where unknown (a negative dim_value, which Paddle and
-    TensorFlow exports write for a dynamic axis, is unknown, as onnxruntime reads it)."""
+    """The dims: ints, symbol names, None where unknown (`graph.declared_dim`)."""
     if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
         return None
-    out: list[int | str | None] = []
-    for d in type_proto.tensor_type.shape.dim:
-        if d.HasField("dim_value") and d.dim_value >= 0:
-            out.append(int(d.dim_value))
-        elif d.HasField("dim_param"):
-            out.append(d.dim_param)
-        else:
-            out.append(None)
-    return tuple(out)
+    return tuple(declared_dim(d) for d in type_proto.tensor_type.shape.dim)
 
 
 def apply_type(value: Value, type_proto: onnx.TypeProto) -> None:

@@ -25,7 +25,7 @@ import onnx
 
 from infercc.ir import symbolic as S
 from infercc.ir.exporter import export_model
-from infercc.ir.graph import Model, Value
+from infercc.ir.graph import ANONYMOUS_DIM_PARAMS, Model, Value
 from infercc.ir.shapes import _typed_skeleton, add_weightless_constants
 from infercc.ir.symbolic_shapes import SymbolicShapes
 
@@ -114,6 +114,8 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
     if d.HasField("dim_value"):
         return int(d.dim_value)
     if d.HasField("dim_param") and not d.dim_param.startswith("unk__"):
+        if d.dim_param in ANONYMOUS_DIM_PARAMS:
+            return None
         return d.dim_param
     return None
 

@@ -52,8 +52,15 @@ import onnxruntime as ort
 
 from infercc.analysis.targets import host_cpu_info
 from infercc.data.feeds import make_inputs
-from infercc.data.signature import declared_dims, input_dtype, real_inputs
+from infercc.data.signature import (
+    declared_dims,
+    input_dims,
+    input_dtype,
+    real_inputs,
+    warn_shape_conflicts,
+)
 from infercc.errors import InferccError
+from infercc.ir.graph import declared_dim
 from infercc.runtime import timing
 from infercc.runtime.artifact import Feeds, Runner, open_source
 from infercc.runtime.kernel_profile import Profile, read_events, summarize
@@ -328,7 +335,8 @@ def _fix_symbols(model: onnx.ModelProto, symbols: set[str], batch: int) -> onnx.
 
 def _fix_dims(dims: Any, symbols: set[str], batch: int) -> None:
     for axis, dim in enumerate(dims):
-        if not dim.HasField("dim_value") and _is_batch_axis(dim.dim_param or None, axis, symbols):
+        declared = declared_dim(dim)
+        if not isinstance(declared, int) and _is_batch_axis(declared, axis, symbols):
             dim.dim_value = batch  # the oneof drops dim_param
 
 
@@ -438,6 +446,7 @@ def bench(
     sizes = _check_counts(batches, warmup, iters, duration)
     runner, skeleton = open_runner(Path(path))
     profiler = _profiler(Path(path)) if profile else None
+    warn_shape_conflicts(input_dims(skeleton), shapes, path)
     plans = [_plan_batch(skeleton, shapes, batch) for batch in sizes]
     total = None if duration is not None else len(plans) * (warmup + iters)
     tick = _Ticker(total, on_progress)
@@ -520,6 +529,7 @@ def compare(
     sizes = _check_counts(batches, warmup, iters, duration)
     side_a, side_b = _open_side(a), _open_side(b)
     _check_same_inputs(side_a, side_b)
+    warn_shape_conflicts(input_dims(side_a.skeleton), shapes, a)
     plans = [
         (_plan_batch(side_a.skeleton, shapes, n), _plan_batch(side_b.skeleton, shapes, n))
         for n in sizes
