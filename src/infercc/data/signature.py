@@ -157,7 +157,8 @@ def _check_pinned_dim(
 
 
 def shape_conflicts(
-    dims: Mapping[str, Sequence[int | str | None] | None], shapes: Shapes | None
+    dims: Mapping[str, Sequence[int | str | None] | None],
+    shapes: Mapping[str, Sequence[int]] | None,
 ) -> list[str]:
     """Where `--shape` pins give one named symbol two values (`dims`: each input's declared
     dims): one line per symbol. The first value is the one shapes are resolved with."""
@@ -181,7 +182,7 @@ def shape_conflicts(
 
 def warn_shape_conflicts(
     dims: Mapping[str, Sequence[int | str | None] | None],
-    shapes: Shapes | None,
+    shapes: Mapping[str, Sequence[int]] | None,
     source: str | os.PathLike[str],
 ) -> None:
     """Warn once per `shape_conflicts` line, naming the model; called where a command first
@@ -249,8 +250,8 @@ def check_shape_names(
                 "give one size per dimension, e.g. NAME=1x3x224x224",
             )
     if source is not None:
-        dims = {v.name: v.shape for v in model.graph.inputs}
-        warn_shape_conflicts(dims, shapes, source)
+        declared = {v.name: v.shape for v in model.graph.inputs}
+        warn_shape_conflicts(declared, shapes, source)
 
 
 def shape_profile(
