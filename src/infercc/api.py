@@ -23,7 +23,7 @@ from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
 from infercc.config import BuildConfig, assumption_passes, canonical_target, read_ranges
 from infercc.data.feeds import input_ranges as generated_ranges
-from infercc.data.signature import check_shape_names, shape_profile
+from infercc.data.signature import check_shape_names, shape_profile, warn_shape_conflicts
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.output_types import reconcile_output_types, strictly_typed
@@ -331,9 +331,12 @@ def overridable_summary(model: Model, frozen: bool) -> dict[str, Any]:
 def check_model(model: Model, cfg: BuildConfig, source: Path | None = None) -> None:
     """What the config asks of the model: shapes naming its inputs (and, with `source`, a
     warning where they give a symbol two values), Q/DQ pairs for int8."""
-    check_shape_names(model, cfg.shape_pins, source)
+    check_shape_names(model, cfg.shape_pins)
     if cfg.shape_pins:  # a decoder's pins agree with its declared dims and with each other
         pinned_signature(export_model(model, with_weights=False), cfg.shape_pins, strict=False)
+    if source is not None:  # pins that pass may still give a named symbol two values
+        declared = {v.name: v.shape for v in model.graph.inputs}
+        warn_shape_conflicts(declared, cfg.shape_pins, source)
     if cfg.precision != "int8" or (cfg.backend == "tensorrt" and cfg.tensorrt.calib_cache):
         return
     from infercc.check.tolerances import model_precision

@@ -240,9 +240,8 @@ def reference_feeds_plan(
     """The profiles and the reference's outputs (`infercc.check.profiles.plan_feeds`); inputs
     the `candidate` skeleton fixes (it accepts no other shape) are validated at that shape."""
     model, constants = reference_graph(Path(reference))
-    warn_shape_conflicts(input_dims(model), shapes, reference)
     fixed = _fixed_inputs(candidate, model)
-    return plan_feeds(
+    plan = plan_feeds(
         reference,
         model,
         {**fixed, **dict(shapes or {})},
@@ -253,6 +252,8 @@ def reference_feeds_plan(
         skip_hint=None,
         fixed_shapes=fixed,
     )
+    warn_shape_conflicts(input_dims(model), shapes, reference)  # pins the plan took
+    return plan
 
 
 def _judge_candidate(
