@@ -247,7 +247,7 @@ def test_int4_flag_on_int8_run_is_refused(decoder, tmp_path):
 def test_no_matmul_weights(tmp_path):
     done = run_cli("calibrate", str(no_weights(tmp_path)), "--int4", "-o", str(tmp_path / "o"))
     assert done.returncode == 2
-    assert "no MatMul or Gemm with a constant float32 weight" in done.stderr
+    assert "no MatMul or Gemm with a constant float32 or float16 weight" in done.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -70,6 +70,7 @@ DQ_BLOCK_OPSET = 21
 FORMS = ("nbits", "dq")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # unset, fp32, fp16, bf16, int8 (MatMulNBits' own numbering)
 _TINY = float(np.finfo(np.float32).tiny)
+_TINY_F16 = float(np.finfo(np.float16).smallest_subnormal)
 
 
 def check_block_size(block_size: int) -> int:
@@ -161,6 +162,9 @@ def quantize_rtn(
     w = _check_weight(w)
     blocks = block_view(w, block_size)
     scales, zero = block_params(blocks, symmetric, clip)
+    if w.dtype == np.float16:  # the scales are stored as float16: round to those first
+        half = scales.astype(np.float16).astype(np.float32)  # (symmetric scales are signed)
+        scales = np.where(half == 0, np.copysign(_TINY_F16, scales), half).astype(np.float32)
     codes = round_codes(blocks, scales, zero)
     _pad_with_zero_point(codes, zero, w.shape[0])
     return Blocks(codes, scales, zero, int(w.shape[0]), int(block_size), symmetric)
@@ -297,6 +301,10 @@ class Int4Report:
 
 
 TARGET_OPS = ("MatMul", "Gemm")
+# Weight types int4 takes: the codes are computed in float64 either way; the scales (and a
+# Gemm's bias, an AWQ input scale) are stored in the weight's own type, which is the type of
+# the activations MatMulNBits / DequantizeLinear then compute with (float16 models stay so).
+WEIGHT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 def is_target(node: Node) -> bool:
@@ -314,8 +322,8 @@ def target_weight(node: Node) -> tuple[np.ndarray, bool] | str:
     w = const_array(w_value)
     if w is None:
         return "its weight is not a constant (a MatMul of two activations)"
-    if w.dtype != np.float32:
-        return f"its weight is {w.dtype}, not float32"
+    if w.dtype not in WEIGHT_DTYPES:
+        return f"its weight is {w.dtype}, not float32 or float16"
     if w.ndim != 2:
         return f"its weight has rank {w.ndim}, not 2 (a batched MatMul)"
     if not np.isfinite(w).all():
@@ -340,8 +348,9 @@ def _gemm_problem(node: Node) -> str | None:
     if float(node.attr("beta", 1.0)) != 1.0:
         return "Gemm with beta != 1"
     bias = const_array(c)
-    if bias is None or bias.dtype != np.float32:
-        return "Gemm whose C is not a float32 constant"
+    weight = const_array(node.input(1)) if node.input(1) is not None else None
+    if bias is None or weight is None or bias.dtype != weight.dtype:
+        return "Gemm whose C is not a constant of its weight's type"
     return None
 
 
@@ -351,7 +360,7 @@ def _gemm_bias(node: Node, n: int) -> np.ndarray | None | str:
         return None
     bias = np.asarray(const_array(c))
     if bias.size == n and (bias.ndim == 1 or bias.shape[-1] == n):
-        return bias.reshape(n).astype(np.float32)
+        return bias.reshape(n)
     return f"Gemm whose C of shape {list(bias.shape)} is not a bias of {n}"
 
 
@@ -375,14 +384,15 @@ def lm_heads(model: Model) -> set[str]:
 
 
 def embedding_gathers(model: Model) -> list[Node]:
-    """Gathers on axis 0 of a constant float32 table [V, D] (token and position embeddings)."""
+    """Gathers on axis 0 of a constant float32 or float16 table [V, D] (token and position
+    embeddings)."""
     found = []
     for node in model.graph:
         if node.op_type != "Gather" or not node.is_standard or node.attr("axis", 0) != 0:
             continue
         table = node.input(0)
         data = None if table is None else const_array(table)
-        if data is not None and data.dtype == np.float32 and data.ndim == 2:
+        if data is not None and data.dtype in WEIGHT_DTYPES and data.ndim == 2:
             found.append(node)
     return found
 
@@ -435,6 +445,7 @@ class _Int4Rewriter:
         self.input_scales = input_scales
         self.scaled: dict[tuple[str, bytes], Value] = {}  # (input, s bytes) -> X / s
         self.report = Int4Report()
+        self.dtype: np.dtype = np.dtype(np.float32)  # the weight being rewritten's type
 
     def _rtn(self, _name: str, w: np.ndarray) -> Blocks:
         return quantize_rtn(w, self.options.block_size, self.options.symmetric)
@@ -454,6 +465,7 @@ class _Int4Rewriter:
         scale = self.input_scales.get(label)
         blocks = self.method(label, w if scale is None else w * scale[:, None])
         self._account(w, blocks)
+        self.dtype = w.dtype
         weight_value = node.input(1)
         if scale is not None:
             node.set_input(0, self._scaled_input(node, scale))
@@ -472,7 +484,7 @@ class _Int4Rewriter:
         return None
 
     def _account(self, w: np.ndarray, blocks: Blocks) -> None:
-        self.report.weight_bytes_before += int(w.size * 4)
+        self.report.weight_bytes_before += int(w.nbytes)
         self.report.weight_bytes_after += int_bytes(blocks)
 
     def _scaled_input(self, node: Node, scale: np.ndarray) -> Value:
@@ -480,7 +492,7 @@ class _Int4Rewriter:
         assert x is not None
         key = (x.name, np.asarray(scale, np.float32).tobytes())
         if key not in self.scaled:
-            inv = (1.0 / np.asarray(scale, np.float64)).astype(np.float32)
+            inv = (1.0 / np.asarray(scale, np.float64)).astype(self.dtype)
             c = self.graph.make_constant(inv, f"{node.name}_awq_input_scale")
             mul = self.graph.make_node("Mul", [x, c], before=node, name=f"{node.name}_awq_scale")
             mul.output.dtype, mul.output.shape = x.dtype, x.shape
@@ -494,7 +506,7 @@ class _Int4Rewriter:
         inputs = [
             node.input(0),
             g.make_constant(packed.b, f"{base}_int4_B"),
-            g.make_constant(packed.scales, f"{base}_int4_scales"),
+            g.make_constant(packed.scales.astype(self.dtype), f"{base}_int4_scales"),
         ]
         if packed.zero_points is not None or bias is not None:
             zp = packed.zero_points
@@ -517,7 +529,7 @@ class _Int4Rewriter:
         g, base = self.graph, node.name
         inputs = [
             g.make_constant(dq.x, f"{base}_int4_weight"),
-            g.make_constant(dq.scale, f"{base}_int4_scale"),
+            g.make_constant(dq.scale.astype(self.dtype), f"{base}_int4_scale"),
         ]
         if dq.zero_point is not None:
             inputs.append(g.make_constant(dq.zero_point, f"{base}_int4_zero_point"))
@@ -529,7 +541,8 @@ class _Int4Rewriter:
             attributes={"axis": dq.axis, "block_size": blocks.block_size},
         )
         w_shape = (blocks.n, blocks.k) if transposed else (blocks.k, blocks.n)
-        made.output.dtype, made.output.shape = TensorProto.FLOAT, w_shape
+        made.output.dtype = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(self.dtype))
+        made.output.shape = w_shape
         node.set_input(1, made.output)
 
     def embedding(self, node: Node) -> None:
@@ -554,7 +567,7 @@ class _Int4Rewriter:
         inputs = [
             g.make_constant(pack_nibbles(codes), f"{base}_int4_table"),
             node.input(1),
-            g.make_constant(blocks.scales, f"{base}_int4_scales"),
+            g.make_constant(blocks.scales.astype(table.dtype), f"{base}_int4_scales"),
         ]
         if not blocks.symmetric:
             zp = pack_nibbles(blocks.zero_points)

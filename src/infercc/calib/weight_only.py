@@ -536,13 +536,14 @@ class _Run:
         weights = [n for n in ir.graph if is_target(n) and not isinstance(target_weight(n), str)]
         if not weights:
             raise InferccError(
-                "the model has no MatMul or Gemm with a constant float32 weight to quantize",
+                "the model has no MatMul or Gemm with a constant float32 or float16 weight to "
+                "quantize",
                 "int4 weight-only quantization takes MatMul/Gemm weights (and embeddings)",
             )
         if self.job.embeddings and not embedding_gathers(ir):
             raise InferccError(
                 "--embeddings has no effect: the model has no embedding table (a Gather on "
-                "axis 0 of a constant float32 [V, D] table)",
+                "axis 0 of a constant float32 or float16 [V, D] table)",
                 "drop --embeddings",
             )
         save_model(ir, self.fp32_path)
