@@ -42,7 +42,7 @@ from infercc.runtime.generate import compare_generation  # noqa: E402
 GPT = HERE / ".cache" / "tiny_gpt" / "tiny_gpt.onnx"
 LLAMA = HERE / ".cache" / "llama100m" / "llama.onnx"
 OUT = HERE / ".cache" / "decoder_fusions"
-ALL = tuple(p for p in DECODER_FUSIONS.passes if p.startswith("fuse-"))
+ALL = tuple(p for p in DECODER_FUSIONS if p.startswith("fuse-"))
 GQA = "fuse-group-query-attention"  # needs RoPE fused first where the model rotates
 FUSIONS = (
     "fuse-decoder-attention",

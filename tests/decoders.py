@@ -62,6 +62,8 @@ def tiny_decoder(
     causal: bool = True,
     opset: int = 21,
     dynamo_kt: bool = False,
+    guard: bool = False,
+    empty_tail: bool = False,
 ) -> onnx.ModelProto:
     """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
     additive causal bias; `"where"` (default) masks them with Where; `"sdpa"` is the bias form
@@ -77,7 +79,10 @@ def tiny_decoder(
     position_ids. `dynamo_kt`: K^T written as the dynamo exporter writes it,
     Reshape(Transpose(Reshape(K, [B H, T, D]), [0, 2, 1]), [B, H, D, T]). `causal=False`
     writes the bias' causal term the wrong way round (keys at or after the query's position
-    kept)."""
+    kept). `guard`: the Softmax's NaN guard `Where(IsNaN(P), 0, P)` of torch's SDPA export.
+    `empty_tail` (with `rotary`): each rotated head concatenated with its empty remainder,
+    `Concat(RotaryEmbedding(x), x[..., D:])`, as transformers' Phi-3 writes its rotation at a
+    partial_rotary_factor of 1.0."""
     b = _Builder(seed)
     d = hidden // heads
     kv = kv_heads or heads
@@ -129,11 +134,18 @@ def tiny_decoder(
             if rotary == "standard" and part != "v":
                 y = b.op("RotaryEmbedding", [y, *rows])
             elif rotary and part != "v":
+                split_heads = y
                 y = b.op(
                     "RotaryEmbedding",
-                    [y, "position_ids", "cos_cache", "sin_cache"],
+                    [split_heads, "position_ids", "cos_cache", "sin_cache"],
                     domain="com.microsoft",
                 )
+                if empty_tail:  # Concat(rotated, x[..., D:]): nothing is appended
+                    ends = b.const(f"end_{i}{part}", np.array([2**63 - 1], np.int64))
+                    starts = b.const(f"start_{i}{part}", np.array([d], np.int64))
+                    last = b.const(f"last_{i}{part}", np.array([-1], np.int64))
+                    tail = b.op("Slice", [split_heads, starts, ends, last])
+                    y = b.op("Concat", [y, tail], axis=-1)
             qkv.append(y)
         q, k, v = qkv
         k_all = b.named("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
@@ -189,6 +201,8 @@ def tiny_decoder(
         else:
             masked = b.op("Add", [scores, b.op("Where", [allowed, zero_f, neg])])
         probs = b.op("Softmax", [masked], axis=-1)
+        if guard:
+            probs = b.op("Where", [b.op("IsNaN", [probs]), zero_f, probs])
         ctx = b.op(
             "Reshape",
             [b.op("Transpose", [b.op("MatMul", [probs, v_all])], perm=[0, 2, 1, 3]), shape_bsc],
@@ -291,3 +305,36 @@ def greedy_reference(path, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
             feeds[p.name] = outs[p.name.replace("past_key_values", "present")]
         total += 1
     return np.concatenate(tokens, axis=1)
+
+
+# (batch, past, new, right padding of the last row): a prefill, a decode step, a chunk after a
+# past at batch 3, a right-padded prefill and a decode step after a right-padded prompt
+DECODER_SHAPES = [(1, 0, 7, 0), (2, 9, 1, 0), (3, 5, 4, 0), (2, 0, 6, 2), (2, 6, 1, 3)]
+
+
+def cache_feeds(
+    proto: onnx.ModelProto, batch: int, past: int, new: int, pad: int = 0, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Inputs of a KV-cache decoder (input_ids, attention_mask, position_ids if it takes them,
+    past_key_values.N.key/value [batch, kv_heads, past, head_size]): the last row's final
+    `pad` positions masked out (right padding), positions counted from the past."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, past + new), np.int64)
+    if pad:
+        mask[-1, past + new - pad :] = 0
+    feeds: dict[str, np.ndarray] = {"attention_mask": mask}
+    for vi in proto.graph.input:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if vi.name == "input_ids":
+            feeds[vi.name] = rng.integers(0, _vocab(proto), (batch, new)).astype(np.int64)
+        elif vi.name == "position_ids":
+            feeds[vi.name] = np.tile(np.arange(past, past + new), (batch, 1)).astype(np.int64)
+        elif vi.name.startswith("past_key_values"):
+            shape = (batch, dims[1], past, dims[3])
+            feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def _vocab(proto: onnx.ModelProto) -> int:
+    logits = next(o for o in proto.graph.output if o.name == "logits")
+    return logits.type.tensor_type.shape.dim[-1].dim_value or 2

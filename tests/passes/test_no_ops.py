@@ -499,6 +499,49 @@ def test_concat_of_one_input_is_removed():
     )
 
 
+def test_concat_with_an_empty_slice_is_its_other_input():
+    """transformers' partial rotation at a factor of 1.0: Concat(rotated, x[..., D:])."""
+    out, _, _ = _fires(
+        "g (float[N,2,4] X) => (float[N,2,4] Y)"
+        " <int64[1] st = {4}, int64[1] en = {9223372036854775807}, int64[1] ax = {-1}>"
+        " { R = Neg(X)  E = Slice(X, st, en, ax)  C = Concat<axis = -1>(R, E)  Y = Relu(C) }",
+        "concat_empty",
+        "Concat",
+    )
+    assert op_counts(out)["Slice"] == 0
+
+
+def test_concat_drops_an_empty_constant_and_keeps_the_rest():
+    proto, out, report, _ = _run(
+        "g (float[2,3] X, float[2,1] Z) => (float[2,4] Y) <float[2,0] e = {}>"
+        " { C = Concat<axis = 1>(X, e, Z)  Y = Relu(C) }"
+    )
+    assert _counts(report) == {"concat_empty": 1}
+    (concat,) = [n for n in out.graph.node if n.op_type == "Concat"]
+    assert list(concat.input) == ["X", "Z"]
+    assert_same_outputs(proto, out)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # empty along another axis than the Concat's: the result is empty, of its own shape
+        "g (float[0,3] X) => (float[0,5] Y) <float[0,2] w = {}>"
+        " { C = Concat<axis = 1>(X, w)  Y = Relu(C) }",
+        # a slice of a symbolic dimension is not provably empty
+        "g (float[2,N] X) => (float[2,?] Y)"
+        " <int64[1] st = {4}, int64[1] en = {9223372036854775807}, int64[1] ax = {1}>"
+        " { E = Slice(X, st, en, ax)  C = Concat<axis = 1>(X, E)  Y = Relu(C) }",
+        # a slice that keeps one element
+        "g (float[2,4] X) => (float[2,5] Y)"
+        " <int64[1] st = {3}, int64[1] en = {4}, int64[1] ax = {1}>"
+        " { E = Slice(X, st, en, ax)  C = Concat<axis = 1>(X, E)  Y = Relu(C) }",
+    ],
+)
+def test_concat_keeps_an_input_not_proven_empty(body):
+    _refuses(body, "Concat", None)
+
+
 def test_pad_with_zero_pads_is_removed():
     _fires(
         "g (float[2,3] X) => (float[2,3] Y) <int64[4] p = {0, 0, 0, 0}>"

@@ -11,7 +11,10 @@ from infercc.errors import InferccError
 from infercc.passes import DEFAULT_PIPELINE, REGISTRY, catalog
 from infercc.passes.pipelines import (
     CALIBRATE_FP32,
+    CALIBRATE_INT4,
+    DECODER_FUSIONS,
     FP16,
+    FP32_LEAVES_OUT,
     INT8,
     OPTIMIZE,
     PIPELINES,
@@ -22,7 +25,7 @@ from infercc.passes.pipelines import (
 
 
 def test_every_pipeline_names_registered_passes() -> None:
-    assert set(PIPELINES) == {"optimize", "fp16", "calibrate-fp32", "int8", "decoder-fusions"}
+    assert set(PIPELINES) == {"optimize", "fp16", "calibrate-fp32", "calibrate-int4", "int8"}
     for pipeline in PIPELINES.values():
         assert pipeline.passes and all(name in REGISTRY for name in pipeline.passes)
 
@@ -40,6 +43,23 @@ def test_the_pipelines() -> None:
     assert INT8.passes == ("split-outlier-channels", "quantize-qdq", "eliminate-dead-code")
     assert REGISTRY["split-outlier-channels"].once and REGISTRY["quantize-qdq"].once
     assert REGISTRY["schedule-memory"].final
+
+
+def test_every_decoder_fusion_optimize_runs_also_runs_before_int4() -> None:
+    """One list of decoder fusions: what optimize fuses on a decoder, calibrate --int4 fuses
+    before it quantizes (and int8's fp32 reference runs, portable), in the same order."""
+    in_optimize = [n for n in OPTIMIZE.passes if n in DECODER_FUSIONS]
+    assert in_optimize == [n for n in DECODER_FUSIONS if n not in FP32_LEAVES_OUT]
+    assert "remove-nan-guard" in in_optimize and "fuse-group-query-attention" in in_optimize
+    (int4,) = CALIBRATE_INT4.stages
+    assert [n for n in int4 if n in DECODER_FUSIONS] == list(DECODER_FUSIONS)
+    assert set(OPTIMIZE.passes) - set(int4) == {"emit-attention"}
+    assert CALIBRATE_FP32.passes == OPTIMIZE.passes
+    # RoPE fuses before the GroupQueryAttention that takes the rotation along; the guard
+    # goes before either attention fusion reads the Softmax
+    order = list(DECODER_FUSIONS)
+    assert order.index("fuse-rotary-embedding") < order.index("fuse-group-query-attention")
+    assert order[0] == "remove-nan-guard"
 
 
 def test_bisection_rebuilds_the_stages_optimize_runs() -> None:

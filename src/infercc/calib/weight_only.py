@@ -14,13 +14,14 @@
    teacher-forced next-token predictions. The last `holdout` fraction is held out. Without
    `data` (RTN only: AWQ and GPTQ need calibration inputs), eight random inputs (decoders: 64
    random token ids each) are the evaluation set, and the report says so.
-3. **fp32 first**: infercc's portable pipeline (constants folded, Q/K/V projections merged),
-   as int8 does; every MatMul/Gemm gets a name. On the cpu form the decoder fusions follow
-   (`decoder-fusions`: RMSNorm into (Skip)SimplifiedLayerNormalization, RoPE into
-   RotaryEmbedding, GPT-2's attention into MultiHeadAttention and, under `assume=
-   ["nonempty-sequences"]`, Llama's into GroupQueryAttention): with int4 weights the rest
-   of a decode step is the larger part of its time. The report lists what each fired;
-   `disable_passes` skips any of these passes (and of the fp32 pipeline).
+3. **fp32 first**: on the cpu form the `calibrate-int4` pipeline (`infercc.passes.pipelines`:
+   constants folded, Q/K/V projections merged, and every decoder fusion, to one fixpoint:
+   under `assume=["nonempty-sequences"]` the SDPA export's NaN guard out, RMSNorm into
+   (Skip)SimplifiedLayerNormalization, RoPE into RotaryEmbedding, GPT-2's attention into
+   MultiHeadAttention and Llama's into GroupQueryAttention): with int4 weights the rest of a
+   decode step is the larger part of its time. The portable form takes int8's portable
+   pipeline. Every MatMul/Gemm gets a name. The report lists what each decoder fusion
+   fired; `disable_passes` skips any pass of the pipeline.
 4. **Method**: `rtn` rounds to nearest; `awq` (`infercc.calib.awq`) and `gptq`
    (`infercc.calib.gptq`) read the calibration samples' inputs of each weight (one fp32 pass).
    Embedding tables are RTN in every method (a Gather has no input activations to weigh).
@@ -101,7 +102,12 @@ from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.ir.output_types import reconcile_output_types, strictly_typed
 from infercc.passes.manager import REGISTRY, PassContext, check_pass_names, run_passes
-from infercc.passes.pipelines import CALIBRATE_FP32, DECODER_FUSIONS, check_disabled
+from infercc.passes.pipelines import (
+    CALIBRATE_FP32,
+    CALIBRATE_INT4,
+    DECODER_FUSIONS,
+    check_disabled,
+)
 from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
 from infercc.util import json_float
 
@@ -365,7 +371,7 @@ def calibrate_int4(
     assumptions = check_assumptions(assume)
     disabled = tuple(disable_passes)
     check_pass_names(disabled)
-    stages = [CALIBRATE_FP32, DECODER_FUSIONS] if form == "nbits" else [CALIBRATE_FP32]
+    stages = [CALIBRATE_INT4] if form == "nbits" else [CALIBRATE_FP32]
     check_disabled(disabled, stages, "calibrate --int4" + (" --portable" if portable else ""))
     if assumptions and form != "nbits":
         raise InferccError(
@@ -521,9 +527,10 @@ class _Run:
     def prepare_fp32(self, ir: Model) -> None:
         self.step("optimizing fp32")
         typed = strictly_typed(ir)
-        run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes, self.job.disabled)
         if self.job.form == "nbits":
             self.fuse_decoder(ir)
+        else:
+            run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes, self.job.disabled)
         reconcile_output_types(ir, typed)  # every written model passes onnx's full checker
         _name_targets(ir)
         names = {n.name for n in ir.graph}
@@ -549,17 +556,16 @@ class _Run:
         save_model(ir, self.fp32_path)
 
     def fuse_decoder(self, ir: Model) -> None:
-        """The decoder fusions (the `decoder-fusions` pipeline) on the cpu form: once the
-        weights are int4 the rest of a decode step is the larger part of its time, and these
-        take most of it away (bench/int4_decoder.py)."""
+        """The fp32 passes with every decoder fusion (the `calibrate-int4` pipeline) on the
+        cpu form: once the weights are int4 the rest of a decode step is the larger part of
+        its time, and these take most of it away (bench/int4_decoder.py)."""
         ctx = PassContext(assumptions=frozenset(self.job.assumptions))
-        ran = run_passes(ir, ctx, DECODER_FUSIONS.passes, self.job.disabled)
+        ran = run_passes(ir, ctx, CALIBRATE_INT4.passes, self.job.disabled)
         check_used(self.job.assumptions, ctx.assumed, _readers)  # else: no effect
-        counts = {name: ran.passes[name].counts for name in ran.passes}
         self.fusions = {
-            name: dict(c)
-            for name, c in counts.items()
-            if name.startswith("fuse-") and any(c.values())
+            name: dict(ran.passes[name].counts)
+            for name in DECODER_FUSIONS
+            if name in ran.passes and any(ran.passes[name].counts.values())
         }
         self.assumed = describe(self.job.assumptions, ctx.assumed)
 
@@ -747,8 +753,8 @@ class _Run:
 
 
 def _readers(name: str) -> list[str]:
-    """The decoder-fusions passes that may use assumption `name`."""
-    return [p for p in DECODER_FUSIONS.passes if name in REGISTRY[p].assumptions]
+    """The calibrate-int4 passes that may use assumption `name`."""
+    return [p for p in CALIBRATE_INT4.passes if name in REGISTRY[p].assumptions]
 
 
 def _fixed(blocks: dict[str, Blocks]) -> Callable[[str, np.ndarray], Blocks]:

@@ -268,7 +268,7 @@ def calibrate(
             "--disable-pass",
             metavar="PASS",
             help="Skip a pass of the calibrate-fp32 or int8 pipeline (with --int4: of "
-            "calibrate-fp32 or, for MatMulNBits, decoder-fusions) by name (repeatable); "
+            "calibrate-int4, or calibrate-fp32 with --portable) by name (repeatable); "
             "`infercc passes` lists them.",
         ),
     ] = None,

@@ -377,7 +377,10 @@ def _elementwise(
 
 def _same_as_first(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:
     first = ins[0] if ins else None
-    return [SymInfo(first.shape) if first is not None else None]
+    same = SymInfo(first.shape) if first is not None else None
+    if node.op_type in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization"):
+        return [same, None, None, same]  # output 3: the input + skip (+ bias) sum
+    return [same]
 
 
 def _broadcasting(node: Node, ins: list[SymInfo | None]) -> list[SymInfo | None]:

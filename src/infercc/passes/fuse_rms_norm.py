@@ -16,7 +16,9 @@ the last axis of x, of width D::
     ==>
     y  = SimplifiedLayerNormalization(x0, w; axis=-1, epsilon=eps, stash_type=1)
 
-When x0 is a residual sum `Add(a, b)` of two tensors of one shape [B, S, D] (rank 3), the
+When x0 is a residual sum `Add(a, b)` of two tensors of one shape [B, S, D] (rank 3, proven
+by the symbolic shapes of `infercc.ir.symbolic_shapes`, not by the names an exporter's
+value_info gives: TorchScript names a dimension `unk__N` afresh at every layer), the
 Add joins in: `y, _, _, x0 = com.microsoft.SkipSimplifiedLayerNormalization(a, b, w)`, whose
 fourth output is the sum itself, for the sum's other readers (the residual stream).
 
@@ -48,8 +50,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from onnx import TensorProto
 
+from infercc.ir import symbolic as S
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
+from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import (
     const_ints,
@@ -176,8 +180,9 @@ def _upcast(x: Value) -> tuple[Value, Node | None]:
     return x0, cast
 
 
-def match(mean: Node) -> _Match:
-    """The RMSNorm around `mean`; NoMatch says why it is not one."""
+def match(mean: Node, sym: SymbolicShapes | None = None) -> _Match:
+    """The RMSNorm around `mean`; NoMatch says why it is not one (x's width read from `sym`,
+    the symbolic shapes, where given; else from the IR)."""
     x, sq = _squared(mean)
     if not _last_axis(mean, x):
         raise NoMatch("the mean is not over the last axis alone with keepdims=1")
@@ -196,12 +201,16 @@ def match(mean: Node) -> _Match:
         if not set(x.users()) <= set(removed):
             raise NoMatch("the cast of x to float32 has readers outside the normalization", up)
         removed.append(up)
-    return _weighted(mean, x0, n, eps, removed)
+    shape = sym.shape(x0) if sym is not None else x0.shape
+    last = shape[-1] if shape else None
+    width = last if isinstance(last, int) else None
+    return _weighted(mean, x0, width, n, eps, removed)
 
 
-def _weighted(mean: Node, x0: Value, n: Value, eps: float, removed: list[Node]) -> _Match:
+def _weighted(
+    mean: Node, x0: Value, width: int | None, n: Value, eps: float, removed: list[Node]
+) -> _Match:
     """The Mul by the weight, when there is one (eliminate-no-ops drops a Mul by ones)."""
-    width = x0.shape[-1] if x0.shape else None
     if x0.dtype not in FLOATS:
         raise NoMatch("x is not float32 or float16", x0)
     if not isinstance(width, int):
@@ -225,15 +234,20 @@ def _np(dtype: int | None) -> np.dtype:
     return np.dtype(np.float32 if dtype == TensorProto.FLOAT else np.float16)
 
 
-def _residual(m: _Match) -> _Match:
-    """`m` in the skip form when x0 is Add(a, b) of two rank-3 tensors of one shape."""
+def _residual(m: _Match, sym: SymbolicShapes) -> _Match:
+    """`m` in the skip form when x0 is Add(a, b) of two rank-3 tensors proven of one shape
+    (symbolically: an exporter's value_info may name one dimension differently at a and b)."""
     add = producer(m.x, "Add")
-    if add is None or len(add.inputs) != 2 or m.x.shape is None or len(m.x.shape) != 3:
+    if add is None or len(add.inputs) != 2:
         return m
     a, b = add.inputs
-    if a is None or b is None or a.shape != m.x.shape or b.shape != m.x.shape:
+    if a is None or b is None or a.is_constant or b.is_constant:
+        return m  # (a, b and the sum are of one type: Add's type constraint)
+    x, sa, sb = (sym.shape(v) for v in (m.x, a, b))
+    if x is None or sa is None or sb is None or not len(x) == len(sa) == len(sb) == 3:
         return m
-    if a.dtype != m.x.dtype or b.dtype != m.x.dtype or a.is_constant or b.is_constant:
+    pairs = [*zip(sa, x, strict=True), *zip(sb, x, strict=True)]
+    if not all(S.equal(u, w) is True for u, w in pairs):
         return m
     return replace(m, key="skip", skip=_Skip(a, b, add, m.x), removed=[*m.removed, add])
 
@@ -242,10 +256,10 @@ def _contrib(ctx: PassContext) -> bool:
     return ctx.fused_ops_allowed and ctx.target == "cpu"
 
 
-def _check(node: Node, ctx: PassContext) -> _Match:
-    found = match(node)
+def _check(node: Node, ctx: PassContext, sym: SymbolicShapes) -> _Match:
+    found = match(node, sym)
     if _contrib(ctx):
-        return _residual(found)
+        return _residual(found, sym)
     opset = default_opset(node)
     if opset < RMS_OPSET:
         raise NoMatch(
@@ -302,13 +316,12 @@ def _drop(graph: Graph, nodes: list[Node]) -> None:
             graph.remove(dead)
 
 
-RMS_NORM = Rule("rms-norm", ("ReduceMean",), _check, _rewrite)
-
-
 @register_pass("fuse-rms-norm")
 def fuse_rms_norm(graph: Graph, ctx: PassContext) -> PassResult:
     """RMSNorm (+ its residual Add) -> SimplifiedLayerNormalization /
     SkipSimplifiedLayerNormalization (cpu), or RMSNormalization (opset >= 23)."""
-    run = apply_rules(graph, ctx, [RMS_NORM], subgraphs=False)
+    sym = SymbolicShapes(S.algebra_for(graph))
+    rule = Rule("rms-norm", ("ReduceMean",), lambda node, c: _check(node, c, sym), _rewrite)
+    run = apply_rules(graph, ctx, [rule], subgraphs=False)
     counts = {k: run.counts[k] for k in ("simplified", "skip", "rms") if run.counts[k]}
     return PassResult(changed=bool(counts), stats=counts)

@@ -35,6 +35,10 @@ dtype, shape and broadcasting known in the graph prove it; fuzzers found peers r
   symbolic dimension, end >= 2**62).
 - Split with one output and no split sizes, or sizes equal to the whole dimension; Concat of a
   single input; Pad whose constant pads are all zero (any mode).
+- A Concat input of length 0 along the Concat's axis adds nothing to the result: it goes
+  (a constant of that shape, or a Slice whose constant bounds select nothing of a static
+  dimension, as transformers' `x[..., rotary_dim:]` when the rotation takes the whole head);
+  a Concat left with one input is that input.
 - x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1, x ** 1 with a constant neutral operand, when
   broadcasting the constant with x gives x's shape (the dtype is x's: ONNX requires equal
   operand types, and Pow returns the base's type). The only difference is the sign of a zero:
@@ -100,7 +104,15 @@ class _Rewire:
     perm: list[int] | None = None
 
 
-Found = _Forward | _Rewire
+@dataclass(frozen=True)
+class _Keep:
+    """The node keeps only its inputs at `indices` (a Concat's empty inputs dropped)."""
+
+    indices: tuple[int, ...]
+    key: str
+
+
+Found = _Forward | _Rewire | _Keep
 
 
 def _forward(node: Node, src: Value | None, kind: str) -> Found:
@@ -114,8 +126,11 @@ def _forward(node: Node, src: Value | None, kind: str) -> Found:
     return _Forward(src, kind, out)
 
 
-def _apply(node: Node, found: _Forward | _Rewire, ctx: PassContext) -> None:
+def _apply(node: Node, found: Found, ctx: PassContext) -> None:
     graph = node.owning_graph()
+    if isinstance(found, _Keep):
+        node.replace_inputs([node.input(i) for i in found.indices])
+        return
     if isinstance(found, _Rewire):
         node.set_input(0, found.src)
         if found.perm is not None:
@@ -432,9 +447,48 @@ def _split(node: Node, ctx: PassContext) -> Found:
 
 
 def _concat(node: Node, ctx: PassContext) -> Found:
-    if len(node.inputs) != 1:
+    if len(node.inputs) == 1:
+        return _forward(node, node.input(0), "concat")
+    axis = node.attr("axis")
+    rank = next((v.rank for v in node.inputs if v is not None and v.rank is not None), None)
+    if axis is None or rank is None or not -rank <= axis < rank:
         raise NoMatch()
-    return _forward(node, node.input(0), "concat")
+    keep = [i for i, v in enumerate(node.inputs) if not _empty_along(v, axis % rank)]
+    if not keep or len(keep) == len(node.inputs):
+        raise NoMatch()
+    if len(keep) == 1:
+        return _forward(node, node.input(keep[0]), "concat_empty")
+    return _Keep(tuple(keep), "concat_empty")
+
+
+def _empty_along(value: Value | None, axis: int) -> bool:
+    """Whether `value` provably has length 0 along `axis`: a constant of that shape, or a
+    Slice with constant bounds that selects nothing of a static dimension (transformers'
+    `x[..., rotary_dim:]` when the rotation takes the whole head). Along the Concat's axis
+    only: an input empty along another axis makes the whole result empty, of its own shape."""
+    if value is None:
+        return False
+    if value.const is not None:
+        return len(value.const.shape) > axis and value.const.shape[axis] == 0
+    node = producer(value, "Slice")
+    x = None if node is None else node.input(0)
+    if node is None or x is None or x.shape is None or default_opset(node) < 10:
+        return False
+    starts, ends = const_ints(node.input(1)), const_ints(node.input(2))
+    axes = const_ints(node.input(3)) if node.input(3) is not None else None
+    steps = const_ints(node.input(4)) if node.input(4) is not None else None
+    if starts is None or ends is None or len(starts) != len(ends):
+        return False
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    normal = _normalize(axes, len(x.shape))
+    if normal is None or len(steps) != len(starts) or len(normal) != len(starts):
+        return False
+    for ax, start, end, step in zip(normal, starts, ends, steps, strict=True):
+        dim = x.shape[ax]
+        if ax == axis and step > 0 and isinstance(dim, int):
+            return len(range(*slice(start, end, step).indices(dim))) == 0
+    return False
 
 
 def _pad(node: Node, ctx: PassContext) -> Found:

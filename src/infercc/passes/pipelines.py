@@ -5,27 +5,39 @@ fixpoint, `final` passes once after it, `once` passes in the first round only). 
 separate where something happens between them: calibration measures ranges on the graph one
 stage made before the next stage can use them.
 
+The decoder fusions are one list, `DECODER_FUSIONS`, in the order they must run: the SDPA
+export's Softmax NaN guard out first (`Where(IsNaN(P), 0, P)` sits between the Softmax and the
+MatMul by V that either attention fusion matches), GPT-2's attention with its KV cache into
+MultiHeadAttention, RMSNorm (with its residual Add) into (Skip)SimplifiedLayerNormalization,
+RoPE into RotaryEmbedding before a decoder's attention into GroupQueryAttention (which takes
+the rotation along). Every build that fuses a decoder runs that list inside its fp32 stage,
+interleaved with folding, no-op and dead-code elimination to one fixpoint (what one fusion
+leaves, the next folds away), so a pass added to the list runs in `optimize`, in
+`calibrate --int4` and in `calibrate`'s fp32 reference alike. `optimize` leaves out the two
+of `FP32_LEAVES_OUT`, each with its reason.
+
 - `optimize`: what `infercc optimize` runs (and `validate --bisect` rebuilds): folding (of
   constants, and of shape arithmetic with symbolic dimensions), no-op and duplicate
   elimination, dead code, the Conv/BatchNormalization, Conv/activation and QKV fusions,
-  onnxruntime's Attention op on the cpu target and the attention Softmax NaN guard where no
-  row can be empty (or `--assume nonempty-sequences`), MatMul + bias into Gemm, RoPE into
-  RotaryEmbedding and, under `--assume nonempty-sequences`, a decoder's attention with its KV
-  cache into GroupQueryAttention (cpu target: faster in generation, bench/decoder_fusions.py),
-  and last the memory schedule.
+  onnxruntime's Attention op on the cpu target, MatMul + bias into Gemm, the decoder fusions
+  (less `FP32_LEAVES_OUT`: the NaN guard where no row can be empty or under `--assume
+  nonempty-sequences`, RoPE into RotaryEmbedding and, under the assumption, a decoder's
+  attention with its KV cache into GroupQueryAttention, faster in generation on the cpu
+  target, bench/decoder_fusions.py), and last the memory schedule.
 - `fp16`: after `optimize`, with `--fp16`: float32 compute to float16, then the Conv/activation
   fusion and dead code. The fusion waits for the precision decision: its FusedConv runs float32
   only, so fused first every Conv of a CNN would have kept float32; optimize runs without it
   in an fp16 build.
 - `calibrate-fp32`: the fp32 reference `infercc calibrate` quantizes and compares against: the
   optimize passes with `portable` set (no onnxruntime contrib op, so the int8 model stays
-  standard ONNX that TensorRT reads too).
-- `decoder-fusions`: decoder fusions (GPT-2's attention with its KV cache into onnxruntime's
-  MultiHeadAttention; RMSNorm, with its residual Add, into (Skip)SimplifiedLayerNormalization,
-  or the standard RMSNormalization at opset 23 under `--portable`; RoPE into RotaryEmbedding;
-  Llama's attention into GroupQueryAttention), run by `calibrate --int4` on the cpu form and
-  raced by `bench/decoder_fusions.py`; `optimize` runs the RoPE and GroupQueryAttention ones,
-  the only ones that benchmark shows faster on fp32.
+  standard ONNX that TensorRT reads too; the decoder fusions make the standard opset-23 ops
+  where the model's opset has them). `calibrate --int4 --portable` (and GPU targets) start
+  from it too.
+- `calibrate-int4`: the fp32 model `calibrate --int4` quantizes into MatMulNBits (the cpu
+  target): the optimize passes with every decoder fusion (with int4 weights the rest of a
+  decode step is the larger part of its time, so RMSNorm's fusion pays here), less
+  `emit-attention` (its Attention op reads the packed Q/K/V weight, which int4 quantizes as
+  a MatMul).
 - `int8`: `infercc calibrate`'s rewrites, in two stages: the outlier split runs on the fp32
   reference (its ranges are measured on the split graph), then each quantization trial runs
   QDQ quantization and dead code on a fresh copy of it.
@@ -53,26 +65,44 @@ class Pipeline:
         return tuple(dict.fromkeys(name for stage in self.stages for name in stage))
 
 
+DECODER_FUSIONS: tuple[str, ...] = (
+    "remove-nan-guard",
+    "fuse-decoder-attention",
+    "fuse-rms-norm",
+    "fuse-rotary-embedding",
+    "fuse-group-query-attention",
+)
+# The decoder fusions optimize (fp32) leaves out, and why.
+FP32_LEAVES_OUT: dict[str, str] = {
+    "fuse-decoder-attention": "not shown faster in generation on fp32 (bench/decoder_fusions.py)",
+    "fuse-rms-norm": "not shown faster in generation on fp32 (bench/decoder_fusions.py: "
+    "onnxruntime fuses the fp32 RMSNorm itself when it loads the model), and "
+    "SimplifiedLayerNormalization is an op onnx.checker does not know",
+}
+
+
+def _fp32_stage(leave_out: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The passes of an fp32 stage, in order, less `leave_out`."""
+    passes = (
+        "fold-constants",
+        "fold-shapes",
+        "eliminate-no-ops",
+        "eliminate-common-subexpressions",
+        "eliminate-dead-code",
+        "fuse-conv-bn-relu",
+        "fuse-conv-activation",
+        "fuse-qkv",
+        "emit-attention",
+        "fuse-gemm",
+        *DECODER_FUSIONS,
+        "schedule-memory",
+    )
+    return tuple(name for name in passes if name not in leave_out)
+
+
 OPTIMIZE = Pipeline(
     "optimize",
-    (
-        (
-            "fold-constants",
-            "fold-shapes",
-            "eliminate-no-ops",
-            "eliminate-common-subexpressions",
-            "eliminate-dead-code",
-            "fuse-conv-bn-relu",
-            "fuse-conv-activation",
-            "fuse-qkv",
-            "emit-attention",
-            "remove-nan-guard",
-            "fuse-gemm",
-            "fuse-rotary-embedding",
-            "fuse-group-query-attention",
-            "schedule-memory",
-        ),
-    ),
+    (_fp32_stage(tuple(FP32_LEAVES_OUT)),),
     "infercc optimize: to a fixpoint (at most 8 rounds), then schedule-memory once",
 )
 FP16 = Pipeline(
@@ -85,7 +115,14 @@ _AFTER_PRECISION = ("fuse-conv-activation",)  # what an fp16 build's optimize st
 CALIBRATE_FP32 = Pipeline(
     "calibrate-fp32",
     OPTIMIZE.stages,
-    "infercc calibrate's fp32 reference: the optimize passes, portable (standard ONNX only)",
+    "infercc calibrate's fp32 reference (and calibrate --int4 --portable's): the optimize "
+    "passes, portable (standard ONNX only)",
+)
+CALIBRATE_INT4 = Pipeline(
+    "calibrate-int4",
+    (_fp32_stage(("emit-attention",)),),
+    "calibrate --int4's fp32 model for MatMulNBits (cpu): the optimize passes with every "
+    "decoder fusion, less emit-attention (whose Attention reads the packed Q/K/V weight)",
 )
 INT8 = Pipeline(
     "int8",
@@ -93,23 +130,8 @@ INT8 = Pipeline(
     "infercc calibrate: the outlier split on the fp32 reference, then per trial QDQ + DCE",
 )
 
-DECODER_FUSIONS = Pipeline(
-    "decoder-fusions",
-    (
-        (
-            "fuse-decoder-attention",
-            "fuse-rms-norm",
-            "fuse-rotary-embedding",
-            "fuse-group-query-attention",
-            "eliminate-dead-code",
-        ),
-    ),
-    "after optimize, for decoders on the cpu target: not run by optimize until the generation "
-    "benchmark (bench/decoder_fusions.py) shows it faster",
-)
-
 PIPELINES: dict[str, Pipeline] = {
-    p.name: p for p in (OPTIMIZE, FP16, CALIBRATE_FP32, INT8, DECODER_FUSIONS)
+    p.name: p for p in (OPTIMIZE, FP16, CALIBRATE_FP32, CALIBRATE_INT4, INT8)
 }
 
 
