@@ -10,10 +10,10 @@ Bench-only (needs torch and transformers; never imported by the package or its t
 - `export(folder, path, dynamo)`: `torch.onnx.export` of the model with its KV cache, as a user
   writes it: inputs `input_ids [batch, seq]`, `attention_mask [batch, total]`,
   `past_key_values.{i}.key/value [batch, kv_heads, past, head]`; outputs `logits` and
-  `present.{i}.key/value`; SDPA attention (transformers' default); position ids from the mask
-  (so right padding and batches work). `dynamo=False` is the TorchScript exporter (opset 17),
-  `dynamo=True` torch.export (opset 18). These are the names onnxruntime-genai's builder gives
-  its model, so one runtime loop drives both.
+  `present.{i}.key/value`; SDPA attention (transformers' default); positions from the cache
+  (transformers' default when no position_ids are given: past .. past + seq). `dynamo=False`
+  is the TorchScript exporter (opset 17), `dynamo=True` torch.export (opset 18). These are
+  the names onnxruntime-genai's builder gives its model, so one runtime loop drives both.
 - `train_hf(kind, folder, minutes)`: a tiny model of `kind` trained on standard-library
   docstrings (bench/train_tiny_gpt.py's corpus, its held-out windows kept for agreement), so
   greedy agreement means something.
@@ -133,9 +133,8 @@ def export(folder: Path, path: Path, dynamo: bool = False) -> Path:
         def forward(self, input_ids, attention_mask, *past):
             pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layers)]
             cache = DynamicCache(ddp_cache_data=pairs, config=cfg)
-            past_len = past[0].shape[2]
-            pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past_len:]
-            out = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+            # positions from the cache (transformers' default, cache_position): past..past+seq
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask,
                          past_key_values=cache, use_cache=True)
             present = []
             for layer in out.past_key_values.layers:
