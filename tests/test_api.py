@@ -91,9 +91,12 @@ def test_optimize_and_validate_accept_a_model_proto(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.memory_plan.json", "o.onnx"]
 
 
-def test_proto_needs_an_output():
-    with pytest.raises(InferccError, match="ModelProto and no output"):
-        infercc.optimize(parse(MODEL))
+def test_proto_without_an_output_comes_back_in_memory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model, report = infercc.optimize(parse(MODEL))
+    assert isinstance(model, onnx.ModelProto) and len(model.graph.node) == 2
+    assert report.input == report.output == "<onnx.ModelProto>" and report.passed
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 WEIGHTED = """

@@ -4,10 +4,12 @@
     report = infercc.optimize("model.onnx", "model.opt.onnx")
     print(report.nodes_before, report.nodes_after, report.validation.passed)
     check = infercc.validate("model.opt.onnx", "model.onnx", shapes={"image": "1x3x224x224"})
+    model, report = infercc.optimize(onnx.load("model.onnx"))  # no output: back in memory
 
 The Python API (each function loads its modules on first use, so `import infercc` is cheap):
 
-- `optimize(model, output=None, config=None, **options)`: the `optimize` command.
+- `optimize(model, output=None, config=None, **options)`: the `optimize` command (without
+  `output`: the optimized model and its report, `(model, report)`, nothing written).
 - `validate(candidate, reference=None, **options)`: the `validate` command (same order).
 - `calibrate(...)`, `calibrate_int4(...)`: the `calibrate` command (int8, int4 weights).
 - `extract(model, output, inputs, outputs)`: the `extract` command (a subgraph by tensor names).
@@ -15,13 +17,12 @@ The Python API (each function loads its modules on first use, so `import infercc
 - `generate(...)`: greedy generation with a decoder artifact.
 
 `model`, `candidate` and `reference` are paths or in-memory `onnx.ModelProto`s; `shapes` maps
-input names to tuples or `--shape` strings. Errors are `infercc.errors.InferccError`.
+input names to tuples or `--shape` strings; `data` is a path as `--data` takes, or samples in
+memory (`{input name: array}` dicts, arrays, or a list or generator of them). Errors are
+`infercc.errors.InferccError`.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+from importlib import import_module as _import_module
 
 from infercc.version import __version__
 
@@ -49,15 +50,16 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # Lazy, so `import infercc` stays cheap (onnxruntime loads only when needed).
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'infercc' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_import_module(module), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The API (`__all__`), not the module's machinery nor the submodules imports bind."""
+    return sorted(__all__)

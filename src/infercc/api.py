@@ -6,11 +6,14 @@ import gc
 import inspect
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, overload
+
+import onnx
 
 from infercc.analysis.decoder import pinned_signature
 from infercc.analysis.memory import MemoryPlan, plan_memory
@@ -23,6 +26,7 @@ from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
 from infercc.config import BuildConfig, assumption_passes, canonical_target, read_ranges
 from infercc.data.feeds import input_ranges as generated_ranges
+from infercc.data.samples import IN_MEMORY_SAMPLES, SampleData, in_memory
 from infercc.data.signature import check_shape_names, shape_profile, warn_shape_conflicts
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
@@ -50,7 +54,14 @@ from infercc.util import json_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BuildConfig", "OptimizeReport", "build_config", "optimize", "read_ranges"]
+__all__ = [
+    "BuildConfig",
+    "OptimizeReport",
+    "OptimizedModel",
+    "build_config",
+    "optimize",
+    "read_ranges",
+]
 
 
 @dataclass
@@ -248,6 +259,38 @@ build_config.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
 )
 
 
+class OptimizedModel(NamedTuple):
+    """`optimize` without an output: the optimized model in memory and what was done to it
+    (`model` is None when validation failed; `report.validation` says why)."""
+
+    model: onnx.ModelProto | None
+    report: OptimizeReport
+
+
+@overload
+def optimize(
+    model: ModelInput,
+    output: None = None,
+    config: BuildConfig | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    on_step: Callable[[str], None] | None = None,
+    **options: Any,
+) -> OptimizedModel: ...
+
+
+@overload
+def optimize(
+    model: ModelInput,
+    output: str | os.PathLike[str],
+    config: BuildConfig | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    on_step: Callable[[str], None] | None = None,
+    **options: Any,
+) -> OptimizeReport: ...
+
+
 def optimize(
     model: ModelInput,
     output: str | os.PathLike[str] | None = None,
@@ -256,10 +299,18 @@ def optimize(
     cache_dir: str | os.PathLike[str] | None = None,
     on_step: Callable[[str], None] | None = None,
     **options: Any,
-) -> OptimizeReport:
-    """Optimize an ONNX model as `config` says and write the result; returns the report.
+) -> OptimizeReport | OptimizedModel:
+    """Optimize an ONNX model as `config` says; write the result to `output` and return the
+    report, or, without an `output`, return the optimized model itself:
 
-    `model` is a path or an in-memory `onnx.ModelProto` (which then needs an `output`).
+        model, report = infercc.optimize(onnx.load("model.onnx"))   # nothing is written
+        onnx.save(model, "model.opt.onnx")
+        report = infercc.optimize("model.onnx", "model.opt.onnx")    # written, validated
+
+    `model` is a path or an in-memory `onnx.ModelProto`. Without `output` the result is an
+    `OptimizedModel` named tuple, `(model, report)`: the optimized `onnx.ModelProto` (None
+    when validation failed) and the report (its `output` is `"<onnx.ModelProto>"`); the
+    build is the one a `.onnx` output gets, run in a private temporary directory.
 
     `config` is a `BuildConfig`; keyword `options` instead build one (`build_config` lists
     them: `target`, `precision`, `portable`, `validate`...). `config.check()` refuses
@@ -284,17 +335,18 @@ def optimize(
             f"optimize got a config and keyword options ({', '.join(sorted(options))})",
             "put everything into the BuildConfig, or pass keyword options only",
         )
-    if is_proto(model) and output is None:
-        raise InferccError(
-            "optimize got an onnx.ModelProto and no output",
-            "name where to write the optimized model: optimize(model, 'model.opt.onnx')",
-        )
+    if output is None:
+        return _in_memory(model, config, cache_dir, on_step, options)
+    samples = options.get("data")
+    if in_memory(samples):  # the config records where samples came from, not the samples
+        options = {**options, "data": IN_MEMORY_SAMPLES}
     with model_file(model) as src:
-        out = Path(output) if output is not None else default_output(src)
+        out = Path(output)
         cfg = (config or build_config(**options)).resolve(artifact=not is_model_file(out))
         build = _Build(src, out, cfg)
         cfg.check()
         job = _Job(src, cfg, on_step or (lambda _s: None))
+        job.samples = samples if in_memory(samples) else cfg.data
         check_inputs_untouched(src, job.ir, out, build.artifact_mode)
         job.transform()
         report = job.write(build, cache_dir)
@@ -302,6 +354,22 @@ def optimize(
         report.input = IN_MEMORY
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _in_memory(
+    model: ModelInput,
+    config: BuildConfig | None,
+    cache_dir: str | os.PathLike[str] | None,
+    on_step: Callable[[str], None] | None,
+    options: dict[str, Any],
+) -> OptimizedModel:
+    """`optimize` into a private temporary directory, the result read back into memory."""
+    with tempfile.TemporaryDirectory(prefix="infercc-optimized-") as tmp:
+        out = Path(tmp) / "model.opt.onnx"
+        report = optimize(model, out, config, cache_dir=cache_dir, on_step=on_step, **options)
+        optimized = onnx.load(out) if report.written else None  # external data too
+    report.output, report.files = IN_MEMORY, []
+    return OptimizedModel(optimized, report)
 
 
 def pipelines(cfg: BuildConfig) -> list[tuple[str, ...]]:
@@ -354,6 +422,7 @@ class _Job:
 
     def __init__(self, src: Path, cfg: BuildConfig, step: Callable[[str], None]):
         self.src, self.cfg, self.step = src, cfg, step
+        self.samples: SampleData | None = cfg.data  # validation's; in memory for the API
         step("loading")
         self.ir = load_model(src, freeze_initializers=cfg.freeze_initializers)
         check_freeze(self.ir, cfg.freeze_initializers)
@@ -439,7 +508,7 @@ class _Job:
             self.src,
             candidate,
             shapes=cfg.shape_pins,
-            data=cfg.data,
+            data=self.samples,
             float_dtypes_may_differ=cfg.fp16_io,
             tolerances=cfg.tolerance_map,
             second_shapes=cfg.second_pins,

@@ -148,6 +148,16 @@ def _path(value: Any, base: Path | None) -> str:
     return str(Path(os.path.normpath(base / value))) if base is not None else str(value)
 
 
+def _data_text(value: Any) -> str:
+    """`data` as the config records it: a path or a loader spec, never the samples."""
+    if not isinstance(value, str | os.PathLike):
+        raise InferccError(
+            f"BuildConfig.data is a path or SCRIPT.py:FN, not a {type(value).__name__}",
+            "give samples in memory to the call: optimize(model, output, data=samples)",
+        )
+    return str(value)
+
+
 def _data_path(value: Any, base: Path | None) -> str:
     """A `data` path, or a data loader `script.py:fn` whose script path is relative."""
     if is_loader_spec(value):
@@ -792,7 +802,7 @@ class BuildConfig:
         if self.fold_limit is not None:
             _set(self, "fold_limit", parse_size(self.fold_limit, "--fold-limit"))
         if self.data is not None:
-            _set(self, "data", str(self.data))
+            _set(self, "data", _data_text(self.data))
         if isinstance(self.alignment, bool) or not isinstance(self.alignment, int):
             raise InferccError(f"--align {self.alignment!r} is not an integer", "e.g. --align 64")
         if self.alignment < 1:

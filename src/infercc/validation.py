@@ -16,6 +16,7 @@ from infercc.check.candidates import CandidateReport, validate_candidate
 from infercc.config import input_ranges as parse_input_ranges
 from infercc.data.feeds import input_ranges as generated_ranges
 from infercc.data.profiles import as_shapes
+from infercc.data.samples import SampleData
 from infercc.ir.sources import IN_MEMORY, ModelInput, is_proto, model_file
 
 __all__ = ["validate"]
@@ -26,7 +27,7 @@ def validate(
     reference: ModelInput | None = None,
     *,
     golden: str | os.PathLike[str] | None = None,
-    data: str | os.PathLike[str] | None = None,
+    data: SampleData | None = None,
     shapes: Mapping[str, str | int | Sequence[int]] | None = None,
     seed: int = 0,
     atol: float | None = None,
@@ -40,10 +41,12 @@ def validate(
     """Compare `candidate` with `reference` (or with goldens) under onnxruntime, per output.
 
     Tolerances follow the candidate's precision unless `atol`, `rtol`, `min_cosine` or
-    per-output `tolerances` are given. `data` is samples (a directory, an .npz) or a data
-    loader `script.py:fn`; without it inputs are generated, from `input_ranges` ({name:
-    (low, high)} or `NAME=LOW:HIGH` specs) where given. `report.passed` says whether every
-    output agreed; `report.to_dict()` is the `--json` form of `infercc validate`.
+    per-output `tolerances` are given. `data` is samples (a directory, an .npz), a data
+    loader `script.py:fn`, or samples in memory (a `{input name: array}` dict, an array for a
+    model of one input, or a list or generator of those: `infercc.data.samples.iter_samples`);
+    without it inputs are generated, from `input_ranges` ({name: (low, high)} or
+    `NAME=LOW:HIGH` specs) where given. `report.passed` says whether every output agreed;
+    `report.to_dict()` is the `--json` form of `infercc validate`.
     """
     pinned = as_shapes(shapes)
     ranges = {name: (lo, hi) for name, lo, hi in parse_input_ranges(input_ranges)}

@@ -59,7 +59,7 @@ from infercc.check.tolerances import (
 )
 from infercc.check.validation import Floor, failed_run, judge, run_with_coverage, runtime_floor
 from infercc.data.feeds import make_inputs
-from infercc.data.samples import load_samples
+from infercc.data.samples import SampleData, load_samples
 from infercc.data.signature import (
     declared_dims,
     input_dims,
@@ -151,7 +151,7 @@ CANDIDATE = "the candidate"
 def reference_feeds(
     reference: str | os.PathLike[str],
     shapes: Mapping[str, tuple[int, ...]] | None = None,
-    data: str | os.PathLike[str] | None = None,
+    data: SampleData | None = None,
     seed: int = 0,
 ) -> Feeds:
     """Feeds for the reference: the samples in `data`, else one random feed at the first
@@ -168,7 +168,7 @@ def validate_candidate(
     *,
     golden: str | os.PathLike[str] | None = None,
     save_golden_to: str | os.PathLike[str] | None = None,
-    data: str | os.PathLike[str] | None = None,
+    data: SampleData | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     seed: int = 0,
     atol: float | None = None,
@@ -232,7 +232,7 @@ def validate_candidate(
 def reference_feeds_plan(
     reference: str | os.PathLike[str],
     shapes: Mapping[str, tuple[int, ...]] | None = None,
-    data: str | os.PathLike[str] | None = None,
+    data: SampleData | None = None,
     seed: int = 0,
     second_shapes: Mapping[str, tuple[int, ...]] | None = None,
     candidate: onnx.ModelProto | None = None,

@@ -41,7 +41,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ from infercc.assumptions import honour
 from infercc.check.compare import ModelRunError, ModelSource, Runner
 from infercc.data.feeds import describe_feeds, feed_bytes, make_inputs
 from infercc.data.hints import compared_sizes, compared_values
-from infercc.data.samples import load_samples
+from infercc.data.samples import SampleData, data_label, load_samples
 from infercc.data.signature import (
     DEFAULT_DIM,
     SymbolKey,
@@ -125,7 +124,7 @@ def plan_feeds(
     reference: ModelSource,
     model: onnx.ModelProto,
     shapes: Shapes | None = None,
-    data: str | PathLike[str] | None = None,
+    data: SampleData | None = None,
     seed: int = 0,
     second_shapes: Shapes | None = None,
     constants: Mapping[str, np.ndarray] | None = None,
@@ -185,7 +184,7 @@ def decoder_note(profiles: Sequence[Profile]) -> str:
 # --------------------------------------------------------------------------- the first profile
 
 
-def _from_data(runner: Runner, model: onnx.ModelProto, data: str | PathLike[str]) -> Profile:
+def _from_data(runner: Runner, model: onnx.ModelProto, data: SampleData) -> Profile:
     feeds = load_samples(data, model)
     expected = []
     for i, feed in enumerate(feeds):
@@ -195,7 +194,8 @@ def _from_data(runner: Runner, model: onnx.ModelProto, data: str | PathLike[str]
             if exc.stage == "load":
                 raise
             raise InferccError(
-                f"the original model fails on sample {i} of --data {str(data)!r}: {exc.detail} "
+                f"the original model fails on sample {i} of --data {data_label(data)!r}: "
+                f"{exc.detail} "
                 f"(inputs: {describe_feeds(feed)})",
                 "give samples the original model accepts",
             ) from None

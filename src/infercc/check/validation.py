@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from infercc.check.compare import (
 )
 from infercc.check.profiles import ORIGINAL, FeedPlan, plan_feeds, reference_graph
 from infercc.check.tolerances import model_precision
+from infercc.data.samples import SampleData
 from infercc.errors import InferccError
 from infercc.precisions import FP32
 
@@ -53,7 +53,7 @@ def validate(
     reference: ModelSource,
     candidate: ModelSource,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
-    data: str | PathLike[str] | None = None,
+    data: SampleData | None = None,
     seed: int = 0,
     atol: float = FP32.atol,
     rtol: float = FP32.rtol,

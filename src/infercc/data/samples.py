@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
@@ -32,17 +32,33 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- sample files
 
 
+# What the Python API takes wherever the CLI takes --data: a path (or `script.py:fn`), or
+# samples in memory (`in_memory`).
+SampleData = str | PathLike[str] | np.ndarray | Mapping[str, Any] | Iterable[Any]
+IN_MEMORY_SAMPLES = "<in-memory samples>"  # how reports and manifests name those
+
+
+def in_memory(data: object) -> bool:
+    """True for samples given as Python objects rather than a path or a loader spec."""
+    return data is not None and not isinstance(data, str | bytes | PathLike)
+
+
+def data_label(data: object) -> str:
+    """How messages name `data`: its path, or `<in-memory samples>`."""
+    return IN_MEMORY_SAMPLES if in_memory(data) else str(data)
+
+
 def load_samples(
-    path: str | PathLike[str], model: onnx.ModelProto, preprocess: str | None = None
+    path: SampleData, model: onnx.ModelProto, preprocess: str | None = None
 ) -> list[dict[str, np.ndarray]]:
     """Load real input samples and check them against the model's inputs (see `iter_samples`)."""
     samples = list(iter_samples(path, model, preprocess))
-    logger.info("loaded %d sample(s) from %s", len(samples), path)
+    logger.info("loaded %d sample(s) from %s", len(samples), data_label(path))
     return samples
 
 
 def iter_samples(
-    path: str | PathLike[str], model: onnx.ModelProto, preprocess: str | None = None
+    path: SampleData, model: onnx.ModelProto, preprocess: str | None = None
 ) -> Iterator[dict[str, np.ndarray]]:
     """Checked samples, one at a time: a file is read only when its first sample is asked for.
 
@@ -53,7 +69,20 @@ def iter_samples(
     set) an array of the input's rank is one sample; when every array has rank + 1, the file
     stacks N samples along axis 0 and all must agree on N. A `script.py[:fn]` path is a data
     loader (`infercc.data.loader`): the samples its function returns.
+
+    In memory (`in_memory`), as the Python API takes them: a `{input name: array}` dict (one
+    sample, or N stacked on axis 0, as in a `.npz` file), an array (the same, for a model of
+    one input), or an iterable (list, tuple, generator) of those, each one sample.
     """
+    if in_memory(path):
+        if preprocess is not None:
+            raise InferccError(
+                "preprocess applies to image files, and the samples given are arrays",
+                "drop preprocess, or pass the images' directory",
+            )
+        yield from _memory_samples(path, real_inputs(model))
+        return
+    assert isinstance(path, str | PathLike)
     if is_loader_spec(path):
         if preprocess is not None:
             raise InferccError(
@@ -79,6 +108,55 @@ def iter_samples(
     for source, sample in _array_samples(root, files, inputs):
         check_sample(source, sample, inputs)
         yield sample
+
+
+def _memory_samples(
+    data: Any, inputs: list[onnx.ValueInfoProto]
+) -> Iterator[dict[str, np.ndarray]]:
+    """In-memory samples (`iter_samples`), each checked as a file's are."""
+    if isinstance(data, np.ndarray | Mapping):
+        where = Path(IN_MEMORY_SAMPLES)
+        for source, sample in _unstack(where, _as_sample(where, data, inputs), inputs):
+            check_sample(source, sample, inputs)
+            yield sample
+        return
+    try:
+        items = iter(data)
+    except TypeError:
+        raise _not_samples(f"got {type(data).__name__}") from None
+    count = 0
+    for i, item in enumerate(items):
+        where = Path(f"sample {i}")
+        if not isinstance(item, np.ndarray | Mapping):
+            raise _not_samples(f"sample {i} is a {type(item).__name__}")
+        sample = _as_sample(where, item, inputs)
+        check_sample(where, sample, inputs)
+        count += 1
+        yield sample
+    if count == 0:
+        raise InferccError("the samples given are empty", "give at least one sample")
+
+
+def _as_sample(
+    where: Path, item: np.ndarray | Mapping[str, Any], inputs: list[onnx.ValueInfoProto]
+) -> dict[str, np.ndarray]:
+    if isinstance(item, Mapping):
+        return {str(k): np.asarray(v) for k, v in item.items()}
+    if len(inputs) != 1:
+        names = ", ".join(vi.name for vi in inputs)
+        raise InferccError(
+            f"{str(where)!r} is an array, and the model has {len(inputs)} inputs ({names})",
+            "give {input name: array} dicts",
+        )
+    return {inputs[0].name: item}
+
+
+def _not_samples(what: str) -> InferccError:
+    return InferccError(
+        f"data must be a path or samples in memory; {what}",
+        "give a path, a {input name: array} dict, an array (a model of one input), or a list "
+        "or generator of those",
+    )
 
 
 def _is_image(file: Path) -> bool:
