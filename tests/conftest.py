@@ -77,7 +77,7 @@ def _one_int8_form_on_every_host():
 @pytest.fixture(scope="session", autouse=True)
 def _no_broken_int8_kernel():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("infercc.calib.calibrate.broken_kernels", lambda *args, **kwargs: {})
+        mp.setattr("infercc.calib.job.broken_kernels", lambda *args, **kwargs: {})
         yield
 
 

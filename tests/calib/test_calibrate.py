@@ -17,6 +17,7 @@ from onnx import helper as oh
 
 from infercc.backends.trt.calib_cache import read_calibration_cache
 from infercc.calib import calibrate as calibrate_module
+from infercc.calib import search
 from infercc.calib.calibrate import (
     CACHE_FILE,
     FP32_FILE,
@@ -26,6 +27,7 @@ from infercc.calib.calibrate import (
     calibrate,
     split_samples,
 )
+from infercc.calib.search import Search
 from infercc.errors import InferccError
 from tests.helpers import make_model
 
@@ -476,17 +478,17 @@ def test_activation_noise_ranks_an_outlier_input_first(tmp_path):
     arrays = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(6)]
     data = _save_samples(tmp_path / "samples", arrays)
     job_sqnr: dict[str, float] = {}
-    original = calibrate_module._Job.rank_nodes
+    original = Search.rank_nodes
 
     def spy(self):
         original(self)
         job_sqnr.update(self.sqnr)
 
-    calibrate_module._Job.rank_nodes = spy
+    Search.rank_nodes = spy
     try:
         report = calibrate(model, data, tmp_path / "out", min_cosine=0.999999, max_trials=1)
     finally:
-        calibrate_module._Job.rank_nodes = original
+        Search.rank_nodes = original
     assert job_sqnr["mm_out"] < job_sqnr["mm_in"]
     # the one trial allowed measured the worst-ranked node first
     assert report.trials == 1
@@ -538,15 +540,15 @@ def test_activations_follow_the_target(mlp3, tmp_path):
 def test_fake_quantize_and_noise_combination():
     x = np.array([-1.0, 0.0, 0.26, 5.0])
     np.testing.assert_allclose(
-        calibrate_module.fake_quantize(x, 0.5, 0, "int8"), [-1.0, 0.0, 0.5, 5.0]
+        search.fake_quantize(x, 0.5, 0, "int8"), [-1.0, 0.0, 0.5, 5.0]
     )
     np.testing.assert_allclose(
-        calibrate_module.fake_quantize(x, 0.5, 2, "uint8"), [-1.0, 0.0, 0.5, 5.0]
+        search.fake_quantize(x, 0.5, 2, "uint8"), [-1.0, 0.0, 0.5, 5.0]
     )
-    assert calibrate_module.fake_quantize(np.array([-3.0]), 0.5, 2, "uint8")[0] == -1.0  # clipped
-    assert calibrate_module._combine_db([10.0, 10.0]) == pytest.approx(10 - 10 * np.log10(2))
-    assert calibrate_module._combine_db([math.inf, 20.0]) == pytest.approx(20.0)
-    assert calibrate_module._combine_db([-math.inf, 20.0]) == -math.inf
+    assert search.fake_quantize(np.array([-3.0]), 0.5, 2, "uint8")[0] == -1.0  # clipped
+    assert search.combine_db([10.0, 10.0]) == pytest.approx(10 - 10 * np.log10(2))
+    assert search.combine_db([math.inf, 20.0]) == pytest.approx(20.0)
+    assert search.combine_db([-math.inf, 20.0]) == -math.inf
 
 
 def test_an_embedding_output_gets_no_top1(tmp_path):

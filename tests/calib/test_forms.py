@@ -15,7 +15,7 @@ import pytest
 from onnx import numpy_helper
 
 import infercc
-import infercc.calib.calibrate as calibrate_module
+import infercc.calib.job as job_module
 from infercc.calib.calibrate import INT8_FILE, calibrate
 from infercc.calib.forms import (
     Int4Row,
@@ -138,15 +138,15 @@ def test_another_rows_form_is_evaluated_as_its_qdq_graph(samples, tmp_path, monk
     def no_check(*_args, **_kwargs):
         raise AssertionError("the kernel check ran for a target that is not this host")
 
-    monkeypatch.setattr("infercc.calib.calibrate.broken_kernels", no_check)
+    monkeypatch.setattr("infercc.calib.job.broken_kernels", no_check)
     runs = []
-    original_run = calibrate_module.run_model
+    original_run = job_module.run_model
 
     def watched(path, samples, optimize=False, **kwargs):
         runs.append(optimize)
         return original_run(path, samples, optimize=optimize, **kwargs)
 
-    monkeypatch.setattr(calibrate_module, "run_model", watched)
+    monkeypatch.setattr(job_module, "run_model", watched)
     report = calibrate(ENCODER, samples, tmp_path / "o", target="x86-avx512-vnni")
     assert report.passed, report.message
     assert runs and not any(runs)  # every candidate and the reference ran unfused

@@ -33,11 +33,11 @@ def _the_real_check_with_this_hosts_row():
     session otherwise states one row and answers the check for every host, tests/conftest.py).
     The form the host's row takes is exact on the host's kernels by design, so what the check
     finds here is a kernel bug (onnxruntime 1.21 to 1.24 on AMX-INT8), on any host."""
-    import infercc.calib.calibrate as calibrate_module
+    import infercc.calib.job as job_module
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("INFERCC_CPU_CLASS", raising=False)
-        mp.setattr(calibrate_module, "broken_kernels", kernels.broken_kernels)
+        mp.setattr(job_module, "broken_kernels", kernels.broken_kernels)
         yield
 
 

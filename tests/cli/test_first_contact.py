@@ -265,10 +265,11 @@ def test_bench_note_is_said_once(capsys, monkeypatch, caplog) -> None:
 
 
 def test_calibrate_speed_warning_is_said_once(tmp_path, capsys, monkeypatch, caplog) -> None:
-    from infercc.calib import calibrate as calib
+    from infercc.calib import job
+    from infercc.calib.report import SpeedCheck
 
-    slow = calib.SpeedCheck(1.0, 2.0, 2.0, 1.9, 2.1, 10, "cpu", False)
-    monkeypatch.setattr(calib._Job, "speed_check", lambda self, original: slow)
+    slow = SpeedCheck(1.0, 2.0, 2.0, 1.9, 2.1, 10, "cpu", False)
+    monkeypatch.setattr(job.Int8Job, "speed_check", lambda self, original: slow)
     samples = _samples(tmp_path)
     r = cli(capsys, monkeypatch, "calibrate", str(ENCODER), "--data", str(samples),
             "-o", str(tmp_path / "q"))  # fmt: skip

@@ -76,12 +76,10 @@ the scales; it takes the scales as written.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from itertools import islice
 from os import PathLike
 from pathlib import Path
@@ -90,285 +88,78 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infercc.backends.trt.calib_cache import DEFAULT_TRT_VERSION, write_calibration_cache
-from infercc.calib import outliers
-from infercc.calib.choices import Settings, choose
-from infercc.calib.forms import Int8Plan, kernel_cause, plan_int8
-from infercc.calib.kernels import broken_kernels
-from infercc.calib.observers import (
-    DEFAULT_PERCENTILE,
-    Calibrator,
-    Method,
-    ProgressFn,
-    TensorRange,
-    collect_ranges,
-    tensor_values,
+from infercc.backends.trt.calib_cache import DEFAULT_TRT_VERSION
+from infercc.calib.choices import choose
+from infercc.calib.forms import plan_int8
+from infercc.calib.job import (
+    CACHE_FILE,
+    FP32_FILE,
+    INT8_FILE,
+    RANGES_FILE,
+    SPEED_ITERS,
+    Int8Job,
+    QuantOptions,
+    write_json,
 )
-from infercc.check.compare import compare_outputs, run_model
+from infercc.calib.observers import DEFAULT_PERCENTILE, Calibrator, Method, ProgressFn
+from infercc.calib.report import (
+    REPORT_FILE,
+    CalibrationReport,
+    Evaluation,
+    KeptFloat,
+    OutputQuality,
+    SpeedCheck,
+    Targets,
+    evaluate,
+)
+from infercc.calib.search import (
+    DEFAULT_MAX_TRIALS,
+    SENSITIVITY_CANDIDATES,
+    fake_quantize,
+    node_weight_sqnr,
+)
 from infercc.check.tolerances import calibrated_criterion
 from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
-from infercc.ir import Model, export_model, load_model, save_model
-from infercc.ir.output_types import reconcile_output_types, strictly_typed
+from infercc.ir import export_model, load_model
 from infercc.outputs import check_output_dir
-from infercc.passes.manager import PassContext, QuantizeSettings, check_pass_names, run_passes
-from infercc.passes.match import const_value
+from infercc.passes.manager import check_pass_names
 from infercc.passes.pipelines import CALIBRATE_FP32, INT8, check_disabled
-from infercc.passes.quantize_qdq import (
-    ACTIVATION_TYPES,
-    INT8_MAX,
-    TARGET_INPUTS,
-    QuantizeReport,
-    activation_params,
-    calibration_tensors,
-    check_opset,
-    weight_axis,
-    weight_max,
-    weight_sqnr,
-)
-from infercc.passes.split_outliers import candidates as outlier_candidates
+from infercc.passes.quantize_qdq import ACTIVATION_TYPES, check_opset
 from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
 from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.runtime.ort_support import check_ir_version
-from infercc.util import json_float
+
+__all__ = [
+    "CACHE_FILE",
+    "DEFAULT_MAX_TRIALS",
+    "FP32_FILE",
+    "INT8_FILE",
+    "RANGES_FILE",
+    "REPORT_FILE",
+    "SENSITIVITY_CANDIDATES",
+    "SPEED_ITERS",
+    "CalibrationReport",
+    "Evaluation",
+    "KeptFloat",
+    "OutputQuality",
+    "SpeedCheck",
+    "Targets",
+    "calibrate",
+    "calibration_manifest",
+    "check_calibrate_passes",
+    "check_calibration_destination",
+    "evaluate",
+    "fake_quantize",
+    "node_weight_sqnr",
+    "read_samples",
+    "resolve_activations",
+    "split_samples",
+]
 
 logger = logging.getLogger(__name__)
 
-INT8_FILE = "model_int8.onnx"
-FP32_FILE = "model_fp32.onnx"
-RANGES_FILE = "ranges.json"
-CACHE_FILE = "calibration.cache"
-REPORT_FILE = "calibration_report.json"
-_TRIAL_FILE = ".trial.onnx"
-_KERNEL_FILE = ".kernel_check.onnx"
-_PROBE_FILE = ".outlier_probe.onnx"
-
-SENSITIVITY_CANDIDATES = 8
-DEFAULT_MAX_TRIALS = 64
-SQNR_SAMPLES = 4  # calibration samples used to measure each activation's quantization noise
-SPEED_WARMUP, SPEED_ITERS = 10, 60
-CACHE_METHOD = {"minmax": "minmax", "entropy": "entropy", "percentile": "entropy"}
-
 Samples = list[dict[str, np.ndarray]]
-Outputs = list[dict[str, np.ndarray]]
-
-
-# --------------------------------------------------------------------------- report
-
-
-@dataclass
-class OutputQuality:
-    """How one int8 output compares with fp32 over the evaluation samples."""
-
-    name: str
-    cosine: float | None
-    max_abs: float | None
-    top1_agreement: float | None = None  # None: not a classifier-like output
-
-    @property
-    def top1_drop(self) -> float | None:
-        return None if self.top1_agreement is None else 100.0 * (1.0 - self.top1_agreement)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "cosine": json_float(self.cosine),
-            "max_abs": json_float(self.max_abs),
-            "top1_agreement": json_float(self.top1_agreement),
-            "top1_drop": json_float(self.top1_drop),
-        }
-
-
-@dataclass
-class Evaluation:
-    """Per-output quality of one candidate."""
-
-    outputs: dict[str, OutputQuality]
-
-    @property
-    def cosine(self) -> float:
-        """The worst cosine over outputs (0.0 for an output that could not be compared)."""
-        values = [0.0 if o.cosine is None else o.cosine for o in self.outputs.values()]
-        return min(values, default=1.0)
-
-    @property
-    def top1_drop(self) -> float | None:
-        """The worst top-1 drop (points) over classifier-like outputs; None when there is none."""
-        drops = [o.top1_drop for o in self.outputs.values() if o.top1_drop is not None]
-        return max(drops) if drops else None
-
-
-@dataclass
-class KeptFloat:
-    """A quantizable node left in float, and why."""
-
-    node: str
-    reason: str
-    cause: str  # "user" | "quantizer" | "outliers" | "runtime" | "sensitivity"
-    round: int | None = None
-    weight_sqnr_db: float | None = None
-    cosine_before: float | None = None
-    cosine_after: float | None = None
-    top1_drop_before: float | None = None
-    top1_drop_after: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"node": self.node, "reason": self.reason, "cause": self.cause}
-        if self.cause == "sensitivity":
-            data.update(
-                round=self.round,
-                weight_sqnr_db=json_float(self.weight_sqnr_db),
-                cosine_before=json_float(self.cosine_before),
-                cosine_after=json_float(self.cosine_after),
-                top1_drop_before=json_float(self.top1_drop_before),
-                top1_drop_after=json_float(self.top1_drop_after),
-            )
-        return data
-
-
-@dataclass
-class CalibrationReport:
-    """What `calibrate` did, as data (`to_dict()` is what calibration_report.json holds)."""
-
-    model: str
-    out_dir: str
-    method: str
-    percentile: float | None
-    samples: dict[str, Any]
-    outputs: dict[str, OutputQuality]
-    quantized: list[str]
-    kept_float: list[KeptFloat]
-    targets: dict[str, float | None]
-    passed: bool
-    message: str
-    files: list[str] = field(default_factory=list)
-    ranges: int = 0
-    trials: int = 0
-    seconds: float = 0.0
-    activations: str = "int8"
-    speed: SpeedCheck | None = None
-    outlier_channels: dict[str, list[int]] = field(default_factory=dict)
-    settings: Settings | None = None  # the method, percentile and target: given or chosen
-    int8: Int8Plan | None = None  # the form the target got, and what was not measured here
-
-    @property
-    def quantized_nodes(self) -> int:
-        return len(self.quantized)
-
-    def to_dict(self) -> dict[str, Any]:
-        evaluation = Evaluation(self.outputs)
-        return {
-            "model": self.model,
-            "out_dir": self.out_dir,
-            "method": self.method,
-            "percentile": json_float(self.percentile),
-            "settings": None if self.settings is None else self.settings.to_dict(),
-            "samples": dict(self.samples),
-            "outputs": {name: q.to_dict() for name, q in self.outputs.items()},
-            "cosine": json_float(evaluation.cosine),
-            "top1_drop": json_float(evaluation.top1_drop),
-            "quantized_nodes": self.quantized_nodes,
-            "quantized": list(self.quantized),
-            "kept_float": [k.to_dict() for k in self.kept_float],
-            "targets": {k: json_float(v) for k, v in self.targets.items()},
-            "passed": bool(self.passed),
-            "message": self.message,
-            "files": list(self.files),
-            "ranges": self.ranges,
-            "sensitivity_trials": self.trials,
-            "activations": self.activations,
-            "int8": None if self.int8 is None else self.int8.to_dict(),
-            "outlier_channels": {k: list(v) for k, v in self.outlier_channels.items()},
-            "speed": None if self.speed is None else self.speed.to_dict(),
-            "seconds": round(self.seconds, 4),
-        }
-
-
-@dataclass
-class SpeedCheck:
-    """int8 against fp32 on this host, raced interleaved on one real sample (module doc 8)."""
-
-    fp32_ms: float
-    int8_ms: float
-    ratio_median: float  # int8 time / fp32 time
-    ratio_p10: float
-    ratio_p90: float
-    iters: int
-    cpu: str
-    vnni: bool
-
-    @property
-    def slower(self) -> bool:
-        """int8 slower than fp32 beyond noise: the ratio's 10th percentile is above 1."""
-        return self.ratio_p10 > 1.0
-
-    @property
-    def message(self) -> str:
-        text = (
-            f"int8 {self.int8_ms:.3f} ms vs fp32 {self.fp32_ms:.3f} ms median "
-            f"({self.ratio_median:.2f}x the fp32 time, p10..p90 "
-            f"{self.ratio_p10:.2f}..{self.ratio_p90:.2f})"
-        )
-        if not self.slower:
-            return text
-        why = "" if self.vnni else " (this CPU has no VNNI int8 dot-product instructions)"
-        return f"int8 is SLOWER than fp32 on this host{why}: {text}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "fp32_ms": json_float(self.fp32_ms),
-            "int8_ms": json_float(self.int8_ms),
-            "ratio_median": json_float(self.ratio_median),
-            "ratio_p10": json_float(self.ratio_p10),
-            "ratio_p90": json_float(self.ratio_p90),
-            "iters": self.iters,
-            "cpu": self.cpu,
-            "vnni": self.vnni,
-            "slower": self.slower,
-            "message": self.message,
-        }
-
-
-# --------------------------------------------------------------------------- targets
-
-
-@dataclass(frozen=True)
-class Targets:
-    """The accuracy target: worst-output cosine and/or worst top-1 drop in points."""
-
-    min_cosine: float | None = None
-    max_top1_drop: float | None = None
-    chosen: bool = False  # the default target, not the user's: missing it is not a failure
-
-    @property
-    def given(self) -> bool:
-        return self.min_cosine is not None or self.max_top1_drop is not None
-
-    def met(self, evaluation: Evaluation) -> bool:
-        if self.min_cosine is not None and not evaluation.cosine >= self.min_cosine:
-            return False
-        drop = evaluation.top1_drop
-        return self.max_top1_drop is None or (drop is not None and drop <= self.max_top1_drop)
-
-    def badness(self, evaluation: Evaluation) -> tuple[float, float]:
-        """Smaller is better: the top-1 drop when that target is set, then -cosine."""
-        drop = evaluation.top1_drop if self.max_top1_drop is not None else None
-        return (drop or 0.0, -evaluation.cosine)
-
-    def describe(self, evaluation: Evaluation) -> str:
-        parts = [f"cosine {evaluation.cosine:.6f}"]
-        if self.min_cosine is not None:
-            parts[0] += f" (target >= {self.min_cosine})"
-        if self.max_top1_drop is not None:
-            parts.append(
-                f"top-1 drop {evaluation.top1_drop:.2f} points (target <= {self.max_top1_drop})"
-            )
-        return ", ".join(parts)
-
-    def to_dict(self) -> dict[str, float | None]:
-        return {"min_cosine": self.min_cosine, "max_top1_drop": self.max_top1_drop}
-
-
-# --------------------------------------------------------------------------- entry point
 
 
 def calibrate(
@@ -445,16 +236,16 @@ def calibrate(
     staging = staging_dir(dest)
     stage = staging.path
     try:
-        job = _Job(stage, targets, evaluation_set, step)
-        job.options = _QuantOptions(
+        job = Int8Job(stage, targets, evaluation_set, step)
+        job.options = QuantOptions(
             activations, activation_matmuls, max_trials, disabled, verify, plan.weight_bits
         )
         job.plan = plan
         job.prepare_fp32(ir, exclude, calib if outlier_channels else ())
         del ir
         job.calibrate(calib, method, percentile, on_progress)
-        final = job.search(tuple(exclude))
-        report = _report(src, dest, method, percentile, job, final, exclude)
+        final = job.run_search(tuple(exclude))
+        report = job.report(src, dest, (method, percentile), final, exclude)
         report.activations = activations
         report.int8 = plan
         report.settings = settings
@@ -472,7 +263,7 @@ def calibrate(
                 report.speed = job.speed_check(src)
                 logger.info("%s", report.speed.message)  # the report says it to the user
             report.seconds = time.perf_counter() - t0
-            _write_json(stage / REPORT_FILE, report.to_dict())
+            write_json(stage / REPORT_FILE, report.to_dict())
             manifest = calibration_manifest(src, target, report.files)
             # the criterion it was accepted at, which infercc validate applies (one verdict)
             criterion = calibrated_criterion(
@@ -630,511 +421,3 @@ def split_samples(samples: Samples, holdout: float) -> tuple[Samples, Samples, b
         logger.warning("no holdout: evaluating on the calibration samples")
         return samples, samples, False
     return samples[: n - held], samples[n - held :], True
-
-
-# --------------------------------------------------------------------------- the job
-
-
-@dataclass
-class _QuantOptions:
-    activations: str = "int8"
-    activation_matmuls: bool = False
-    max_trials: int = DEFAULT_MAX_TRIALS
-    disabled: tuple[str, ...] = ()
-    verify: bool = False
-    weight_bits: int = 8
-
-
-@dataclass
-class _Trial:
-    """One candidate: the nodes kept float by name, what the quantizer did, how it scored."""
-
-    exclude: tuple[str, ...]
-    quantized: QuantizeReport
-    evaluation: Evaluation
-
-
-class _Job:
-    """The staged files and the state shared by the steps of one calibration."""
-
-    def __init__(
-        self, stage: Path, targets: Targets, samples: Samples, step: Callable[[str], None]
-    ):
-        self.stage = stage
-        self.targets = targets
-        self.samples = samples
-        self.step = step
-        self.fp32_path = stage / FP32_FILE
-        self.fp32_files: list[Path] = []
-        self.tensors: list[str] = []
-        self.sqnr: dict[str, float] = {}
-        self.ranges: dict[str, TensorRange] = {}
-        self.reference: Outputs = []
-        self.sensitivity: dict[str, KeptFloat] = {}
-        self.trials = 0
-        self.options = _QuantOptions()
-        self.activation_inputs: dict[str, list[str]] = {}  # node -> its activation inputs
-        self.calibration: Samples = []
-        self.not_scores: frozenset[str] = frozenset()
-        self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
-        self.outlier_channels: dict[str, list[int]] = {}
-        self.broken_kernels: dict[str, str] = {}  # node -> why onnxruntime's int8 kernel is wrong
-        self.plan: Int8Plan | None = None  # None: the host is the target (fused evaluation)
-
-    def prepare_fp32(self, ir: Model, exclude: Sequence[str], samples: Samples = ()) -> None:
-        """Run the portable fp32 pipeline, name the targets, split outlier channels (when
-        `samples` are given), save the fp32 reference."""
-        self.step("optimizing fp32")
-        typed = strictly_typed(ir)
-        ctx = PassContext(portable=True, verify=self.options.verify)
-        run_passes(ir, ctx, CALIBRATE_FP32.passes, self.options.disabled)
-        reconcile_output_types(ir, typed)  # every written model passes onnx's full checker
-        _name_targets(ir)
-        _check_exclude(ir, exclude)
-        if samples:
-            self.split_outliers(ir, samples)
-        self.tensors = calibration_tensors(ir)
-        if not self.tensors:
-            raise InferccError(
-                "the model has nothing to quantize (no Conv, MatMul or Gemm with float inputs)",
-                "INT8 calibration quantizes Conv, MatMul and Gemm nodes",
-            )
-        self.sqnr = node_weight_sqnr(ir, weight_max(self.options.weight_bits))
-        self.activation_inputs = _activation_inputs(ir)
-        self.not_scores = _embedding_outputs(ir)
-        self.fp32_files = save_model(ir, self.fp32_path)
-
-    def split_outliers(self, ir: Model, samples: Samples) -> None:
-        """Measure the candidates' channel maxima on `samples` and split the MatMuls whose
-        inputs have outlier channels (`infercc.calib.outliers`)."""
-        found = outlier_candidates(ir)
-        if not found:
-            return
-        self.step("looking for outlier channels")
-        probe = self.stage / _PROBE_FILE
-        files = save_model(ir, probe)
-        try:
-            amax = outliers.channel_absmax(probe, samples, list(found.values()))
-        finally:
-            for f in files:
-                f.unlink(missing_ok=True)
-        channels: dict[str, list[int]] = {}
-        for node, tensor in found.items():
-            idx = outliers.outlier_channels(amax[tensor]) if tensor in amax else []
-            if idx:
-                channels[node] = idx
-        if channels:
-            ctx = PassContext(outlier_channels=channels, verify=self.options.verify)
-            split = run_passes(ir, ctx, INT8.stages[0], self.options.disabled)
-            self.float_nodes = split.details("split-outlier-channels") or {}
-        self.outlier_channels = channels
-
-    def calibrate(
-        self, samples: Samples, method: Method, percentile: float, on_progress: ProgressFn | None
-    ) -> None:
-        self.step("calibrating")
-        self.ranges = collect_ranges(
-            self.fp32_path, samples, self.tensors, method, percentile, on_progress
-        )
-        self.calibration = samples[:SQNR_SAMPLES]
-        self.step("running fp32 on the evaluation samples")
-        self.reference = run_model(self.fp32_path, self.samples)
-        scores = _classifier_outputs(self.reference, self.not_scores)
-        if self.targets.max_top1_drop is not None and not scores:
-            raise InferccError(
-                "max_top1_drop needs a classifier-like output ([batch, classes] or 1-D scores)",
-                "use min_cosine for this model",
-            )
-
-    def quantize(self, exclude: Sequence[str], path: Path) -> tuple[QuantizeReport, list[Path]]:
-        ir = load_model(self.fp32_path)
-        settings = QuantizeSettings(
-            self.ranges,
-            exclude=(*exclude, *self.float_nodes),
-            activations=self.options.activations,
-            activation_matmuls=self.options.activation_matmuls,
-            weight_bits=self.options.weight_bits,
-        )
-        ctx = PassContext(quantize=settings, verify=self.options.verify)
-        ran = run_passes(ir, ctx, INT8.stages[1], self.options.disabled)
-        return ran.details("quantize-qdq"), save_model(ir, path)
-
-    def trial(self, exclude: tuple[str, ...]) -> _Trial:
-        report, files = self.quantize(exclude, self.stage / _TRIAL_FILE)
-        try:
-            actual = run_model(files[0], self.samples, optimize=self.fused)
-        finally:
-            for f in files:
-                f.unlink(missing_ok=True)
-        self.trials += 1
-        return _Trial(exclude, report, evaluate(self.reference, actual, self.not_scores))
-
-    def search(self, exclude: tuple[str, ...]) -> _Trial:
-        """Quantize, evaluate, and move nodes to float until the target holds (module doc 6)."""
-        if self.fused:  # the target's kernels are this host's: check them
-            self.step("checking onnxruntime's int8 kernels")
-            self.broken_kernels = self.check_kernels(exclude)
-            exclude = (*exclude, *self.broken_kernels)
-        self.step("quantizing")
-        current = self.trial(exclude)
-        self.trials = 0  # count sensitivity trials only
-        logger.info("int8: %s", self.targets.describe(current.evaluation))
-        round_ = 0
-        if self.targets.given and not self.targets.met(current.evaluation):
-            self.rank_nodes()
-        while self.targets.given and not self.targets.met(current.evaluation):
-            if not current.quantized.quantized:
-                break
-            if self.trials >= self.options.max_trials:
-                break
-            round_ += 1
-            self.step(f"sensitivity round {round_}: {self.targets.describe(current.evaluation)}")
-            current = self._move_one_to_float(current, round_)
-        return current
-
-    @property
-    def fused(self) -> bool:
-        """Evaluate with this host's fused int8 kernels (the host is the target)."""
-        return self.plan is None or self.plan.fused_evaluation
-
-    def check_kernels(self, exclude: tuple[str, ...]) -> dict[str, str]:
-        """The quantized nodes whose fused int8 kernel in this onnxruntime disagrees with
-        their Q/DQ graph (`infercc.calib.kernels`), on one calibration sample."""
-        report, files = self.quantize(exclude, self.stage / _KERNEL_FILE)
-        cause = None if self.plan is None else kernel_cause(self.plan)
-        try:
-            return broken_kernels(files[0], self.calibration[0], report.quantized, cause)
-        finally:
-            for f in files:
-                f.unlink(missing_ok=True)
-
-    def _move_one_to_float(self, current: _Trial, round_: int) -> _Trial:
-        candidates = sorted(current.quantized.quantized, key=lambda n: self.sqnr.get(n, -math.inf))
-        budget = min(SENSITIVITY_CANDIDATES, self.options.max_trials - self.trials)
-        trials = [self.trial((*current.exclude, n)) for n in candidates[:budget]]
-        best = min(trials, key=lambda t: self.targets.badness(t.evaluation))
-        node = best.exclude[-1]
-        before, after = current.evaluation, best.evaluation
-        self.sensitivity[node] = KeptFloat(
-            node,
-            _sensitivity_reason(before, after, self.targets),
-            "sensitivity",
-            round=round_,
-            weight_sqnr_db=self.sqnr.get(node),
-            cosine_before=before.cosine,
-            cosine_after=after.cosine,
-            top1_drop_before=before.top1_drop,
-            top1_drop_after=after.top1_drop,
-        )
-        logger.info("round %d: %s back to float (%s)", round_, node, self.sensitivity[node].reason)
-        return best
-
-    def rank_nodes(self) -> None:
-        """Fold each node's activation quantization noise into its sensitivity figure.
-
-        The weight SQNR alone misses what hurts transformers most: an activation whose range
-        is set by a few outlier channels (the FFN output projection's GELU input). The noise
-        of fake-quantizing every activation input with its calibrated (scale, zero point) is
-        measured on `SQNR_SAMPLES` calibration samples; noise powers add, so a node's figure is
-        -10 log10(sum of 10^(-sqnr/10)) over its weight and activation inputs.
-        """
-        self.step("measuring activation quantization noise")
-        names = sorted({t for inputs in self.activation_inputs.values() for t in inputs})
-        names = [n for n in names if n in self.ranges]
-        if not names:
-            return
-        noise = dict.fromkeys(names, 0.0)
-        signal = dict.fromkeys(names, 0.0)
-        for values in tensor_values(self.fp32_path, self.calibration, names):
-            for name, x in values.items():
-                x = np.asarray(x, np.float64)
-                params = activation_params(self.ranges[name], self.options.activations)
-                noise[name] += float(
-                    np.sum((x - fake_quantize(x, *params, self.options.activations)) ** 2)
-                )
-                signal[name] += float(np.sum(x**2))
-        for node, inputs in self.activation_inputs.items():
-            figures = [self.sqnr.get(node, math.inf)]
-            figures += [_db(signal[t], noise[t]) for t in inputs if t in noise]
-            self.sqnr[node] = _combine_db(figures)
-
-    def speed_check(self, original: Path) -> SpeedCheck:
-        """Race the int8 model against the original fp32 model (onnxruntime defaults, which
-        optimize it too), interleaved, on one evaluation sample."""
-        from infercc.analysis.targets import host_cpu_info
-        from infercc.runtime.bench import race
-
-        stats = race(
-            original,
-            self.stage / INT8_FILE,
-            self.samples[0],
-            warmup=SPEED_WARMUP,
-            iters=SPEED_ITERS,
-        )
-        cpu, _cores = host_cpu_info()
-        vnni = any(f in cpu.features for f in ("avx512_vnni", "avx_vnni", "asimddp"))
-        return SpeedCheck(
-            fp32_ms=stats.a.p50_ms,
-            int8_ms=stats.b.p50_ms,
-            ratio_median=stats.ratio_median,
-            ratio_p10=stats.ratio_p10,
-            ratio_p90=stats.ratio_p90,
-            iters=stats.a.iters,
-            cpu=cpu.model,
-            vnni=vnni,
-        )
-
-    def write(
-        self, dest: Path, exclude: tuple[str, ...], method: str, trt_version: str
-    ) -> list[str]:
-        """Stage the final files; returns their paths under `dest` (the report is added)."""
-        _, int8_files = self.quantize(exclude, self.stage / INT8_FILE)
-        _write_json(self.stage / RANGES_FILE, {n: _range_dict(r) for n, r in self.ranges.items()})
-        scales = {name: r.scale for name, r in self.ranges.items()}
-        write_calibration_cache(self.stage / CACHE_FILE, scales, CACHE_METHOD[method], trt_version)
-        names = [p.name for p in (*int8_files, *self.fp32_files)]
-        names += [RANGES_FILE, CACHE_FILE, REPORT_FILE, MANIFEST]
-        return [str(dest / name) for name in names]
-
-
-def _db(signal: float, noise: float) -> float:
-    if noise <= 0.0:
-        return math.inf
-    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
-
-
-def _combine_db(figures: Sequence[float]) -> float:
-    """SQNR of a sum of independent noises, each given by its own SQNR (dB)."""
-    if any(f == -math.inf for f in figures):
-        return -math.inf
-    total = sum(10.0 ** (-f / 10.0) for f in figures if f != math.inf)
-    return math.inf if total == 0.0 else -10.0 * math.log10(total)
-
-
-def fake_quantize(x: np.ndarray, scale: float, zero_point: int, activations: str) -> np.ndarray:
-    """What Q then DQ makes of `x` (int8 symmetric or uint8 asymmetric)."""
-    low, high = (-128, 127) if activations == "int8" else (0, 255)
-    q = np.clip(np.rint(x / scale) + zero_point, low, high)
-    return (q - zero_point) * scale
-
-
-def _range_dict(r: TensorRange) -> dict[str, Any]:
-    return {
-        "min": json_float(r.min),
-        "max": json_float(r.max),
-        "scale": json_float(r.scale),
-        "method": r.method,
-    }
-
-
-def _sensitivity_reason(before: Evaluation, after: Evaluation, targets: Targets) -> str:
-    text = f"sensitivity: cosine {before.cosine:.6f} -> {after.cosine:.6f}"
-    if targets.max_top1_drop is not None and before.top1_drop is not None:
-        text += f", top-1 drop {before.top1_drop:.2f} -> {after.top1_drop:.2f} points"
-    return text + " with it in float"
-
-
-# --------------------------------------------------------------------------- graph helpers
-
-
-def _is_target(node) -> bool:
-    return node.is_standard and node.op_type in TARGET_INPUTS
-
-
-def _name_targets(ir: Model) -> None:
-    """Give every unnamed quantizable node a name (exclude and the report refer to names)."""
-    for node in ir.graph:
-        if _is_target(node) and not node.name:
-            node.name = ir.graph.fresh_node_name(node.op_type)
-
-
-def _check_exclude(ir: Model, exclude: Sequence[str]) -> None:
-    names = [node.name for node in ir.graph if _is_target(node)]
-    unknown = [name for name in exclude if name not in names]
-    if unknown:
-        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-        raise InferccError(
-            f"exclude names node(s) that are not quantizable nodes of the optimized model: "
-            f"{', '.join(map(repr, unknown))}",
-            f"give Conv/MatMul/Gemm node names; they are: {shown or '(none)'}",
-        )
-
-
-def _activation_inputs(ir: Model) -> dict[str, list[str]]:
-    """Quantizable node name -> the names of its non-constant quantized inputs."""
-    result = {}
-    for node in ir.graph:
-        if _is_target(node):
-            values = [node.input(i) for i in TARGET_INPUTS[node.op_type]]
-            result[node.name] = [v.name for v in values if v is not None and const_value(v) is None]
-    return result
-
-
-def node_weight_sqnr(ir: Model, qmax: int = INT8_MAX) -> dict[str, float]:
-    """Node name -> the lowest weight SQNR (dB) of its constant quantized inputs (weights
-    quantized to [-qmax, qmax]).
-
-    -inf for a node without a constant float32 weight (two activations): it has no weight
-    figure, so the sensitivity search always measures it.
-    """
-    result = {}
-    for node in ir.graph:
-        if not _is_target(node):
-            continue
-        figures = []
-        for i in TARGET_INPUTS[node.op_type]:
-            value = node.input(i)
-            array = None if value is None else const_value(value)
-            if array is not None and array.dtype == np.float32 and np.isfinite(array).all():
-                figures.append(weight_sqnr(array, weight_axis(node, i, array.ndim), qmax))
-        result[node.name] = min(figures, default=-math.inf)
-    return result
-
-
-# --------------------------------------------------------------------------- evaluation
-
-
-def evaluate(
-    reference: Outputs, actual: Outputs, not_scores: frozenset[str] = frozenset()
-) -> Evaluation:
-    """Cosine, max abs error and (classifier-like outputs) top-1 agreement per output.
-
-    `not_scores` names outputs that are shaped like scores but are not (an embedding)."""
-    inf = math.inf
-    compared = compare_outputs(reference, actual, atol=inf, rtol=inf, min_cosine=0.0)
-    classifiers = _classifier_outputs(reference, not_scores)
-    outputs = {}
-    for name, metrics in compared.outputs.items():
-        agreement = _top1_agreement(reference, actual, name) if name in classifiers else None
-        outputs[name] = OutputQuality(name, metrics.cosine, metrics.max_abs, agreement)
-    return Evaluation(outputs)
-
-
-# An output made by these is an embedding or a normalized feature, not class scores.
-EMBEDDING_OPS = frozenset(
-    {"Div", "LpNormalization", "ReduceMean", "ReduceSum", "ReduceL2", "LayerNormalization"}
-)
-
-
-def _embedding_outputs(ir: Model) -> frozenset[str]:
-    """Graph outputs produced by a normalization or pooling op: no top-1 for them."""
-    return frozenset(
-        v.name
-        for v in ir.graph.outputs
-        if v.producer is not None and v.producer.op_type in EMBEDDING_OPS
-    )
-
-
-def _classifier_outputs(reference: Outputs, not_scores: frozenset[str] = frozenset()) -> set[str]:
-    """Float outputs shaped [batch, classes >= 2] or 1-D with >= 2 scores, in every sample,
-    but for the embeddings in `not_scores`."""
-    names = (set(reference[0]) - not_scores) if reference else set()
-    for sample in reference:
-        names &= {name for name, a in sample.items() if _looks_like_scores(a)}
-    return names
-
-
-def _looks_like_scores(array: Any) -> bool:
-    if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
-        return False
-    return (array.ndim == 2 and array.shape[1] >= 2) or (array.ndim == 1 and array.size >= 2)
-
-
-def _top1_agreement(reference: Outputs, actual: Outputs, name: str) -> float | None:
-    same = total = 0
-    for ref, got in zip(reference, actual, strict=True):
-        r, a = ref[name], got.get(name)
-        if not isinstance(a, np.ndarray) or a.shape != r.shape:
-            return 0.0
-        r2, a2 = r.reshape(-1, r.shape[-1]), a.reshape(-1, r.shape[-1])
-        same += int(np.count_nonzero(r2.argmax(axis=-1) == a2.argmax(axis=-1)))
-        total += r2.shape[0]
-    return same / total if total else None
-
-
-# --------------------------------------------------------------------------- report
-
-
-def _report(
-    src: Path,
-    dest: Path,
-    method: str,
-    percentile: float,
-    job: _Job,
-    final: _Trial,
-    user_exclude: Sequence[str],
-) -> CalibrationReport:
-    kept = _kept_float(
-        final.quantized, job.sensitivity, set(user_exclude), job.float_nodes, job.broken_kernels
-    )
-    passed, message = _verdict(job.targets, final, job.trials)
-    return CalibrationReport(
-        model=str(src),
-        out_dir=str(dest),
-        method=method,
-        percentile=percentile if method == "percentile" else None,
-        samples={},
-        outputs=final.evaluation.outputs,
-        quantized=list(final.quantized.quantized),
-        kept_float=kept,
-        targets=job.targets.to_dict(),
-        passed=passed,
-        message=message,
-        ranges=len(job.ranges),
-        trials=job.trials,
-    )
-
-
-def _kept_float(
-    quantized: QuantizeReport,
-    sensitivity: Mapping[str, KeptFloat],
-    user: set[str],
-    split_from: Mapping[str, str] | None = None,
-    runtime: Mapping[str, str] | None = None,
-) -> list[KeptFloat]:
-    """User, quantizer and runtime reasons in graph order, then the sensitivity moves in round
-    order."""
-    kept = []
-    split_from = split_from or {}
-    runtime = runtime or {}
-    for node, reason in quantized.kept_float.items():
-        if node in split_from:
-            reason = f"the outlier channels of {split_from[node]}, kept float by design"
-            kept.append(KeptFloat(node, reason, "outliers"))
-        elif node in runtime:
-            kept.append(KeptFloat(node, runtime[node], "runtime"))
-        elif node in user:
-            kept.append(KeptFloat(node, "excluded by the user", "user"))
-        elif node not in sensitivity:
-            kept.append(KeptFloat(node, f"quantize_qdq: {reason}", "quantizer"))
-    return kept + sorted(sensitivity.values(), key=lambda k: k.round or 0)
-
-
-def _verdict(targets: Targets, final: _Trial, trials: int) -> tuple[bool, str]:
-    described = targets.describe(final.evaluation)
-    if not final.quantized.quantized:
-        if targets.given:
-            return False, (
-                f"the target could not be met with any node in int8 ({described} with every "
-                "node in float)"
-            )
-        return False, "no node was quantized (see kept_float)"
-    if targets.given and not targets.met(final.evaluation) and targets.chosen:
-        count = len(final.quantized.quantized)
-        return True, (
-            f"{count} node(s) in int8; the default target was not met after {trials} "
-            f"sensitivity trial(s), the max_trials cap: {described} (raise max_trials, or give "
-            "min_cosine)"
-        )
-    if targets.given and not targets.met(final.evaluation):
-        return False, (
-            f"the target was not met after {trials} sensitivity trial(s), the max_trials cap: "
-            f"{described}"
-        )
-    count = len(final.quantized.quantized)
-    return True, f"{count} node(s) in int8; {described}"
-
-
-def _write_json(path: Path, data: Any) -> Path:
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path

@@ -68,12 +68,8 @@ from infercc.analysis.decoder import DecoderSignature, pinned_signature, random_
 from infercc.assumptions import check_assumptions, check_used, describe
 from infercc.calib.activations import collect_inputs
 from infercc.calib.calibrate import (
-    REPORT_FILE,
-    OutputQuality,
-    _name_targets,
     calibration_manifest,
     check_calibration_destination,
-    evaluate,
     read_samples,
     split_samples,
 )
@@ -94,6 +90,8 @@ from infercc.calib.int4 import (
     quantize_int4,
     target_weight,
 )
+from infercc.calib.job import name_targets
+from infercc.calib.report import REPORT_FILE, OutputQuality, evaluate
 from infercc.check.compare import run_model
 from infercc.check.tolerances import calibrated_criterion
 from infercc.data.feeds import make_inputs
@@ -532,7 +530,7 @@ class _Run:
         else:
             run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes, self.job.disabled)
         reconcile_output_types(ir, typed)  # every written model passes onnx's full checker
-        _name_targets(ir)
+        name_targets(ir)
         names = {n.name for n in ir.graph}
         unknown = [name for name in self.job.exclude if name not in names]
         if unknown:
