@@ -8,7 +8,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, overload
@@ -21,7 +21,7 @@ from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
 from infercc.assumptions import check_used
 from infercc.assumptions import describe as describe_assumptions
-from infercc.check import coverage
+from infercc.build import Job, Stage, run_steps, stage_context
 from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
 from infercc.config import BuildConfig, assumption_passes, canonical_target, read_ranges
@@ -30,14 +30,12 @@ from infercc.data.samples import IN_MEMORY_SAMPLES, SampleData, in_memory
 from infercc.data.signature import check_shape_names, shape_profile, warn_shape_conflicts
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
-from infercc.ir.output_types import reconcile_output_types, strictly_typed
 from infercc.ir.sources import IN_MEMORY, ModelInput, is_proto, model_file
-from infercc.ir.static_shapes import declare_static_outputs, fix_input_shapes
+from infercc.ir.static_shapes import fix_input_shapes
 from infercc.ir.tensor import external_info
 from infercc.options import keyword_defaults
 from infercc.outputs import Staging, check_output_file, publish_files
-from infercc.passes.manager import run_passes
-from infercc.passes.pipelines import optimize_stages
+from infercc.passes.pipelines import FP16, OPTIMIZE, optimize_stages
 from infercc.precisions import tolerance
 from infercc.runtime.artifact import (
     MODEL_FILE,
@@ -345,11 +343,10 @@ def optimize(
         cfg = (config or build_config(**options)).resolve(artifact=not is_model_file(out))
         build = _Build(src, out, cfg)
         cfg.check()
-        job = _Job(src, cfg, on_step or (lambda _s: None))
-        job.samples = samples if in_memory(samples) else cfg.data
-        check_inputs_untouched(src, job.ir, out, build.artifact_mode)
-        job.transform()
-        report = job.write(build, cache_dir)
+        flow = OptimizeFlow(src, build, cache_dir, samples if in_memory(samples) else cfg.data)
+        run_steps(Job(flow, cfg, on_step or (lambda _s: None)))
+        report = flow.report
+        assert report is not None  # a build that ran to the end wrote its report
     if is_proto(model):
         report.input = IN_MEMORY
     report.seconds = time.perf_counter() - t0
@@ -417,160 +414,167 @@ def check_model(model: Model, cfg: BuildConfig, source: Path | None = None) -> N
         )
 
 
-class _Job:
-    """One build's model, from loading through the passes to the files written."""
+class OptimizeFlow:
+    """`infercc optimize` as a `Flow` of the build sequence (`infercc.build`): load and check
+    the model, the optimize (and fp16) pipeline stages in one `PassContext`, the memory plan,
+    the model and plan written, validation against the original (bisected when it fails and
+    that is cheap), then the file or the artifact published."""
 
-    def __init__(self, src: Path, cfg: BuildConfig, step: Callable[[str], None]):
-        self.src, self.cfg, self.step = src, cfg, step
-        self.samples: SampleData | None = cfg.data  # validation's; in memory for the API
-        step("loading")
-        self.ir = load_model(src, freeze_initializers=cfg.freeze_initializers)
-        check_freeze(self.ir, cfg.freeze_initializers)
+    def __init__(
+        self,
+        src: Path,
+        build: _Build,
+        cache_dir: str | os.PathLike[str] | None = None,
+        samples: SampleData | None = None,
+    ):
+        self.src, self.build, self.cache_dir = src, build, cache_dir
+        self.samples = samples  # validation's (in memory for the API), else the config's data
+        self.report: OptimizeReport | None = None
+        self.staged: list[Path] = []
+
+    def load(self, job: Job) -> Model:
+        cfg, src = job.config, self.src
+        ir = load_model(src, freeze_initializers=cfg.freeze_initializers)
+        check_freeze(ir, cfg.freeze_initializers)
         # Validation runs the original under onnxruntime: refuse before any work if it cannot.
-        (check_ir_version if cfg.validate else warn_ir_version)(self.ir.ir_version, str(src))
+        (check_ir_version if cfg.validate else warn_ir_version)(ir.ir_version, str(src))
         if cfg.static_map:
-            fix_input_shapes(self.ir, cfg.static_map)
-        check_model(self.ir, cfg, src)
-        self.typed = strictly_typed(self.ir)  # declared output types are replaced only if so
-        self.size_before = model_files_size(src, self.ir)
-        self.nodes_before = sum(1 for _ in self.ir.graph.all_nodes())
-        self.ops_before = op_histogram(self.ir)
-        self.profile = shape_profile(self.ir, cfg.shape_pins)
+            fix_input_shapes(ir, cfg.static_map)
+        check_model(ir, cfg, src)
+        self.size_before = model_files_size(src, ir)
+        self.nodes_before = sum(1 for _ in ir.graph.all_nodes())
+        self.ops_before = op_histogram(ir)
+        self.profile = shape_profile(ir, cfg.shape_pins)
+        check_inputs_untouched(src, ir, self.build.out, self.build.artifact_mode)
+        return ir
 
-    def transform(self) -> None:
-        """Run the pipelines, then plan the memory of the result."""
-        t0 = time.perf_counter()
-        self.ctx = self.cfg.pass_context(self.profile)
-        disabled = list(self.cfg.disable_passes)
-        self.bodies = coverage.BodyTracker(self.ir)
-        runs = [
-            run_passes(self.ir, self.ctx, stage, disabled, on_pass=self._on_pass)
-            for stage in pipelines(self.cfg)
-        ]
-        self.rewritten = self.bodies.finish()
-        check_used(self.cfg.assume, self.ctx.assumed, assumption_passes)  # else: no effect
-        self.transform_seconds = time.perf_counter() - t0
-        self.pipe = runs[0]
-        for later in runs[1:]:
-            self.pipe.add_stage(later)
-        plan = self.pipe.details("convert-fp16")
+    def stages(self, job: Job) -> Iterator[Stage]:
+        """optimize's stages (then fp16's) in one context, so that what the report says about
+        rewrites, refusals and assumptions covers all of them."""
+        self.ctx = stage_context(job.config, self.profile)
+        for i, passes in enumerate(pipelines(job.config)):
+            yield Stage(FP16.name if i else OPTIMIZE.name, passes, self.ctx, each_pass=True)
+        check_used(job.config.assume, self.ctx.assumed, assumption_passes)  # else: no effect
+
+    def plan(self, job: Job) -> bool:
+        """The memory plan of the result, at the shape profile."""
+        plan = job.pipe.details("convert-fp16")
         self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
-        if self.cfg.static_map:
-            declare_static_outputs(self.ir)
-        self.output_types = [c.to_dict() for c in reconcile_output_types(self.ir, self.typed)]
-        self.nodes_after = sum(1 for _ in self.ir.graph.all_nodes())
-        self.ops_after = op_histogram(self.ir)
-        self.step("planning memory")
-        schedule = self.pipe.details("schedule-memory")
-        self.plan = _plan(self.ir, self.profile, self.cfg.alignment, schedule)
+        self.nodes_after = sum(1 for _ in job.ir.graph.all_nodes())
+        self.ops_after = op_histogram(job.ir)
+        job.step("planning memory")
+        schedule = job.pipe.details("schedule-memory")
+        self.memory_plan = _plan(job.ir, self.profile, job.config.alignment, schedule)
+        return True
 
-    def _on_pass(self, name: str) -> None:
-        self.bodies.before_pass(name)
-        self.step(f"pass {name}")
+    def staging(self) -> Staging:
+        return self.build.stage()
 
-    def write(self, build: _Build, cache_dir: str | os.PathLike[str] | None) -> OptimizeReport:
-        """Write the model (and plan), validate it, then publish it or the artifact."""
-        passes = {name: st.to_dict() for name, st in self.pipe.passes.items()}
-        memory = _memory_summary(self.plan, self.profile, build.plan_path)
-        report = self._report(build, passes, memory)
-        self.step("writing")
-        with build.stage() as staging:
-            staged = self._save(staging.path, build)
-            report.size_after = sum(p.stat().st_size for p in staged if p.suffix != ".json")
-            t0 = time.perf_counter()
-            ranges = {name: (lo, hi) for name, lo, hi in self.cfg.input_ranges}
-            with generated_ranges(ranges):  # validation and its bisection draw the same inputs
-                report.validation = self._validate(staged[0])
-                if report.validation is not None and not report.validation.outputs_passed:
-                    self._diagnose(report, staged[0], time.perf_counter() - t0)
-            if report.passed:
-                self._publish(build, staging.path, staged, cache_dir, report)
-                report.written = True
-        return report
+    def write(self, job: Job) -> None:
+        """The report so far, then the model (and plan) staged."""
+        passes = {name: st.to_dict() for name, st in job.pipe.passes.items()}
+        memory = _memory_summary(self.memory_plan, self.profile, self.build.plan_path)
+        report = self.report = self._report(job, passes, memory)
+        job.step("writing")
+        self.staged = self._save(job)
+        report.size_after = sum(p.stat().st_size for p in self.staged if p.suffix != ".json")
 
-    def _save(self, stage: Path, build: _Build) -> list[Path]:
-        external = True if self.cfg.external_data else None
-        staged = save_model(self.ir, stage / build.model_name, external_data=external)
-        if self.plan is not None:
-            staged.append(_write_json(stage / build.plan_path.name, self.plan.to_dict()))
-        del self.ir
-        if self.cfg.validate:  # the IR is a web of cycles: free its arrays before onnxruntime loads
+    def _save(self, job: Job) -> list[Path]:
+        cfg, build = job.config, self.build
+        external = True if cfg.external_data else None
+        staged = save_model(job.ir, job.stage_dir / build.model_name, external_data=external)
+        if self.memory_plan is not None:
+            plan = self.memory_plan.to_dict()
+            staged.append(_write_json(job.stage_dir / build.plan_path.name, plan))
+        del job.ir
+        if cfg.validate:  # the IR is a web of cycles: free its arrays before onnxruntime loads
             gc.collect()
         return staged
 
-    def _validate(self, candidate: Path) -> ValidationReport | None:
-        cfg = self.cfg
+    def validate(self, job: Job) -> bool:
+        """The staged model against the original; a failure is diagnosed (`_diagnose`)."""
+        report = self.report
+        assert report is not None
+        t0 = time.perf_counter()
+        ranges = {name: (lo, hi) for name, lo, hi in job.config.input_ranges}
+        with generated_ranges(ranges):  # validation and its bisection draw the same inputs
+            report.validation = self._validate(job, self.staged[0])
+            if report.validation is not None and not report.validation.outputs_passed:
+                self._diagnose(job, self.staged[0], time.perf_counter() - t0)
+        return report.passed
+
+    def _validate(self, job: Job, candidate: Path) -> ValidationReport | None:
+        cfg = job.config
         if not cfg.validate:
             return None
-        self.step("validating")
+        job.step("validating")
         tol = tolerance(cfg.precision, cfg.atol, cfg.rtol, cfg.min_cosine).to_dict()
         return validate(
             self.src,
             candidate,
             shapes=cfg.shape_pins,
-            data=self.samples,
+            data=self.samples if self.samples is not None else cfg.data,
             float_dtypes_may_differ=cfg.fp16_io,
             tolerances=cfg.tolerance_map,
             second_shapes=cfg.second_pins,
-            rewritten=self.rewritten,
+            rewritten=job.rewritten,
             strict_coverage=cfg.strict_coverage,
             assumptions=cfg.assume,
             fixed_shapes=cfg.static_map,
             **tol,
         )
 
-    def _diagnose(self, report: OptimizeReport, candidate: Path, validate_s: float) -> None:
+    def _diagnose(self, job: Job, candidate: Path, validate_s: float) -> None:
         """A model infercc wrote fails: bisect the pipeline when it is cheap (or asked), else
         say how to; never when only rounding differs (`ValidationReport.rounding_only`)."""
         from infercc.check.bisection import PipelineConfig, bisect
 
+        cfg, report = job.config, self.report
+        assert report is not None and report.validation is not None
         validation = report.validation
-        assert validation is not None
         if validation.rounding_only() is not None:
             return  # the report says only rounding differs: no rewrite to name
-        config = PipelineConfig(self.cfg, stages=pipelines(self.cfg), source="build")
+        config = PipelineConfig(cfg, stages=pipelines(cfg), source="build")
         trials = bisect_trials(len(config.pass_names()), self.ctx.rewrites)
-        estimate = trials * (self.transform_seconds + validate_s / 2)
-        if not self.cfg.bisect and estimate > AUTO_BISECT_SECONDS:
+        estimate = trials * (job.pipelines_seconds + validate_s / 2)
+        if not cfg.bisect and estimate > AUTO_BISECT_SECONDS:
             report.bisect_hint = (
                 f"rerun with --bisect to name the pass that broke it (about {trials} rebuilds, "
                 f"{estimate:.0f} s)"
             )
             return
-        self.step("bisecting the pipeline")
-        tol = tolerance(self.cfg.precision, self.cfg.atol, self.cfg.rtol, self.cfg.min_cosine)
+        job.step("bisecting the pipeline")
+        tol = tolerance(cfg.precision, cfg.atol, cfg.rtol, cfg.min_cosine)
         result = bisect(
             self.src,
             _failing_feeds(validation),
             config,
             tolerance=tol.to_dict(),
-            tolerances=self.cfg.tolerance_map,
+            tolerances=cfg.tolerance_map,
             candidate=candidate,
         )
         report.bisect = result.to_dict()
 
-    def _publish(
-        self,
-        build: _Build,
-        stage: Path,
-        staged: list[Path],
-        cache_dir: str | os.PathLike[str] | None,
-        report: OptimizeReport,
-    ) -> None:
+    def publish(self, job: Job) -> None:
+        """The model with its data and plan, or the artifact the backend compiles."""
+        build, report = self.build, self.report
+        assert report is not None
         if not build.artifact_mode:
-            report.files = build.finish_file(staged)
-            return
-        options = compile_options(self.cfg, cache_dir, self.step)
-        report.artifact = build.finish_artifact(stage, cache_dir, options, report)
-        report.files = [str(p) for p in sorted(build.out.iterdir())]
+            report.files = build.finish_file(self.staged)
+        else:
+            options = compile_options(job.config, self.cache_dir, job.step)
+            report.artifact = build.finish_artifact(job.stage_dir, self.cache_dir, options, report)
+            report.files = [str(p) for p in sorted(build.out.iterdir())]
+        report.written = True
 
     def _report(
-        self, build: _Build, passes: dict[str, Any], memory: dict[str, Any] | None
+        self, job: Job, passes: dict[str, Any], memory: dict[str, Any] | None
     ) -> OptimizeReport:
+        cfg = job.config
         return OptimizeReport(
             input=str(self.src),
-            output=str(build.out),
-            target=self.cfg.target,
+            output=str(self.build.out),
+            target=cfg.target,
             nodes_before=self.nodes_before,
             nodes_after=self.nodes_after,
             ops_before=self.ops_before,
@@ -578,19 +582,19 @@ class _Job:
             size_before=self.size_before,
             size_after=0,
             passes=passes,
-            iterations=self.pipe.iterations,
-            reached_fixpoint=self.pipe.reached_fixpoint,
-            refusals=[r.to_dict() for r in self.pipe.refusals],
+            iterations=job.pipe.iterations,
+            reached_fixpoint=job.pipe.reached_fixpoint,
+            refusals=[r.to_dict() for r in job.pipe.refusals],
             validation=None,
             seconds=0.0,
             memory=memory,
-            precision=self.cfg.precision,
+            precision=cfg.precision,
             kept_fp32=self.kept_fp32,
-            build=self.cfg.to_dict(),
-            overridable_inputs=overridable_summary(self.ir, self.cfg.freeze_initializers),
-            static_shapes={k: list(v) for k, v in self.cfg.static_map.items()} or None,
-            assumptions=describe_assumptions(self.cfg.assume, self.ctx.assumed),
-            output_types=self.output_types,
+            build=cfg.to_dict(),
+            overridable_inputs=overridable_summary(job.ir, cfg.freeze_initializers),
+            static_shapes={k: list(v) for k, v in cfg.static_map.items()} or None,
+            assumptions=describe_assumptions(cfg.assume, self.ctx.assumed),
+            output_types=[c.to_dict() for c in job.output_types],
         )
 
 

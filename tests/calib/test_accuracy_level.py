@@ -81,7 +81,7 @@ def test_on_this_host_the_race_and_the_row_decide(
     decoder, tmp_path, monkeypatch, level4_loses, p10, p90, chosen, why
 ):
     path, _ = decoder
-    monkeypatch.setattr(weight_only._Run, "race", race_of(p10, p90))
+    monkeypatch.setattr(weight_only.Int4Flow, "race", race_of(p10, p90))
     level = build(path, tmp_path / "h", target="cpu")
     assert level["chosen"] == chosen and level["reason"].startswith(why)
     assert levels(tmp_path / "h") == {chosen}

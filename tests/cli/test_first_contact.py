@@ -269,7 +269,7 @@ def test_calibrate_speed_warning_is_said_once(tmp_path, capsys, monkeypatch, cap
     from infercc.calib.report import SpeedCheck
 
     slow = SpeedCheck(1.0, 2.0, 2.0, 1.9, 2.1, 10, "cpu", False)
-    monkeypatch.setattr(job.Int8Job, "speed_check", lambda self, original: slow)
+    monkeypatch.setattr(job.Int8Flow, "speed_check", lambda self, build, original: slow)
     samples = _samples(tmp_path)
     r = cli(capsys, monkeypatch, "calibrate", str(ENCODER), "--data", str(samples),
             "-o", str(tmp_path / "q"))  # fmt: skip

@@ -224,7 +224,7 @@ def _interrupt(*args, **kwargs):
 
 def test_ctrl_c_says_nothing_written_and_writes_nothing(tmp_path: Path, monkeypatch) -> None:
     src = write_model(tmp_path / "m.onnx")
-    monkeypatch.setattr(api._Job, "_validate", _interrupt)  # in the middle of the build
+    monkeypatch.setattr(api.OptimizeFlow, "_validate", _interrupt)  # in the middle of the build
     r = run_cli("optimize", str(src), "-o", str(tmp_path / "out" / "o.onnx"))
     assert r.returncode == 130
     assert r.stderr.strip() == "interrupted; nothing written"

@@ -76,20 +76,13 @@ the scales; it takes the scales as written.
 
 from __future__ import annotations
 
-import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from itertools import islice
 from os import PathLike
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import onnx
 
 from infercc.backends.trt.calib_cache import DEFAULT_TRT_VERSION
-from infercc.calib.choices import choose
+from infercc.build import Job, run_steps
 from infercc.calib.forms import plan_int8
 from infercc.calib.job import (
     CACHE_FILE,
@@ -97,9 +90,10 @@ from infercc.calib.job import (
     INT8_FILE,
     RANGES_FILE,
     SPEED_ITERS,
-    Int8Job,
-    QuantOptions,
-    write_json,
+    Int8Flow,
+    Int8Request,
+    read_samples,
+    split_samples,
 )
 from infercc.calib.observers import DEFAULT_PERCENTILE, Calibrator, Method, ProgressFn
 from infercc.calib.report import (
@@ -110,6 +104,8 @@ from infercc.calib.report import (
     OutputQuality,
     SpeedCheck,
     Targets,
+    calibration_manifest,
+    check_calibration_destination,
     evaluate,
 )
 from infercc.calib.search import (
@@ -118,17 +114,11 @@ from infercc.calib.search import (
     fake_quantize,
     node_weight_sqnr,
 )
-from infercc.check.tolerances import calibrated_criterion
-from infercc.data.samples import iter_samples
+from infercc.config import BuildConfig
 from infercc.errors import InferccError
-from infercc.ir import export_model, load_model
-from infercc.outputs import check_output_dir
 from infercc.passes.manager import check_pass_names
 from infercc.passes.pipelines import CALIBRATE_FP32, INT8, check_disabled
-from infercc.passes.quantize_qdq import ACTIVATION_TYPES, check_opset
-from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
-from infercc.runtime.artifact import manifest as artifact_manifest
-from infercc.runtime.ort_support import check_ir_version
+from infercc.passes.quantize_qdq import ACTIVATION_TYPES
 
 __all__ = [
     "CACHE_FILE",
@@ -156,10 +146,6 @@ __all__ = [
     "resolve_activations",
     "split_samples",
 ]
-
-logger = logging.getLogger(__name__)
-
-Samples = list[dict[str, np.ndarray]]
 
 
 def calibrate(
@@ -217,97 +203,36 @@ def calibrate(
     outlier_channels = outlier_channels and "split-outlier-channels" not in disabled
     resolve_activations(activations, target)  # an unknown type is refused first
     plan = plan_int8(target, activations, weight_bits)
-    activations = plan.activations
     if max_trials < 0:
         raise InferccError(f"max_trials must be >= 0, got {max_trials}", "e.g. 64")
     src, dest = Path(model), Path(out_dir)
     check_calibration_destination(dest, src)
-    step = on_step or (lambda _text: None)
-    step("loading")
-    ir = load_model(src)
-    check_ir_version(ir.ir_version, str(src))
-    check_opset(ir)
-    settings = choose(ir, method, percentile, min_cosine, max_top1_drop)
-    method = settings.method.value
-    percentile = DEFAULT_PERCENTILE if settings.percentile is None else settings.percentile.value
-    targets = Targets(settings.min_cosine.value, max_top1_drop, not settings.min_cosine.given)
-    samples = read_samples(data, export_model(ir, with_weights=False), num_samples, preprocess)
-    calib, evaluation_set, on_holdout = split_samples(samples, holdout)
-    staging = staging_dir(dest)
-    stage = staging.path
-    try:
-        job = Int8Job(stage, targets, evaluation_set, step)
-        job.options = QuantOptions(
-            activations, activation_matmuls, max_trials, disabled, verify, plan.weight_bits
-        )
-        job.plan = plan
-        job.prepare_fp32(ir, exclude, calib if outlier_channels else ())
-        del ir
-        job.calibrate(calib, method, percentile, on_progress)
-        final = job.run_search(tuple(exclude))
-        report = job.report(src, dest, (method, percentile), final, exclude)
-        report.activations = activations
-        report.int8 = plan
-        report.settings = settings
-        report.outlier_channels = dict(job.outlier_channels)
-        report.samples = {
-            "calibration": len(calib),
-            "holdout": len(evaluation_set) if on_holdout else 0,
-            "evaluated_on": "holdout" if on_holdout else "calibration",
-        }
-        if report.passed:
-            step("writing")
-            report.files = job.write(dest, final.exclude, method, trt_version)
-            if speed_check and plan.on_host:
-                step("racing int8 against fp32")
-                report.speed = job.speed_check(src)
-                logger.info("%s", report.speed.message)  # the report says it to the user
-            report.seconds = time.perf_counter() - t0
-            write_json(stage / REPORT_FILE, report.to_dict())
-            manifest = calibration_manifest(src, target, report.files)
-            # the criterion it was accepted at, which infercc validate applies (one verdict)
-            criterion = calibrated_criterion(
-                Evaluation(report.outputs).cosine,
-                "calibrate --int8",
-                report.samples["evaluated_on"],
-                "int8",
-            )
-            write_manifest(stage, {**manifest, "int8": plan.to_dict(), "criterion": criterion})
-            publish(stage, dest)
-    finally:
-        staging.close()
+    request = Int8Request(
+        data,
+        plan,
+        method=method,
+        percentile=percentile,
+        min_cosine=min_cosine,
+        max_top1_drop=max_top1_drop,
+        num_samples=num_samples,
+        holdout=holdout,
+        preprocess=preprocess,
+        exclude=tuple(exclude),
+        target=target,
+        trt_version=trt_version,
+        outlier_channels=outlier_channels,
+        speed_check=speed_check,
+        activation_matmuls=activation_matmuls,
+        max_trials=max_trials,
+    )
+    # the build's passes: the fp32 reference's (portable) and the int8 pipeline's
+    config = BuildConfig(target=target, precision="int8", verify=verify, disable_passes=disabled)
+    flow = Int8Flow(src, dest, request, on_progress, t0)
+    run_steps(Job(flow, config, on_step or (lambda _text: None)))
+    report = flow.report
+    assert report is not None  # the search reported, or an error was raised before it
     report.seconds = time.perf_counter() - t0
     return report
-
-
-def calibration_manifest(
-    src: Path,
-    target: str,
-    written: Sequence[str],
-    model_file: str = INT8_FILE,
-    precision: str = "int8",
-) -> dict[str, Any]:
-    """The manifest.json of a calibration output (`written`: the paths of its files): an
-    artifact of the `none` backend whose model is the quantized one (`model_file`), so
-    `infercc bench` and `infercc validate` take the directory."""
-    from infercc.analysis.targets import get_target
-    from infercc.runtime.tuning import file_sha256, host_fingerprint
-    from infercc.version import __version__
-
-    files = [Path(f).name for f in written if Path(f).name != MANIFEST]
-    data = artifact_manifest(
-        source=src,
-        source_sha256=file_sha256(src),
-        passes={},
-        target=get_target(target).to_dict(),
-        host=host_fingerprint(),
-        backend={"name": "none", "version": __version__, "files": files, "points": []},
-        profiles=(),
-        precision=precision,
-        memory=None,
-        validation=None,
-    )
-    return {**data, "model": model_file, "calibration": REPORT_FILE}
 
 
 def check_calibrate_passes(disable_passes: Sequence[str]) -> tuple[str, ...]:
@@ -369,55 +294,3 @@ def _check_options(
         raise InferccError(
             f"max_top1_drop must be >= 0 points, got {targets.max_top1_drop}", "e.g. 1.0"
         )
-
-
-def check_calibration_destination(out_dir: Path, model: Path | None = None) -> None:
-    """Refuse a file, or a non-empty directory that is not a previous calibration output."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InferccError(f"{out_dir} exists and is not a directory", "pick another output path")
-    if model is not None and out_dir.resolve() in model.resolve().parents:
-        raise InferccError(
-            f"{out_dir} holds the input model; calibrate would replace it",
-            "pick another output directory",
-        )
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / REPORT_FILE).is_file():
-        raise InferccError(
-            f"{out_dir} is a non-empty directory that is not a calibration output",
-            f"give a new or empty directory (or one holding {REPORT_FILE} to replace)",
-        )
-    check_output_dir(out_dir, "-o")
-
-
-# --------------------------------------------------------------------------- samples
-
-
-def read_samples(
-    data: str | PathLike[str],
-    model: onnx.ModelProto,
-    num_samples: int | None,
-    preprocess: str | None = None,
-) -> Samples:
-    """The first `num_samples` samples of `infercc.data.samples.iter_samples` (all when None).
-
-    Files are read lazily in name order, so the files (or images) past the first
-    `num_samples` samples are never opened. `preprocess` is the `--preprocess` spec for images.
-    """
-    samples = list(islice(iter_samples(data, model, preprocess), num_samples))
-    logger.info("read %d sample(s) from %s", len(samples), data)
-    return samples
-
-
-def split_samples(samples: Samples, holdout: float) -> tuple[Samples, Samples, bool]:
-    """(calibration, evaluation, evaluation is a holdout): the last `holdout` fraction held out.
-
-    At least one sample is held out when holdout > 0 and there are two or more, and at least
-    one always calibrates; without a holdout the evaluation uses the calibration samples.
-    """
-    n = len(samples)
-    if n == 0:
-        raise InferccError("no samples to calibrate with", "pass at least one sample with --data")
-    held = min(n - 1, max(1, math.floor(n * holdout + 0.5))) if holdout > 0 and n >= 2 else 0
-    if held == 0:
-        logger.warning("no holdout: evaluating on the calibration samples")
-        return samples, samples, False
-    return samples[: n - held], samples[n - held :], True

@@ -1,35 +1,61 @@
-"""One int8 calibration's job: the staged files and the state its steps share.
+"""`infercc calibrate --int8` as a flow of the build sequence (`infercc.build`).
 
-`Int8Job` runs the fp32 reference pipeline (naming the quantizable nodes, splitting outlier
-channels), calibrates the ranges, checks onnxruntime's fused int8 kernels, hands the
-sensitivity search (`infercc.calib.search`) its `trial` (quantize with some nodes float,
-evaluate against fp32), races the result against fp32 and stages the files
-(`infercc.calib.calibrate` describes each step).
+`Int8Flow` says what each step does for an int8 calibration (`infercc.calib.calibrate`
+describes the method):
+
+- load: the model read and checked, the method, percentile and target chosen
+  (`infercc.calib.choices`), the samples read and split into calibration and evaluation;
+- pipelines: calibrate-fp32 on the model (portable, assuming nothing: `reference_config`),
+  the quantizable nodes named and the user's exclusions checked, then, when the calibration
+  samples show outlier channels, the int8 pipeline's outlier split;
+- plan: the fp32 reference saved, the ranges calibrated, onnxruntime's fused int8 kernels
+  checked (when this host is the target), and the sensitivity search (`infercc.calib.search`)
+  over `trial`s (each the int8 pipeline's quantize-qdq stage on a fresh copy of the reference,
+  evaluated against fp32); the build fails here when no candidate meets the target;
+- write: the int8 model, ranges.json and calibration.cache staged;
+- validate: the int8 model raced against the original on this host (a slower int8 is said);
+- publish: calibration_report.json and the manifest written, the directory moved into place.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
+from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import onnx
 
-from infercc.backends.trt.calib_cache import write_calibration_cache
+from infercc.backends.trt.calib_cache import DEFAULT_TRT_VERSION, write_calibration_cache
+from infercc.build import Job, Stage, stage_context
 from infercc.calib import outliers
+from infercc.calib.choices import Settings, choose
 from infercc.calib.forms import Int8Plan, kernel_cause
 from infercc.calib.kernels import broken_kernels
-from infercc.calib.observers import Method, ProgressFn, TensorRange, collect_ranges, tensor_values
+from infercc.calib.observers import (
+    DEFAULT_PERCENTILE,
+    Method,
+    ProgressFn,
+    TensorRange,
+    collect_ranges,
+    tensor_values,
+)
 from infercc.calib.report import (
     REPORT_FILE,
     CalibrationReport,
+    Evaluation,
     Outputs,
     SpeedCheck,
     Targets,
     Trial,
+    calibration_manifest,
     calibration_report,
     classifier_outputs,
     embedding_outputs,
@@ -47,19 +73,24 @@ from infercc.calib.search import (
     node_weight_sqnr,
 )
 from infercc.check.compare import run_model
+from infercc.check.tolerances import calibrated_criterion
+from infercc.config import BuildConfig
+from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
-from infercc.ir import Model, load_model, save_model
-from infercc.ir.output_types import reconcile_output_types, strictly_typed
-from infercc.passes.manager import PassContext, QuantizeSettings, run_passes
+from infercc.ir import Model, export_model, load_model, save_model
+from infercc.outputs import Staging
+from infercc.passes.manager import QuantizeSettings, run_passes
 from infercc.passes.pipelines import CALIBRATE_FP32, INT8
 from infercc.passes.quantize_qdq import (
     QuantizeReport,
     activation_params,
     calibration_tensors,
+    check_opset,
     weight_max,
 )
 from infercc.passes.split_outliers import candidates as outlier_candidates
-from infercc.runtime.artifact import MANIFEST
+from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
+from infercc.runtime.ort_support import check_ir_version
 from infercc.util import json_float
 
 logger = logging.getLogger(__name__)
@@ -78,76 +109,180 @@ CACHE_METHOD = {"minmax": "minmax", "entropy": "entropy", "percentile": "entropy
 Samples = list[dict[str, np.ndarray]]
 
 
-@dataclass
-class QuantOptions:
-    activations: str = "int8"
+@dataclass(frozen=True)
+class Int8Request:
+    """What one int8 calibration was asked for, checked by `calibrate` (its keywords)."""
+
+    data: str | PathLike[str]
+    plan: Int8Plan  # the int8 form the target takes (infercc.calib.forms)
+    method: str | None = None
+    percentile: float | None = None
+    min_cosine: float | None = None
+    max_top1_drop: float | None = None
+    num_samples: int | None = None
+    holdout: float = 0.2
+    preprocess: str | None = None
+    exclude: tuple[str, ...] = ()
+    target: str = "cpu"
+    trt_version: str = DEFAULT_TRT_VERSION
+    outlier_channels: bool = True
+    speed_check: bool = True
     activation_matmuls: bool = False
     max_trials: int = DEFAULT_MAX_TRIALS
-    disabled: tuple[str, ...] = ()
-    verify: bool = False
-    weight_bits: int = 8
+
+    @property
+    def activations(self) -> str:
+        return self.plan.activations
+
+    @property
+    def weight_bits(self) -> int:
+        return self.plan.weight_bits
 
 
-class Int8Job:
-    """The staged files and the state shared by the steps of one calibration."""
+def reference_config(config: BuildConfig) -> BuildConfig:
+    """The config the fp32 reference's pipeline (calibrate-fp32) runs under: the build's,
+    portable (no onnxruntime contrib op, so the quantized model stays standard ONNX that
+    TensorRT reads too) and assuming nothing about the inputs."""
+    return replace(config, portable=True, assume=())
+
+
+class Int8Flow:
+    """The state an int8 calibration's steps share (module docstring)."""
 
     def __init__(
-        self, stage: Path, targets: Targets, samples: Samples, step: Callable[[str], None]
+        self,
+        src: Path,
+        dest: Path,
+        request: Int8Request,
+        on_progress: ProgressFn | None = None,
+        t0: float | None = None,
     ):
-        self.stage = stage
-        self.targets = targets
-        self.samples = samples
-        self.step = step
-        self.fp32_path = stage / FP32_FILE
+        self.src, self.dest, self.request = src, dest, request
+        self.on_progress = on_progress
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.report: CalibrationReport | None = None
+        self.settings: Settings | None = None
+        self.targets = Targets()
+        self.calib: Samples = []  # the calibration samples
+        self.samples: Samples = []  # the evaluation samples
+        self.on_holdout = False
+        self.fp32_path = Path(FP32_FILE)
         self.fp32_files: list[Path] = []
         self.tensors: list[str] = []
         self.sqnr: dict[str, float] = {}
         self.ranges: dict[str, TensorRange] = {}
         self.reference: Outputs = []
         self.search: Search | None = None
-        self.options = QuantOptions()
+        self.final: Trial | None = None
         self.activation_inputs: dict[str, list[str]] = {}  # node -> its activation inputs
-        self.calibration: Samples = []
+        self.calibration: Samples = []  # the samples activation noise is measured on
         self.not_scores: frozenset[str] = frozenset()
         self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
         self.outlier_channels: dict[str, list[int]] = {}
         self.broken_kernels: dict[str, str] = {}  # node -> why onnxruntime's int8 kernel is wrong
-        self.plan: Int8Plan | None = None  # None: the host is the target (fused evaluation)
 
-    def prepare_fp32(self, ir: Model, exclude: Sequence[str], samples: Samples = ()) -> None:
-        """Run the portable fp32 pipeline, name the targets, split outlier channels (when
-        `samples` are given), save the fp32 reference."""
-        self.step("optimizing fp32")
-        typed = strictly_typed(ir)
-        ctx = PassContext(portable=True, verify=self.options.verify)
-        run_passes(ir, ctx, CALIBRATE_FP32.passes, self.options.disabled)
-        reconcile_output_types(ir, typed)  # every written model passes onnx's full checker
-        name_targets(ir)
-        check_exclude(ir, exclude)
-        if samples:
-            self.split_outliers(ir, samples)
-        self.tensors = calibration_tensors(ir)
-        if not self.tensors:
-            raise InferccError(
-                "the model has nothing to quantize (no Conv, MatMul or Gemm with float inputs)",
-                "INT8 calibration quantizes Conv, MatMul and Gemm nodes",
-            )
-        self.sqnr = node_weight_sqnr(ir, weight_max(self.options.weight_bits))
-        self.activation_inputs = activation_inputs(ir)
-        self.not_scores = embedding_outputs(ir)
-        self.fp32_files = save_model(ir, self.fp32_path)
+    @property
+    def method(self) -> Method:
+        assert self.settings is not None
+        return cast(Method, self.settings.method.value)  # one of Method: choose() says which
 
-    def split_outliers(self, ir: Model, samples: Samples) -> None:
-        """Measure the candidates' channel maxima on `samples` and split the MatMuls whose
-        inputs have outlier channels (`infercc.calib.outliers`)."""
-        found = outlier_candidates(ir)
-        if not found:
+    @property
+    def percentile(self) -> float:
+        assert self.settings is not None
+        chosen = self.settings.percentile
+        return DEFAULT_PERCENTILE if chosen is None else chosen.value
+
+    # -- the steps --------------------------------------------------------------------------
+
+    def load(self, job: Job) -> Model:
+        """The model, checked; the settings chosen from it; the samples read and split."""
+        o = self.request
+        ir = load_model(self.src)
+        check_ir_version(ir.ir_version, str(self.src))
+        check_opset(ir)
+        settings = choose(ir, o.method, o.percentile, o.min_cosine, o.max_top1_drop)
+        cosine = settings.min_cosine
+        self.settings = settings
+        self.targets = Targets(cosine.value, o.max_top1_drop, not cosine.given)
+        skeleton = export_model(ir, with_weights=False)
+        samples = read_samples(o.data, skeleton, o.num_samples, o.preprocess)
+        self.calib, self.samples, self.on_holdout = split_samples(samples, o.holdout)
+        return ir
+
+    def stages(self, job: Job) -> Iterator[Stage]:
+        """calibrate-fp32, then the targets named and the exclusions checked, then the outlier
+        split where the calibration samples show outlier channels."""
+        context = stage_context(reference_config(job.config))
+        fp32 = CALIBRATE_FP32
+        yield Stage(fp32.name, fp32.passes, context, announce="optimizing fp32")
+        name_targets(job.ir)
+        check_exclude(job.ir, self.request.exclude)
+        if not self.request.outlier_channels:
             return
-        self.step("looking for outlier channels")
-        probe = self.stage / _PROBE_FILE
-        files = save_model(ir, probe)
+        self.outlier_channels = self.find_outliers(job)
+        if self.outlier_channels:
+            split = stage_context(job.config, outlier_channels=self.outlier_channels)
+            yield Stage(INT8.name, INT8.stages[0], split)
+            self.float_nodes = job.reports[INT8.name].details("split-outlier-channels") or {}
+
+    def plan(self, job: Job) -> bool:
+        """The fp32 reference, the ranges, the kernel check and the search; False when the
+        final candidate misses the target."""
+        self.save_reference(job)
+        self.calibrate(job)
+        self.final = final = self.run_search(job, self.request.exclude)
+        self.report = report = self.make_report(final)
+        return report.passed
+
+    def staging(self) -> Staging:
+        return staging_dir(self.dest)
+
+    def write(self, job: Job) -> None:
+        """The int8 model, its ranges and TensorRT's calibration cache, staged."""
+        assert self.report is not None and self.final is not None
+        job.step("writing")
+        self.report.files = self.write_files(job, self.final.exclude)
+
+    def validate(self, job: Job) -> bool:
+        """The int8 model raced against the original, when this host is the target."""
+        assert self.report is not None
+        if self.request.speed_check and self.request.plan.on_host:
+            job.step("racing int8 against fp32")
+            self.report.speed = self.speed_check(job, self.src)
+            logger.info("%s", self.report.speed.message)  # the report says it to the user
+        return True
+
+    def publish(self, job: Job) -> None:
+        """The report and the manifest (with the criterion the model was accepted at, which
+        `infercc validate` applies: one verdict), then the directory moved into place."""
+        report, plan = self.report, self.request.plan
+        assert report is not None
+        stage = job.stage_dir
+        report.seconds = time.perf_counter() - self.t0
+        write_json(stage / REPORT_FILE, report.to_dict())
+        manifest = calibration_manifest(self.src, self.request.target, report.files, INT8_FILE)
+        criterion = calibrated_criterion(
+            Evaluation(report.outputs).cosine,
+            "calibrate --int8",
+            report.samples["evaluated_on"],
+            "int8",
+        )
+        write_manifest(stage, {**manifest, "int8": plan.to_dict(), "criterion": criterion})
+        publish(stage, self.dest)
+
+    # -- pipelines: outlier channels --------------------------------------------------------
+
+    def find_outliers(self, job: Job) -> dict[str, list[int]]:
+        """The candidates' channel maxima on the calibration samples: MatMul -> the input
+        channels that are outliers (`infercc.calib.outliers`)."""
+        found = outlier_candidates(job.ir)
+        if not found:
+            return {}
+        job.step("looking for outlier channels")
+        probe = job.stage_dir / _PROBE_FILE
+        files = save_model(job.ir, probe)
         try:
-            amax = outliers.channel_absmax(probe, samples, list(found.values()))
+            amax = outliers.channel_absmax(probe, self.calib, list(found.values()))
         finally:
             for f in files:
                 f.unlink(missing_ok=True)
@@ -156,21 +291,33 @@ class Int8Job:
             idx = outliers.outlier_channels(amax[tensor]) if tensor in amax else []
             if idx:
                 channels[node] = idx
-        if channels:
-            ctx = PassContext(outlier_channels=channels, verify=self.options.verify)
-            split = run_passes(ir, ctx, INT8.stages[0], self.options.disabled)
-            self.float_nodes = split.details("split-outlier-channels") or {}
-        self.outlier_channels = channels
+        return channels
 
-    def calibrate(
-        self, samples: Samples, method: Method, percentile: float, on_progress: ProgressFn | None
-    ) -> None:
-        self.step("calibrating")
+    # -- plan: the reference, the ranges, the search ----------------------------------------
+
+    def save_reference(self, job: Job) -> None:
+        """What the search needs of the fp32 reference, and the reference saved."""
+        ir = job.ir
+        self.tensors = calibration_tensors(ir)
+        if not self.tensors:
+            raise InferccError(
+                "the model has nothing to quantize (no Conv, MatMul or Gemm with float inputs)",
+                "INT8 calibration quantizes Conv, MatMul and Gemm nodes",
+            )
+        self.sqnr = node_weight_sqnr(ir, weight_max(self.request.weight_bits))
+        self.activation_inputs = activation_inputs(ir)
+        self.not_scores = embedding_outputs(ir)
+        self.fp32_path = job.stage_dir / FP32_FILE
+        self.fp32_files = save_model(ir, self.fp32_path)
+        del job.ir  # the reference is read back from its file by each trial
+
+    def calibrate(self, job: Job) -> None:
+        job.step("calibrating")
         self.ranges = collect_ranges(
-            self.fp32_path, samples, self.tensors, method, percentile, on_progress
+            self.fp32_path, self.calib, self.tensors, self.method, self.percentile, self.on_progress
         )
-        self.calibration = samples[:SQNR_SAMPLES]
-        self.step("running fp32 on the evaluation samples")
+        self.calibration = self.calib[:SQNR_SAMPLES]
+        job.step("running fp32 on the evaluation samples")
         self.reference = run_model(self.fp32_path, self.samples)
         scores = classifier_outputs(self.reference, self.not_scores)
         if self.targets.max_top1_drop is not None and not scores:
@@ -179,21 +326,24 @@ class Int8Job:
                 "use min_cosine for this model",
             )
 
-    def quantize(self, exclude: Sequence[str], path: Path) -> tuple[QuantizeReport, list[Path]]:
+    def quantize(
+        self, job: Job, exclude: Sequence[str], path: Path
+    ) -> tuple[QuantizeReport, list[Path]]:
+        """A fresh copy of the reference through the int8 pipeline's quantize stage."""
         ir = load_model(self.fp32_path)
         settings = QuantizeSettings(
             self.ranges,
             exclude=(*exclude, *self.float_nodes),
-            activations=self.options.activations,
-            activation_matmuls=self.options.activation_matmuls,
-            weight_bits=self.options.weight_bits,
+            activations=self.request.activations,
+            activation_matmuls=self.request.activation_matmuls,
+            weight_bits=self.request.weight_bits,
         )
-        ctx = PassContext(quantize=settings, verify=self.options.verify)
-        ran = run_passes(ir, ctx, INT8.stages[1], self.options.disabled)
+        ctx = stage_context(job.config, quantize=settings)
+        ran = run_passes(ir, ctx, INT8.stages[1], job.config.disable_passes)
         return ran.details("quantize-qdq"), save_model(ir, path)
 
-    def trial(self, exclude: tuple[str, ...]) -> Trial:
-        report, files = self.quantize(exclude, self.stage / _TRIAL_FILE)
+    def trial(self, job: Job, exclude: tuple[str, ...]) -> Trial:
+        report, files = self.quantize(job, exclude, job.stage_dir / _TRIAL_FILE)
         try:
             actual = run_model(files[0], self.samples, optimize=self.fused)
         finally:
@@ -201,33 +351,34 @@ class Int8Job:
                 f.unlink(missing_ok=True)
         return Trial(exclude, report, evaluate(self.reference, actual, self.not_scores))
 
-    def run_search(self, exclude: tuple[str, ...]) -> Trial:
-        """Check the kernels (when the host is the target), then search (module doc 6)."""
+    def run_search(self, job: Job, exclude: tuple[str, ...]) -> Trial:
+        """Check the kernels (when the host is the target), then search (module doc 6 of
+        `infercc.calib.calibrate`)."""
         if self.fused:  # the target's kernels are this host's: check them
-            self.step("checking onnxruntime's int8 kernels")
-            self.broken_kernels = self.check_kernels(exclude)
+            job.step("checking onnxruntime's int8 kernels")
+            self.broken_kernels = self.check_kernels(job, exclude)
             exclude = (*exclude, *self.broken_kernels)
         self.search = Search(
             self.targets,
-            self.trial,
-            self.options.max_trials,
+            lambda names: self.trial(job, names),
+            self.request.max_trials,
             dict(self.sqnr),
             self.activation_inputs,
             self.activation_sqnr,
-            self.step,
+            job.step,
         )
         return self.search.run(exclude)
 
     @property
     def fused(self) -> bool:
         """Evaluate with this host's fused int8 kernels (the host is the target)."""
-        return self.plan is None or self.plan.fused_evaluation
+        return self.request.plan.fused_evaluation
 
-    def check_kernels(self, exclude: tuple[str, ...]) -> dict[str, str]:
+    def check_kernels(self, job: Job, exclude: tuple[str, ...]) -> dict[str, str]:
         """The quantized nodes whose fused int8 kernel in this onnxruntime disagrees with
         their Q/DQ graph (`infercc.calib.kernels`), on one calibration sample."""
-        report, files = self.quantize(exclude, self.stage / _KERNEL_FILE)
-        cause = None if self.plan is None else kernel_cause(self.plan)
+        report, files = self.quantize(job, exclude, job.stage_dir / _KERNEL_FILE)
+        cause = kernel_cause(self.request.plan)
         try:
             return broken_kernels(files[0], self.calibration[0], report.quantized, cause)
         finally:
@@ -241,32 +392,49 @@ class Int8Job:
         names = [n for n in names if n in self.ranges]
         if not names:
             return {}
+        activations = self.request.activations
         noise = dict.fromkeys(names, 0.0)
         signal = dict.fromkeys(names, 0.0)
         for values in tensor_values(self.fp32_path, self.calibration, names):
             for name, x in values.items():
                 x = np.asarray(x, np.float64)
-                params = activation_params(self.ranges[name], self.options.activations)
-                noise[name] += float(
-                    np.sum((x - fake_quantize(x, *params, self.options.activations)) ** 2)
-                )
+                params = activation_params(self.ranges[name], activations)
+                noise[name] += float(np.sum((x - fake_quantize(x, *params, activations)) ** 2))
                 signal[name] += float(np.sum(x**2))
         return {name: db(signal[name], noise[name]) for name in names}
 
-    def report(
-        self, src: Path, dest: Path, settings: tuple[str, float], final: Trial, user: Sequence[str]
-    ) -> CalibrationReport:
-        """The report of the search's `final` candidate (`user`: the nodes the user excluded)."""
-        assert self.search is not None
-        search = self.search
+    def make_report(self, final: Trial) -> CalibrationReport:
+        """The report of the search's `final` candidate."""
+        assert self.search is not None and self.settings is not None
+        o, search = self.request, self.search
         kept = kept_float(
-            final.quantized, search.sensitivity, set(user), self.float_nodes, self.broken_kernels
+            final.quantized, search.sensitivity, set(o.exclude), self.float_nodes,
+            self.broken_kernels,
+        )  # fmt: skip
+        report = calibration_report(
+            self.src,
+            self.dest,
+            (self.method, self.percentile),
+            self.targets,
+            final,
+            kept,
+            search.trials,
+            len(self.ranges),
         )
-        return calibration_report(
-            src, dest, settings, self.targets, final, kept, search.trials, len(self.ranges)
-        )
+        report.activations = o.activations
+        report.int8 = o.plan
+        report.settings = self.settings
+        report.outlier_channels = dict(self.outlier_channels)
+        report.samples = {
+            "calibration": len(self.calib),
+            "holdout": len(self.samples) if self.on_holdout else 0,
+            "evaluated_on": "holdout" if self.on_holdout else "calibration",
+        }
+        return report
 
-    def speed_check(self, original: Path) -> SpeedCheck:
+    # -- validate and write -----------------------------------------------------------------
+
+    def speed_check(self, job: Job, original: Path) -> SpeedCheck:
         """Race the int8 model against the original fp32 model (onnxruntime defaults, which
         optimize it too), interleaved, on one evaluation sample."""
         from infercc.analysis.targets import host_cpu_info
@@ -274,7 +442,7 @@ class Int8Job:
 
         stats = race(
             original,
-            self.stage / INT8_FILE,
+            job.stage_dir / INT8_FILE,
             self.samples[0],
             warmup=SPEED_WARMUP,
             iters=SPEED_ITERS,
@@ -292,17 +460,18 @@ class Int8Job:
             vnni=vnni,
         )
 
-    def write(
-        self, dest: Path, exclude: tuple[str, ...], method: str, trt_version: str
-    ) -> list[str]:
-        """Stage the final files; returns their paths under `dest` (the report is added)."""
-        _, int8_files = self.quantize(exclude, self.stage / INT8_FILE)
-        write_json(self.stage / RANGES_FILE, {n: _range_dict(r) for n, r in self.ranges.items()})
+    def write_files(self, job: Job, exclude: tuple[str, ...]) -> list[str]:
+        """Stage the final files; returns their paths under the destination (the report and
+        the manifest are added)."""
+        stage = job.stage_dir
+        _, int8_files = self.quantize(job, exclude, stage / INT8_FILE)
+        write_json(stage / RANGES_FILE, {n: _range_dict(r) for n, r in self.ranges.items()})
         scales = {name: r.scale for name, r in self.ranges.items()}
-        write_calibration_cache(self.stage / CACHE_FILE, scales, CACHE_METHOD[method], trt_version)
+        method = CACHE_METHOD[self.method]
+        write_calibration_cache(stage / CACHE_FILE, scales, method, self.request.trt_version)
         names = [p.name for p in (*int8_files, *self.fp32_files)]
         names += [RANGES_FILE, CACHE_FILE, REPORT_FILE, MANIFEST]
-        return [str(dest / name) for name in names]
+        return [str(self.dest / name) for name in names]
 
 
 def _range_dict(r: TensorRange) -> dict[str, Any]:
@@ -317,6 +486,41 @@ def _range_dict(r: TensorRange) -> dict[str, Any]:
 def write_json(path: Path, data: Any) -> Path:
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+# --------------------------------------------------------------------------- samples
+
+
+def read_samples(
+    data: str | PathLike[str],
+    model: onnx.ModelProto,
+    num_samples: int | None,
+    preprocess: str | None = None,
+) -> Samples:
+    """The first `num_samples` samples of `infercc.data.samples.iter_samples` (all when None).
+
+    Files are read lazily in name order, so the files (or images) past the first
+    `num_samples` samples are never opened. `preprocess` is the `--preprocess` spec for images.
+    """
+    samples = list(islice(iter_samples(data, model, preprocess), num_samples))
+    logger.info("read %d sample(s) from %s", len(samples), data)
+    return samples
+
+
+def split_samples(samples: Samples, holdout: float) -> tuple[Samples, Samples, bool]:
+    """(calibration, evaluation, evaluation is a holdout): the last `holdout` fraction held out.
+
+    At least one sample is held out when holdout > 0 and there are two or more, and at least
+    one always calibrates; without a holdout the evaluation uses the calibration samples.
+    """
+    n = len(samples)
+    if n == 0:
+        raise InferccError("no samples to calibrate with", "pass at least one sample with --data")
+    held = min(n - 1, max(1, math.floor(n * holdout + 0.5))) if holdout > 0 and n >= 2 else 0
+    if held == 0:
+        logger.warning("no holdout: evaluating on the calibration samples")
+        return samples, samples, False
+    return samples[: n - held], samples[n - held :], True
 
 
 # --------------------------------------------------------------------------- graph helpers

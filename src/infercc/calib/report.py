@@ -4,13 +4,15 @@
 agreement for classifier-like outputs: module doc 5 of `infercc.calib.calibrate`); `Targets`
 is the accuracy target a candidate must meet (module doc 6); `KeptFloat` names a quantizable
 node left in float and why; `verdict` says whether the final candidate passes;
-`CalibrationReport.to_dict()` is what calibration_report.json holds.
+`CalibrationReport.to_dict()` is what calibration_report.json holds, and
+`calibration_manifest` the manifest.json beside it (int8 and int4 outputs alike), whose
+directory `check_calibration_destination` checks before anything is read.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,12 @@ import numpy as np
 from infercc.calib.choices import Settings
 from infercc.calib.forms import Int8Plan
 from infercc.check.compare import compare_outputs
+from infercc.errors import InferccError
 from infercc.ir import Model
+from infercc.outputs import check_output_dir
 from infercc.passes.quantize_qdq import QuantizeReport
+from infercc.runtime.artifact import MANIFEST
+from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.util import json_float
 
 REPORT_FILE = "calibration_report.json"
@@ -396,3 +402,53 @@ def verdict(targets: Targets, final: Trial, trials: int) -> tuple[bool, str]:
         )
     count = len(final.quantized.quantized)
     return True, f"{count} node(s) in int8; {described}"
+
+
+# --------------------------------------------------------------------------- the output directory
+
+
+def check_calibration_destination(out_dir: Path, model: Path | None = None) -> None:
+    """Refuse a file, or a non-empty directory that is not a previous calibration output."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InferccError(f"{out_dir} exists and is not a directory", "pick another output path")
+    if model is not None and out_dir.resolve() in model.resolve().parents:
+        raise InferccError(
+            f"{out_dir} holds the input model; calibrate would replace it",
+            "pick another output directory",
+        )
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / REPORT_FILE).is_file():
+        raise InferccError(
+            f"{out_dir} is a non-empty directory that is not a calibration output",
+            f"give a new or empty directory (or one holding {REPORT_FILE} to replace)",
+        )
+    check_output_dir(out_dir, "-o")
+
+
+def calibration_manifest(
+    src: Path,
+    target: str,
+    written: Sequence[str],
+    model_file: str,
+    precision: str = "int8",
+) -> dict[str, Any]:
+    """The manifest.json of a calibration output (`written`: the paths of its files): an
+    artifact of the `none` backend whose model is the quantized one (`model_file`), so
+    `infercc bench` and `infercc validate` take the directory."""
+    from infercc.analysis.targets import get_target
+    from infercc.runtime.tuning import file_sha256, host_fingerprint
+    from infercc.version import __version__
+
+    files = [Path(f).name for f in written if Path(f).name != MANIFEST]
+    data = artifact_manifest(
+        source=src,
+        source_sha256=file_sha256(src),
+        passes={},
+        target=get_target(target).to_dict(),
+        host=host_fingerprint(),
+        backend={"name": "none", "version": __version__, "files": files, "points": []},
+        profiles=(),
+        precision=precision,
+        memory=None,
+        validation=None,
+    )
+    return {**data, "model": model_file, "calibration": REPORT_FILE}

@@ -55,7 +55,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -66,13 +66,8 @@ import onnx
 
 from infercc.analysis.decoder import DecoderSignature, pinned_signature, random_call
 from infercc.assumptions import check_assumptions, check_used, describe
+from infercc.build import Job, Stage, run_steps, stage_context
 from infercc.calib.activations import collect_inputs
-from infercc.calib.calibrate import (
-    calibration_manifest,
-    check_calibration_destination,
-    read_samples,
-    split_samples,
-)
 from infercc.calib.decoder_samples import prompt_calls, prompt_skeleton, random_prompts
 from infercc.calib.forms import Int4Row, accuracy_level_decision, int4_row
 from infercc.calib.int4 import (
@@ -90,20 +85,28 @@ from infercc.calib.int4 import (
     quantize_int4,
     target_weight,
 )
-from infercc.calib.job import name_targets
-from infercc.calib.report import REPORT_FILE, OutputQuality, evaluate
+from infercc.calib.job import name_targets, read_samples, split_samples
+from infercc.calib.report import (
+    REPORT_FILE,
+    OutputQuality,
+    calibration_manifest,
+    check_calibration_destination,
+    evaluate,
+)
 from infercc.check.compare import run_model
 from infercc.check.tolerances import calibrated_criterion
+from infercc.config import BuildConfig
 from infercc.data.feeds import make_inputs
 from infercc.data.signature import Shapes, check_shape_names, resolve_shapes
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
-from infercc.ir.output_types import reconcile_output_types, strictly_typed
-from infercc.passes.manager import REGISTRY, PassContext, check_pass_names, run_passes
+from infercc.outputs import Staging
+from infercc.passes.manager import REGISTRY, check_pass_names
 from infercc.passes.pipelines import (
     CALIBRATE_FP32,
     CALIBRATE_INT4,
     DECODER_FUSIONS,
+    Pipeline,
     check_disabled,
 )
 from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
@@ -251,8 +254,9 @@ def _cause(reason: str) -> str:
 
 
 @dataclass
-class Int4Job:
-    """The options of one int4 calibration, checked."""
+class Int4Request:
+    """What one int4 calibration was asked for, checked (the passes' options, `assume` and
+    `disable_passes`, are its `BuildConfig`'s)."""
 
     method: str = "rtn"
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -263,10 +267,14 @@ class Int4Job:
     embeddings: bool = False
     exclude: tuple[str, ...] = ()
     speed_check: bool = True
-    assumptions: tuple[str, ...] = ()
-    disabled: tuple[str, ...] = ()
     on_data: bool = False  # evaluated on the user's samples (accuracy can veto level 4)
     row: Int4Row = field(default_factory=lambda: Int4Row(None, 4, DEFAULT_BLOCK_SIZE, True))
+    target: str = "cpu"
+    data: str | PathLike[str] | None = None
+    num_samples: int | None = None
+    holdout: float = 0.2
+    preprocess: str | None = None
+    shapes: Shapes | None = None
 
     def options(self, level: int = 0) -> Int4Options:
         return Int4Options(
@@ -369,8 +377,8 @@ def calibrate_int4(
     assumptions = check_assumptions(assume)
     disabled = tuple(disable_passes)
     check_pass_names(disabled)
-    stages = [CALIBRATE_INT4] if form == "nbits" else [CALIBRATE_FP32]
-    check_disabled(disabled, stages, "calibrate --int4" + (" --portable" if portable else ""))
+    pipeline = int4_pipeline(form)
+    check_disabled(disabled, [pipeline], "calibrate --int4" + (" --portable" if portable else ""))
     if assumptions and form != "nbits":
         raise InferccError(
             "--assume has no effect on the standard DequantizeLinear form: only the cpu "
@@ -385,53 +393,35 @@ def calibrate_int4(
         )
     if not 0.0 <= holdout < 1.0:
         raise InferccError(f"holdout must be in [0, 1), got {holdout}", "e.g. 0.2")
-    job = Int4Job(method, int(block_size), sym, form, level, lm_head, embeddings, tuple(exclude))
-    job.speed_check = speed_check
-    job.row = row
-    job.assumptions = assumptions
-    job.disabled = disabled
-    job.on_data = data is not None
+    request = Int4Request(
+        method, int(block_size), sym, form, level, lm_head, embeddings, tuple(exclude)
+    )
+    request.speed_check = speed_check
+    request.row = row
+    request.on_data = data is not None
+    request.target = target
+    request.data, request.num_samples, request.shapes = data, num_samples, shapes
+    request.holdout, request.preprocess = holdout, preprocess
     src, dest = Path(model), Path(out_dir)
     check_calibration_destination(dest, src)
-    step = on_step or (lambda _text: None)
-    step("loading")
-    ir = _load(src, form)
-    check_shape_names(ir, shapes)  # optimize's refusals, in its words
-    skeleton = export_model(ir, with_weights=False)
-    sig = _signature(skeleton, shapes, data)
-    samples, evaluated_on = _samples(data, skeleton, sig, num_samples, preprocess, shapes)
-    calib, evaluation = _split(samples, holdout, evaluated_on)
-    if sig is not None:  # prompts become the calls the decoder takes (split first)
-        calib, evaluation = prompt_calls(src, sig, calib), prompt_calls(src, sig, evaluation)
-    staging = staging_dir(dest)
-    stage = staging.path
-    try:
-        run = _Run(job, stage, sig, evaluation, step)
-        run.prepare_fp32(ir)
-        del ir
-        report = run.execute(src, dest, calib, on_progress)
-        report.samples = {
-            "calibration": len(calib) if method != "rtn" else 0,
-            "evaluation": len(evaluation),
-            "evaluated_on": evaluated_on,
-        }
-        report.size = _sizes(src, stage / INT4_FILE)
-        report.files = [str(dest / name) for name in (INT4_FILE, REPORT_FILE, MANIFEST)]
-        report.seconds = time.perf_counter() - t0
-        (stage / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
-        manifest = calibration_manifest(src, target, report.files, INT4_FILE, "int4")
-        # the criterion it was accepted at, which infercc validate applies (one verdict)
-        manifest["criterion"] = calibrated_criterion(
-            report.quality.cosine, "calibrate --int4", evaluated_on
-        )
-        write_manifest(stage, manifest)
-        for tmp in stage.glob(".*"):
-            tmp.unlink()
-        publish(stage, dest)
-    finally:
-        staging.close()
+    config = BuildConfig(
+        target=target, portable=form == "dq", assume=assumptions, disable_passes=disabled
+    )
+    flow = Int4Flow(src, dest, request, on_progress, t0)
+    run_steps(Job(flow, config, on_step or (lambda _text: None)))
+    report = flow.report
+    assert report is not None  # the build ran to its end
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def int4_pipeline(form: str) -> Pipeline:
+    """The pipeline `calibrate --int4` runs, in the build's context: on the cpu form
+    (MatMulNBits) calibrate-int4, the fp32 passes with every decoder fusion (with int4 weights
+    the rest of a decode step is the larger part of its time, and these take most of it away:
+    bench/int4_decoder.py) under the user's assumptions; on the DequantizeLinear form int8's
+    portable calibrate-fp32."""
+    return CALIBRATE_INT4 if form == "nbits" else CALIBRATE_FP32
 
 
 def _load(src: Path, form: str) -> Model:
@@ -500,36 +490,165 @@ def _split(samples: Samples, holdout: float, evaluated_on: str) -> tuple[Samples
     return calib, evaluation
 
 
-# --------------------------------------------------------------------------- the run
+# --------------------------------------------------------------------------- the flow
 
 
-class _Run:
+class Int4Flow:
+    """`calibrate --int4` as a `Flow` of the build sequence (`infercc.build`):
+
+    - load: the model (converted to opset 21 for the DequantizeLinear form), its decoder
+      signature, the samples (or random inputs) split into calibration and evaluation (a
+      decoder's prompts made the calls it takes);
+    - pipelines: `int4_pipeline` in the build's context (calibrate-int4 with the decoder
+      fusions under the user's assumptions, each of which must have had an effect; the
+      portable form: calibrate-fp32);
+    - plan: the quantizable nodes named and checked, the fp32 reference saved and run, and
+      the method's blocks (AWQ's or GPTQ's search over the calibration inputs; RTN: none);
+    - write: the int4 model staged, at accuracy level 0 (or the level given);
+    - validate: it is evaluated against fp32 (and compared with RTN), its accuracy level
+      chosen (`choose_level`: level 4 measured against 0), and raced against the original;
+    - publish: its report and manifest written, the directory moved into place.
+    """
+
     def __init__(
         self,
-        job: Int4Job,
-        stage: Path,
-        sig: DecoderSignature | None,
-        evaluation: Samples,
-        step: Step,
+        src: Path,
+        dest: Path,
+        request: Int4Request,
+        on_progress: ProgressFn | None = None,
+        t0: float | None = None,
     ):
-        self.job = job
-        self.stage = stage
-        self.sig = sig
-        self.evaluation = evaluation
-        self.step = step
-        self.fp32_path = stage / _FP32_FILE
+        self.src, self.dest, self.job = src, dest, request
+        self.on_progress = on_progress
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.step: Step = lambda _text: None
+        self.stage = Path()  # the staging directory, once the plan opens it
+        self.sig: DecoderSignature | None = None
+        self.calib: Samples = []
+        self.evaluation: Samples = []
+        self.evaluated_on = "holdout"
+        self.fp32_path = Path(_FP32_FILE)
         self.reference: list[dict[str, np.ndarray]] = []
+        self.blocks: Callable[[str, np.ndarray], Blocks] | None = None
+        self.scales: dict[str, np.ndarray] = {}
         self.fusions: dict[str, dict[str, int]] = {}
         self.assumed: list[dict[str, Any]] = []
+        self.quantized: Int4Report | None = None
+        self.report: Int4CalibrationReport | None = None
 
-    def prepare_fp32(self, ir: Model) -> None:
-        self.step("optimizing fp32")
-        typed = strictly_typed(ir)
-        if self.job.form == "nbits":
-            self.fuse_decoder(ir)
-        else:
-            run_passes(ir, PassContext(portable=True), CALIBRATE_FP32.passes, self.job.disabled)
-        reconcile_output_types(ir, typed)  # every written model passes onnx's full checker
+    # -- the steps ----------------------------------------------------------------
+
+    def load(self, job: Job) -> Model:
+        request, src = self.job, self.src
+        self.step = job.step
+        ir = _load(src, request.form)
+        check_shape_names(ir, request.shapes)  # optimize's refusals, in its words
+        skeleton = export_model(ir, with_weights=False)
+        sig = self.sig = _signature(skeleton, request.shapes, request.data)
+        samples, self.evaluated_on = _samples(
+            request.data, skeleton, sig, request.num_samples, request.preprocess, request.shapes
+        )
+        calib, evaluation = _split(samples, request.holdout, self.evaluated_on)
+        if sig is not None:  # prompts become the calls the decoder takes (split first)
+            calib, evaluation = prompt_calls(src, sig, calib), prompt_calls(src, sig, evaluation)
+        self.calib, self.evaluation = calib, evaluation
+        return ir
+
+    def stages(self, job: Job) -> Iterator[Stage]:
+        """`int4_pipeline`, then the decoder fusions it made and the assumptions they used
+        (each must have had an effect)."""
+        pipeline, ctx = int4_pipeline(self.job.form), stage_context(job.config)
+        yield Stage(pipeline.name, pipeline.passes, ctx, announce="optimizing fp32")
+        if self.job.form != "nbits":
+            return
+        ran = job.reports[pipeline.name].passes
+        check_used(job.config.assume, ctx.assumed, _readers)  # else: no effect
+        self.fusions = {
+            name: dict(ran[name].counts)
+            for name in DECODER_FUSIONS
+            if name in ran and any(ran[name].counts.values())
+        }
+        self.assumed = describe(job.config.assume, ctx.assumed)
+
+    def plan(self, job: Job) -> bool:
+        """The optimized model checked and saved as the reference, run on the evaluation
+        samples; the method's blocks searched."""
+        self.check_optimized(job.ir)
+        self.stage = job.stage_dir
+        self.fp32_path = self.stage / _FP32_FILE
+        save_model(job.ir, self.fp32_path)
+        del job.ir  # each build reads the reference back from its file
+        self.step("running fp32 on the evaluation samples")
+        self.reference = run_model(self.fp32_path, self.evaluation)
+        self.blocks, self.scales = self.method(self.calib, self.on_progress)
+        return True
+
+    def staging(self) -> Staging:
+        return staging_dir(self.dest)
+
+    def write(self, job: Job) -> None:
+        request = self.job
+        level = 0 if request.accuracy_level == "auto" else int(request.accuracy_level)
+        self.step(f"quantizing ({request.method})")
+        options = request.options(level)
+        self.quantized = self.build(options, self.blocks, self.scales, self.stage / INT4_FILE)
+
+    def validate(self, job: Job) -> bool:
+        """Evaluate the staged model, compare it with RTN, choose its accuracy level, race it."""
+        request = self.job
+        assert self.quantized is not None
+        quality = self.evaluate(self.stage / INT4_FILE)
+        result = Int4CalibrationReport(
+            str(self.src),
+            str(self.dest),
+            request.method,
+            "MatMulNBits" if request.form == "nbits" else "DequantizeLinear",
+            request.block_size,
+            request.symmetric,
+            {},
+            quality,
+            self.quantized,
+            True,
+            "",
+            decoder=None if self.sig is None else self.sig.to_dict(),
+        )
+        self.report = result
+        result.fusions, result.assumptions = self.fusions, self.assumed
+        if request.method != "rtn":
+            result.versus_rtn = self.versus_rtn(quality)
+        result.accuracy_level = self.choose_level(quality, result)
+        if request.speed_check:
+            self.step("racing int4 against fp32")
+            result.speed = self.race(self.src, self.stage / INT4_FILE)
+        result.message = _message(result)
+        return result.passed
+
+    def publish(self, job: Job) -> None:
+        """The report and the manifest (with the criterion the model was accepted at, which
+        `infercc validate` applies: one verdict), then the directory moved into place."""
+        report, stage, dest = self.report, self.stage, self.dest
+        assert report is not None
+        report.samples = {
+            "calibration": len(self.calib) if self.job.method != "rtn" else 0,
+            "evaluation": len(self.evaluation),
+            "evaluated_on": self.evaluated_on,
+        }
+        report.size = _sizes(self.src, stage / INT4_FILE)
+        report.files = [str(dest / name) for name in (INT4_FILE, REPORT_FILE, MANIFEST)]
+        report.seconds = time.perf_counter() - self.t0
+        (stage / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        manifest = calibration_manifest(self.src, self.job.target, report.files, INT4_FILE, "int4")
+        manifest["criterion"] = calibrated_criterion(
+            report.quality.cosine, "calibrate --int4", self.evaluated_on
+        )
+        write_manifest(stage, manifest)
+        for tmp in stage.glob(".*"):
+            tmp.unlink()
+        publish(stage, dest)
+
+    def check_optimized(self, ir: Model) -> None:
+        """Name the quantizable nodes; refuse exclusions the optimized model lacks, a model with
+        no weight to quantize, and --embeddings on a model without an embedding table."""
         name_targets(ir)
         names = {n.name for n in ir.graph}
         unknown = [name for name in self.job.exclude if name not in names]
@@ -551,56 +670,6 @@ class _Run:
                 "axis 0 of a constant float32 or float16 [V, D] table)",
                 "drop --embeddings",
             )
-        save_model(ir, self.fp32_path)
-
-    def fuse_decoder(self, ir: Model) -> None:
-        """The fp32 passes with every decoder fusion (the `calibrate-int4` pipeline) on the
-        cpu form: once the weights are int4 the rest of a decode step is the larger part of
-        its time, and these take most of it away (bench/int4_decoder.py)."""
-        ctx = PassContext(assumptions=frozenset(self.job.assumptions))
-        ran = run_passes(ir, ctx, CALIBRATE_INT4.passes, self.job.disabled)
-        check_used(self.job.assumptions, ctx.assumed, _readers)  # else: no effect
-        self.fusions = {
-            name: dict(ran.passes[name].counts)
-            for name in DECODER_FUSIONS
-            if name in ran.passes and any(ran.passes[name].counts.values())
-        }
-        self.assumed = describe(self.job.assumptions, ctx.assumed)
-
-    def execute(
-        self, src: Path, dest: Path, calib: Samples, on_progress: ProgressFn | None
-    ) -> Int4CalibrationReport:
-        job = self.job
-        self.step("running fp32 on the evaluation samples")
-        self.reference = run_model(self.fp32_path, self.evaluation)
-        method, scales = self.method(calib, on_progress)
-        level = 0 if job.accuracy_level == "auto" else int(job.accuracy_level)
-        self.step(f"quantizing ({job.method})")
-        report = self.build(job.options(level), method, scales, self.stage / INT4_FILE)
-        quality = self.evaluate(self.stage / INT4_FILE)
-        result = Int4CalibrationReport(
-            str(src),
-            str(dest),
-            job.method,
-            "MatMulNBits" if job.form == "nbits" else "DequantizeLinear",
-            job.block_size,
-            job.symmetric,
-            {},
-            quality,
-            report,
-            True,
-            "",
-            decoder=None if self.sig is None else self.sig.to_dict(),
-        )
-        result.fusions, result.assumptions = self.fusions, self.assumed
-        if job.method != "rtn":
-            result.versus_rtn = self.versus_rtn(quality)
-        result.accuracy_level = self.choose_level(quality, result)
-        if job.speed_check:
-            self.step("racing int4 against fp32")
-            result.speed = self.race(src, self.stage / INT4_FILE)
-        result.message = _message(result)
-        return result
 
     # -- methods ----------------------------------------------------------------
 
