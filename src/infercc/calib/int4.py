@@ -284,6 +284,7 @@ class Int4Report:
 
     quantized: list[str] = field(default_factory=list)
     embeddings: list[str] = field(default_factory=list)
+    tied: dict[str, str] = field(default_factory=dict)  # Gather -> the LM head it shares
     kept_float: dict[str, str] = field(default_factory=dict)
     weight_bytes_before: int = 0  # float bytes of the weights that were quantized
     weight_bytes_after: int = 0  # their int4 bytes (codes, scales, zero points)
@@ -293,6 +294,7 @@ class Int4Report:
         return {
             "quantized": list(self.quantized),
             "embeddings": list(self.embeddings),
+            "tied": dict(self.tied),
             "kept_float": dict(self.kept_float),
             "weight_bytes_before": self.weight_bytes_before,
             "weight_bytes_after": self.weight_bytes_after,
@@ -397,6 +399,29 @@ def embedding_gathers(model: Model) -> list[Node]:
     return found
 
 
+def tied_tables(model: Model, heads: set[str], block_size: int) -> dict[str, str]:
+    """Embedding Gathers whose table is an LM head's weight transposed (tied embeddings, which
+    the TorchScript exporter writes as two initializers): Gather name -> head name. Only where
+    the table's width is a whole number of blocks, so one int4 copy can serve both."""
+    by_shape: dict[tuple[int, int], list[tuple[str, np.ndarray]]] = {}
+    for node in model.graph:
+        if node.name in heads and node.op_type == "MatMul":
+            found = target_weight(node)
+            if not isinstance(found, str):
+                w = found[0]
+                by_shape.setdefault((w.shape[1], w.shape[0]), []).append((node.name, w))
+    tied = {}
+    for gather in embedding_gathers(model):
+        table = np.asarray(const_array(gather.input(0)))
+        if table.shape[1] % block_size:
+            continue
+        for head, w in by_shape.get(table.shape, []):
+            if w.dtype == table.dtype and np.array_equal(w.T, table):
+                tied[gather.name or f"Gather({gather.output.name})"] = head
+                break
+    return tied
+
+
 def quantize_int4(
     model: Model,
     options: Int4Options,
@@ -415,10 +440,14 @@ def quantize_int4(
         raise InferccError(f"unknown int4 form {options.form!r}", f"use one of {FORMS}")
     rewriter = _Int4Rewriter(model, options, method, dict(input_scales or {}))
     heads = lm_heads(model)
+    tied = tied_tables(model, heads, options.block_size)
     for node in list(model.graph):
         if is_target(node):
             rewriter.visit(node, node.name in heads)
     for node in embedding_gathers(model):
+        head = tied.get(node.name)
+        if options.form == "nbits" and head is not None and rewriter.share(node, head):
+            continue
         if options.embeddings or options.form != "nbits":
             rewriter.embedding(node)  # the DequantizeLinear form says why it stays float
         else:
@@ -446,6 +475,8 @@ class _Int4Rewriter:
         self.scaled: dict[tuple[str, bytes], Value] = {}  # (input, s bytes) -> X / s
         self.report = Int4Report()
         self.dtype: np.dtype = np.dtype(np.float32)  # the weight being rewritten's type
+        # node -> its MatMulNBits (B, scales, zero points, blocks): what a tied table shares
+        self.nbits: dict[str, tuple[Value, Value, Value | None, Blocks]] = {}
 
     def _rtn(self, _name: str, w: np.ndarray) -> Blocks:
         return quantize_rtn(w, self.options.block_size, self.options.symmetric)
@@ -503,14 +534,16 @@ class _Int4Rewriter:
     def _to_nbits(self, node: Node, blocks: Blocks, bias: np.ndarray | None) -> None:
         packed = pack_matmul_nbits(blocks)
         g, base = self.graph, node.name
-        inputs = [
-            node.input(0),
-            g.make_constant(packed.b, f"{base}_int4_B"),
-            g.make_constant(packed.scales.astype(self.dtype), f"{base}_int4_scales"),
-        ]
+        b_value = g.make_constant(packed.b, f"{base}_int4_B")
+        scales_value = g.make_constant(packed.scales.astype(self.dtype), f"{base}_int4_scales")
+        inputs = [node.input(0), b_value, scales_value]
+        zp_value = None
         if packed.zero_points is not None or bias is not None:
             zp = packed.zero_points
-            inputs.append(None if zp is None else g.make_constant(zp, f"{base}_int4_zero_points"))
+            zp_value = None if zp is None else g.make_constant(zp, f"{base}_int4_zero_points")
+            inputs.append(zp_value)
+        if node.name not in self.input_scales:
+            self.nbits[node.name] = (b_value, scales_value, zp_value, blocks)
         if bias is not None:
             inputs += [None, g.make_constant(bias, f"{base}_bias")]
         old_bias = node.input(2) if node.op_type == "Gemm" else None
@@ -544,6 +577,37 @@ class _Int4Rewriter:
         made.output.dtype = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(self.dtype))
         made.output.shape = w_shape
         node.set_input(1, made.output)
+
+    def share(self, node: Node, head: str) -> bool:
+        """A tied table read through the LM head's int4 copy: GatherBlockQuantized over
+        Reshape(B) [V, D / 2] with the head's scales and zero points (as onnxruntime-genai
+        builds it); no bytes added. False where the head was not quantized plainly (kept
+        float, excluded, or AWQ-scaled: its codes are then of diag(s) W, not of W)."""
+        label = node.name or f"Gather({node.output.name})"
+        packed = self.nbits.get(head)
+        if packed is None or label in self.options.exclude:
+            return False
+        b, scales, zero, blocks = packed
+        g = self.graph
+        dims = np.array([blocks.n, blocks.k // 2], np.int64)
+        shape = g.make_constant(dims, f"{label}_tied_shape")
+        reshape = g.make_node("Reshape", [b, shape], before=node, name=f"{label}_tied_codes")
+        reshape.output.dtype, reshape.output.shape = TensorProto.UINT8, (blocks.n, blocks.k // 2)
+        table_value = node.input(0)
+        inputs = [reshape.output, node.input(1), scales]
+        if zero is not None:
+            inputs.append(zero)
+        node.replace_inputs(inputs)
+        node.op_type, node.domain = "GatherBlockQuantized", MS_DOMAIN
+        node.attributes = {}
+        attrs = {"bits": BITS, "block_size": blocks.block_size, "gather_axis": 0}
+        for key, value in {**attrs, "quantize_axis": 1}.items():
+            node.set_attr(key, int(value))
+        self.report.weight_bytes_before += int(np.asarray(const_array(table_value)).nbytes)
+        self._drop_if_unread(table_value)
+        self.report.embeddings.append(label)
+        self.report.tied[label] = head
+        return True
 
     def embedding(self, node: Node) -> None:
         label = node.name or f"Gather({node.output.name})"
