@@ -54,6 +54,10 @@ BROKEN = {
         "--ort-optimized-model",
     ),
     "_no_tune_needs_a_tuning_backend": (BuildConfig(backend="none", tune=False), "--no-tune"),
+    "_custom_op_libs_need_a_session": (
+        BuildConfig(backend="none", validate=False, ort_custom_op_libs=("/opt/ops.so",)),
+        "--ort-custom-op-lib",
+    ),
     "_validation_options_need_validation": (BuildConfig(validate=False, atol=1e-2), "--atol"),
     "_input_ranges_need_generated_inputs": (
         BuildConfig(input_ranges=("x=0:1",), data="samples/"),

@@ -134,6 +134,11 @@ EXAMPLES: dict[str, tuple[list[str], str, dict[str, Any]]] = {
         "[tensorrt]\nstrict_target = true",
         {"tensorrt": {"strict_target": True}},
     ),
+    "--ort-custom-op-lib": (
+        ["--ort-custom-op-lib", "/opt/a.so", "--ort-custom-op-lib", "/opt/b.so"],
+        'ort_custom_op_libs = ["/opt/a.so", "/opt/b.so"]',
+        {"ort_custom_op_libs": ["/opt/a.so", "/opt/b.so"]},
+    ),
     "--plugin": (
         ["--plugin", "/opt/a.so", "--plugin", "/opt/b.so"],
         '[tensorrt]\nplugins = ["/opt/a.so", "/opt/b.so"]',

@@ -46,7 +46,7 @@ from infercc.runtime.artifact import (
 )
 from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.runtime.backend import CompileOptions
-from infercc.runtime.ort_support import check_ir_version, warn_ir_version
+from infercc.runtime.ort_support import check_ir_version, custom_op_libraries, warn_ir_version
 from infercc.runtime.registry import get_backend, require_available
 from infercc.util import json_text
 
@@ -344,7 +344,8 @@ def optimize(
         build = _Build(src, out, cfg)
         cfg.check()
         flow = OptimizeFlow(src, build, cache_dir, samples if in_memory(samples) else cfg.data)
-        run_steps(Job(flow, cfg, on_step or (lambda _s: None)))
+        with custom_op_libraries(cfg.ort_custom_op_libs):
+            run_steps(Job(flow, cfg, on_step or (lambda _s: None)))
         report = flow.report
         assert report is not None  # a build that ran to the end wrote its report
     if is_proto(model):

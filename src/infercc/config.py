@@ -467,6 +467,21 @@ class BuildConfig:
         types=(str,),
         panel=BACKEND,
     )
+    ort_custom_op_libs: tuple[str, ...] = option(
+        (),
+        Flag(
+            "--ort-custom-op-lib",
+            "An onnxruntime custom-op library (.so, .dll) implementing the model's custom ops, "
+            "registered in every onnxruntime session: validation, tuning (repeatable).",
+            Path,
+            many=True,
+            metavar="LIB",
+            value=_abspaths,
+        ),
+        types=_LIST,
+        panel=BACKEND,
+        read=_paths,
+    )
     precision: str = option(
         "fp32",
         Flag(
@@ -803,6 +818,7 @@ class BuildConfig:
             _set(self, "fold_limit", parse_size(self.fold_limit, "--fold-limit"))
         if self.data is not None:
             _set(self, "data", _data_text(self.data))
+        _set(self, "ort_custom_op_libs", tuple(str(p) for p in self.ort_custom_op_libs))
         if isinstance(self.alignment, bool) or not isinstance(self.alignment, int):
             raise InferccError(f"--align {self.alignment!r} is not an integer", "e.g. --align 64")
         if self.alignment < 1:
@@ -1180,6 +1196,18 @@ def _no_tune_needs_a_tuning_backend(c: BuildConfig) -> Broken:
     return None
 
 
+def _custom_op_libs_need_a_session(c: BuildConfig) -> Broken:
+    """--ort-custom-op-lib is read by onnxruntime sessions: validation's, and the ort backend's
+    tuning; a build that makes neither (TensorRT or no backend, without validation) has none."""
+    if c.ort_custom_op_libs and not c.validate and c.backend != "ort":
+        return (
+            "--ort-custom-op-lib has no effect with --no-validate: no onnxruntime session runs "
+            f"the model (backend {c.backend})",
+            "drop --ort-custom-op-lib, or validate",
+        )
+    return None
+
+
 def _validation_options_need_validation(c: BuildConfig) -> Broken:
     """Tolerances, samples, coverage and the bisection of a failure are only read by
     validation (the options that declare `validation`)."""
@@ -1301,6 +1329,7 @@ RULES: tuple[Rule, ...] = (
     _calib_cache_needs_int8,
     _ort_options_need_ort,
     _no_tune_needs_a_tuning_backend,
+    _custom_op_libs_need_a_session,
     _validation_options_need_validation,
     _input_ranges_need_generated_inputs,
     _fold_limit_needs_folding,

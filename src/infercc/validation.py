@@ -37,6 +37,7 @@ def validate(
     input_ranges: Mapping[str, tuple[float, float] | str] | Sequence[str] = (),
     save_golden_to: str | os.PathLike[str] | None = None,
     on_step: Callable[[str], None] | None = None,
+    ort_custom_op_libs: Sequence[str | os.PathLike[str]] = (),
 ) -> CandidateReport:
     """Compare `candidate` with `reference` (or with goldens) under onnxruntime, per output.
 
@@ -46,7 +47,8 @@ def validate(
     model of one input, or a list or generator of those: `infercc.data.samples.iter_samples`);
     without it inputs are generated, from `input_ranges` ({name: (low, high)} or
     `NAME=LOW:HIGH` specs) where given. `report.passed` says whether every output agreed;
-    `report.to_dict()` is the `--json` form of `infercc validate`.
+    `report.to_dict()` is the `--json` form of `infercc validate`. `ort_custom_op_libs`:
+    onnxruntime custom-op libraries registered in every session (a model with custom ops).
     """
     pinned = as_shapes(shapes)
     ranges = {name: (lo, hi) for name, lo, hi in parse_input_ranges(input_ranges)}
@@ -69,6 +71,7 @@ def validate(
             min_cosine=min_cosine,
             tolerances=tolerances,
             on_step=on_step,
+            ort_custom_op_libs=ort_custom_op_libs,
         )
     if is_proto(candidate):
         report.candidate = IN_MEMORY

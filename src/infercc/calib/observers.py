@@ -77,6 +77,7 @@ from onnx import TensorProto
 
 from infercc.errors import InferccError
 from infercc.passes.quantize_qdq import INT8_MAX, MIN_SCALE
+from infercc.runtime.ort_support import load_refusal, session_options
 from infercc.util import first_line
 
 logger = logging.getLogger(__name__)
@@ -488,7 +489,7 @@ def _output_info(name: str, elem_type: int | None) -> onnx.ValueInfoProto:
 
 
 def _session(model_bytes: bytes, base_dir: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
+    options = session_options()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
@@ -499,10 +500,7 @@ def _session(model_bytes: bytes, base_dir: Path) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
-        raise InferccError(
-            f"onnxruntime cannot load the model for calibration: {first_line(exc)}",
-            "check the model with onnx.checker.check_model",
-        ) from exc
+        raise load_refusal("the model for calibration", exc) from exc
 
 
 def _run(

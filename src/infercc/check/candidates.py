@@ -39,7 +39,7 @@ not when only rounding differs (`ValidationReport.rounding_only`), which the rep
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ from infercc.data.signature import (
 )
 from infercc.errors import InferccError
 from infercc.runtime.artifact import candidate_model_path, open_source, read_skeleton
+from infercc.runtime.ort_support import custom_op_libraries
 from infercc.runtime.registry import load_runner
 from infercc.util import first_line
 
@@ -180,53 +181,56 @@ def validate_candidate(
     on_step: Callable[[str], None] | None = None,
     strict_coverage: bool = False,
     second_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    ort_custom_op_libs: Sequence[str | os.PathLike[str]] = (),
 ) -> CandidateReport:
     """Validate `candidate` against `reference` or `golden` (see the module docstring).
 
     `candidate=None` with `save_golden_to` only writes the goldens of `reference`; `target`
     is the target the candidate was built for (for `bisect`); `on_step(what)` is told each
     step; `strict_coverage` fails a rewritten If/Loop body the samples never ran;
-    `second_shapes` pins inputs of the second shape profile (a `--shape` range's MAX).
+    `second_shapes` pins inputs of the second shape profile (a `--shape` range's MAX);
+    `ort_custom_op_libs` are registered in every onnxruntime session (`--ort-custom-op-lib`).
     """
-    step = on_step or (lambda _what: None)
-    _check_sources(candidate, reference, golden, save_golden_to, data, bisect, target)
-    if bisect and target is not None and candidate is not None:
-        from infercc.check.bisection import config_for_candidate
+    with custom_op_libraries(ort_custom_op_libs):
+        step = on_step or (lambda _what: None)
+        _check_sources(candidate, reference, golden, save_golden_to, data, bisect, target)
+        if bisect and target is not None and candidate is not None:
+            from infercc.check.bisection import config_for_candidate
 
-        config_for_candidate(candidate, target)  # refuses a --target the artifact records
-    skeleton = _candidate_skeleton(candidate) if candidate is not None else None
-    step("running the reference")
-    if golden is not None:
-        feeds_list, expected, _meta = load_golden(golden)
-        plan = FeedPlan([Profile("golden", list(feeds_list), list(expected))])
-    else:
-        plan = reference_feeds_plan(reference, shapes, data, seed, second_shapes, skeleton)
-    saved = None
-    if save_golden_to is not None:
-        saved = str(save_golden(save_golden_to, plan.feeds, plan.expected, reference))
-    if candidate is None:
-        return CandidateReport(None, _str(reference), _str(golden), "fp32", None, saved)
-    if skeleton is not None:
-        _check_same_inputs(skeleton, plan.feeds[0] if plan.feeds else {})
-    precision = detect_precision(candidate, skeleton)
-    criterion = artifact_criterion(candidate) if min_cosine is None else None
-    if criterion is not None:
-        min_cosine = float(criterion["min_cosine"])
-    tol = default_tolerance(precision, atol, rtol, min_cosine)
-    step("running the candidate")
-    fp32 = precision == "fp32"
-    floor = runtime_floor(reference, plan) if fp32 and reference is not None else None
-    report = _judge_candidate(
-        candidate, reference, skeleton, plan, tol, not fp32, tolerances, strict_coverage, floor
-    )
-    result = CandidateReport(
-        _str(candidate), _str(reference), _str(golden), precision, report, saved
-    )
-    result.criterion = describe_criterion(criterion) if criterion is not None else None
-    if bisect and not report.outputs_passed and report.rounding_only() is None:
-        step("bisecting the pipeline")
-        result.bisect = _bisect(candidate, reference, plan.feeds, tol, tolerances, target)
-    return result
+            config_for_candidate(candidate, target)  # refuses a --target the artifact records
+        skeleton = _candidate_skeleton(candidate) if candidate is not None else None
+        step("running the reference")
+        if golden is not None:
+            feeds_list, expected, _meta = load_golden(golden)
+            plan = FeedPlan([Profile("golden", list(feeds_list), list(expected))])
+        else:
+            plan = reference_feeds_plan(reference, shapes, data, seed, second_shapes, skeleton)
+        saved = None
+        if save_golden_to is not None:
+            saved = str(save_golden(save_golden_to, plan.feeds, plan.expected, reference))
+        if candidate is None:
+            return CandidateReport(None, _str(reference), _str(golden), "fp32", None, saved)
+        if skeleton is not None:
+            _check_same_inputs(skeleton, plan.feeds[0] if plan.feeds else {})
+        precision = detect_precision(candidate, skeleton)
+        criterion = artifact_criterion(candidate) if min_cosine is None else None
+        if criterion is not None:
+            min_cosine = float(criterion["min_cosine"])
+        tol = default_tolerance(precision, atol, rtol, min_cosine)
+        step("running the candidate")
+        fp32 = precision == "fp32"
+        floor = runtime_floor(reference, plan) if fp32 and reference is not None else None
+        report = _judge_candidate(
+            candidate, reference, skeleton, plan, tol, not fp32, tolerances, strict_coverage, floor
+        )
+        result = CandidateReport(
+            _str(candidate), _str(reference), _str(golden), precision, report, saved
+        )
+        result.criterion = describe_criterion(criterion) if criterion is not None else None
+        if bisect and not report.outputs_passed and report.rounding_only() is None:
+            step("bisecting the pipeline")
+            result.bisect = _bisect(candidate, reference, plan.feeds, tol, tolerances, target)
+        return result
 
 
 def reference_feeds_plan(

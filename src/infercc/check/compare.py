@@ -96,7 +96,12 @@ from infercc.check import structured
 from infercc.errors import InferccError
 from infercc.ir import dtypes
 from infercc.precisions import FP32, RUNTIME_ROUNDING_MULTIPLE, RUNTIME_ROUNDING_SHARE
-from infercc.runtime.ort_support import check_ir_version, refused_ir_version
+from infercc.runtime.ort_support import (
+    check_ir_version,
+    custom_op_refusal,
+    refused_ir_version,
+    session_options,
+)
 from infercc.util import first_line, format_below, json_float
 
 logger = logging.getLogger(__name__)
@@ -395,7 +400,7 @@ def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 
 def _make_session(source: str | bytes, optimize: bool, role: str) -> ort.InferenceSession:
-    options = ort.SessionOptions()
+    options = session_options()
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if optimize
@@ -411,6 +416,9 @@ def _make_session(source: str | bytes, optimize: bool, role: str) -> ort.Inferen
         refused = refused_ir_version(exc)
         if refused is not None:
             check_ir_version(refused)
+        custom = custom_op_refusal(first_line(exc))
+        if custom is not None:
+            raise ModelRunError("load", custom[0], role, custom[1]) from exc
         raise ModelRunError("load", first_line(exc), role) from exc
 
 

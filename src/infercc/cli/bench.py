@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from infercc.cli.app import app
-from infercc.cli.common import JsonOpt, Progress, SeedOpt, ShapeOpt, finish
+from infercc.cli.common import CustomOpLibOpt, JsonOpt, Progress, SeedOpt, ShapeOpt, finish
 from infercc.errors import InferccError
 from infercc.util import parse_duration
 
@@ -111,6 +111,7 @@ def bench(
             "process).",
         ),
     ] = False,
+    ort_custom_op_lib: CustomOpLibOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure latency (p50/p90/p99/mean) and throughput per batch size, or compare two
@@ -131,6 +132,12 @@ def bench(
         if shape:
             raise InferccError(
                 "--shape has no effect with --generate", "the prompt sets the shapes: drop it"
+            )
+        if ort_custom_op_lib:
+            raise InferccError(
+                "--ort-custom-op-lib is not supported with --generate (its peak-memory run is "
+                "a separate process)",
+                "bench the decoder's latency without --generate, or drop --ort-custom-op-lib",
             )
         for flag, on in (("--duration", duration is not None), ("--ort-profile", profile)):
             if on:
@@ -162,6 +169,7 @@ def bench(
             "--ort-profile has no effect with --compare: races are not profiled",
             "profile each model with its own `infercc bench MODEL --ort-profile`",
         )
+    libs = tuple(ort_custom_op_lib or ())
     with Progress(as_json, "compare" if compare else "bench") as progress:
         if compare is not None:
             report = engine.compare(
@@ -174,6 +182,7 @@ def bench(
                 seed,
                 progress.tick,
                 duration=seconds,
+                ort_custom_op_libs=libs,
             )
         else:
             report = engine.bench(
@@ -186,6 +195,7 @@ def bench(
                 progress.tick,
                 duration=seconds,
                 profile=profile,
+                ort_custom_op_libs=libs,
             )
     finish(report, as_json, render_compare if compare is not None else render_bench)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from infercc.cli.app import app
-from infercc.cli.common import JsonOpt, Progress, VerifyOpt, finish
+from infercc.cli.common import CustomOpLibOpt, JsonOpt, Progress, VerifyOpt, finish
 from infercc.errors import InferccError
 
 
@@ -273,6 +273,7 @@ def calibrate(
         ),
     ] = None,
     verify: VerifyOpt = False,
+    ort_custom_op_lib: CustomOpLibOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Calibrate MODEL on real samples and write an int8 QDQ model, its ranges and a TensorRT
@@ -287,6 +288,7 @@ def calibrate(
     from infercc.calib.calibrate import calibrate as run
     from infercc.cli.int4_cli import check_int8_only_flags, int4_only_flags, run_int4
     from infercc.cli.render import render_calibration
+    from infercc.runtime.ort_support import custom_op_libraries
 
     if int8 and int4:
         raise InferccError("--int8 and --int4 exclude each other", "pass one of them")
@@ -313,7 +315,7 @@ def calibrate(
             outlier_channels=None if outlier_channels else False,
             verify=verify or None,
         )
-        with Progress(as_json) as progress:
+        with custom_op_libraries(ort_custom_op_lib or ()), Progress(as_json) as progress:
             report = run_int4(
                 model,
                 output,
@@ -336,7 +338,7 @@ def calibrate(
     int4_only_flags({k: v for k, v in int4_flags.items() if k != "disable_pass"})  # --shape too
     if data is None:
         raise InferccError("int8 calibration needs samples", "pass --data DIR")
-    with Progress(as_json) as progress:
+    with custom_op_libraries(ort_custom_op_lib or ()), Progress(as_json) as progress:
         report = run(
             model,
             data,

@@ -129,6 +129,7 @@ def _shared(name: str) -> Any:
 
 
 ShapeOpt = _shared("--shape")
+CustomOpLibOpt = _shared("--ort-custom-op-lib")
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")
 ]

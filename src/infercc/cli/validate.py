@@ -10,6 +10,7 @@ import typer
 from infercc.cli.app import app
 from infercc.cli.common import (
     AtolOpt,
+    CustomOpLibOpt,
     DataLoaderOpt,
     InputRangeOpt,
     JsonOpt,
@@ -57,6 +58,7 @@ def validate(
     min_cosine: MinCosineOpt = None,
     tol: TolOpt = None,
     strict_coverage: StrictCoverageOpt = False,
+    ort_custom_op_lib: CustomOpLibOpt = None,
     save_golden: Annotated[
         Path | None,
         typer.Option(
@@ -134,5 +136,6 @@ def validate(
             target=target,
             on_step=progress.step,
             strict_coverage=strict_coverage,
+            ort_custom_op_libs=tuple(ort_custom_op_lib or ()),
         )
     finish(report, as_json, render_candidate)

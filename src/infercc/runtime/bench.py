@@ -64,6 +64,7 @@ from infercc.ir.graph import declared_dim
 from infercc.runtime import timing
 from infercc.runtime.artifact import Feeds, Runner, open_source
 from infercc.runtime.kernel_profile import Profile, read_events, summarize
+from infercc.runtime.ort_support import custom_op_libraries
 from infercc.runtime.registry import load_runner
 from infercc.util import json_float
 from infercc.version import __version__
@@ -435,23 +436,26 @@ def bench(
     *,
     duration: float | None = None,
     profile: bool = False,
+    ort_custom_op_libs: Sequence[str | os.PathLike[str]] = (),
 ) -> BenchReport:
     """Time the model or artifact at `path` at each batch size (None: the model's own batch).
 
     `duration` (seconds) times each batch size for that long (and at least `iters` runs);
-    `profile` adds onnxruntime's per-op profile of each batch size (module doc).
+    `profile` adds onnxruntime's per-op profile of each batch size (module doc);
+    `ort_custom_op_libs` are registered in every onnxruntime session (`--ort-custom-op-lib`).
     `on_progress(done, total)` is called after every run, warm-up included, counted over all
     batch sizes (total None with a duration).
     """
     sizes = _check_counts(batches, warmup, iters, duration)
-    runner, skeleton = open_runner(Path(path))
-    profiler = _profiler(Path(path)) if profile else None
-    warn_shape_conflicts(input_dims(skeleton), shapes, path)
-    plans = [_plan_batch(skeleton, shapes, batch) for batch in sizes]
-    total = None if duration is not None else len(plans) * (warmup + iters)
-    tick = _Ticker(total, on_progress)
-    counts = (warmup, iters, duration)
-    results = [_bench_one(runner, plan, counts, seed, tick, profiler) for plan in plans]
+    with custom_op_libraries(ort_custom_op_libs):
+        runner, skeleton = open_runner(Path(path))
+        profiler = _profiler(Path(path)) if profile else None
+        warn_shape_conflicts(input_dims(skeleton), shapes, path)
+        plans = [_plan_batch(skeleton, shapes, batch) for batch in sizes]
+        total = None if duration is not None else len(plans) * (warmup + iters)
+        tick = _Ticker(total, on_progress)
+        counts = (warmup, iters, duration)
+        results = [_bench_one(runner, plan, counts, seed, tick, profiler) for plan in plans]
     return BenchReport(str(path), backend_name(Path(path)), results, host_info(), duration)
 
 
@@ -520,6 +524,7 @@ def compare(
     on_progress: Progress | None = None,
     *,
     duration: float | None = None,
+    ort_custom_op_libs: Sequence[str | os.PathLike[str]] = (),
 ) -> CompareReport:
     """Race B against A, interleaved on the same feeds; ratios are time_b / time_a.
 
@@ -527,22 +532,23 @@ def compare(
     `on_progress(done, total)` is called after every run of either side.
     """
     sizes = _check_counts(batches, warmup, iters, duration)
-    side_a, side_b = _open_side(a), _open_side(b)
-    _check_same_inputs(side_a, side_b)
-    warn_shape_conflicts(input_dims(side_a.skeleton), shapes, a)
-    plans = [
-        (_plan_batch(side_a.skeleton, shapes, n), _plan_batch(side_b.skeleton, shapes, n))
-        for n in sizes
-    ]
-    total = None if duration is not None else 2 * len(plans) * (warmup + iters)
-    tick = _Ticker(total, on_progress)
-    results, first = [], None
-    for plan_a, plan_b in plans:
-        counts = (warmup, iters, seed, duration)
-        pair, outputs = _compare_one(side_a, side_b, plan_a, plan_b, counts, tick)
-        results.append(pair)
-        first = first or outputs
-    diffs = _diff_outputs(side_a.runner, side_b.runner, *first)
+    with custom_op_libraries(ort_custom_op_libs):
+        side_a, side_b = _open_side(a), _open_side(b)
+        _check_same_inputs(side_a, side_b)
+        warn_shape_conflicts(input_dims(side_a.skeleton), shapes, a)
+        plans = [
+            (_plan_batch(side_a.skeleton, shapes, n), _plan_batch(side_b.skeleton, shapes, n))
+            for n in sizes
+        ]
+        total = None if duration is not None else 2 * len(plans) * (warmup + iters)
+        tick = _Ticker(total, on_progress)
+        results, first = [], None
+        for plan_a, plan_b in plans:
+            counts = (warmup, iters, seed, duration)
+            pair, outputs = _compare_one(side_a, side_b, plan_a, plan_b, counts, tick)
+            results.append(pair)
+            first = first or outputs
+        diffs = _diff_outputs(side_a.runner, side_b.runner, *first)
     return CompareReport(
         str(a),
         str(b),

@@ -59,6 +59,7 @@ from infercc.analysis.decoder import (
 from infercc.errors import InferccError
 from infercc.runtime.artifact import read_skeleton
 from infercc.runtime.bench import host_info
+from infercc.runtime.ort_support import load_refusal, session_options
 from infercc.util import first_line, gc_paused, json_float
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ class Decoder:
     def __init__(self, path: Path, sig: DecoderSignature, spinning: bool = True):
         self.sig = sig
         self.path = path
-        options = ort.SessionOptions()
+        options = session_options()
         options.log_severity_level = 3
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -208,10 +209,7 @@ class Decoder:
                 str(path), options, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise InferccError(
-                f"onnxruntime cannot load {str(path)!r}: {first_line(exc)}",
-                "check the model with onnx.checker.check_model",
-            ) from exc
+            raise load_refusal(repr(str(path)), exc) from exc
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.logits_index = self.outputs.index(sig.logits)
         self.present_index = {c.past: self.outputs.index(c.present) for c in sig.caches}

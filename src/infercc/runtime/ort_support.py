@@ -1,4 +1,6 @@
-"""What the installed onnxruntime reads: the highest model IR version it loads.
+"""What the installed onnxruntime reads: the highest model IR version it loads, and the
+custom-op libraries a run registers in every session (`custom_op_libraries`, `session_options`;
+a model whose custom op no library implements is refused naming the op: `custom_op_refusal`).
 
 onnxruntime publishes no such constant; each release refuses models stamped with a newer IR
 ("Unsupported model IR version: 14, max supported IR version: 11" on 1.23). Python 3.10 users
@@ -13,13 +15,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import onnx
 import onnxruntime as ort
 
 from infercc.errors import InferccError
+from infercc.util import first_line
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +102,101 @@ def _hint(limit: int) -> str:
         else "upgrade onnxruntime (pip install -U onnxruntime)"
     )
     return f"{upgrade}, or save the model at IR {limit} if it uses nothing newer"
+
+
+# --------------------------------------------------------------------------- custom ops
+
+# The custom-op libraries this run registers in every session it makes on the user's model
+# (`custom_op_libraries`); a plain global, not a context variable, so worker threads see it.
+_custom_op_libs: tuple[str, ...] = ()
+
+CUSTOM_OP_FLAG = "--ort-custom-op-lib"
+_STANDARD = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
+_UNREGISTERED = re.compile(
+    r"(?P<domain>[A-Za-z0-9_.\-]+):(?P<op>[A-Za-z0-9_.\-]+)\(-?\d+\) is not a registered "
+    r"function/op"
+)
+
+
+def session_options() -> ort.SessionOptions:
+    """New onnxruntime SessionOptions with this run's custom-op libraries registered: every
+    session infercc makes on the user's model starts from these."""
+    return register_custom_ops(ort.SessionOptions())
+
+
+def register_custom_ops(options: Any) -> Any:
+    """`options` (onnxruntime SessionOptions) with this run's custom-op libraries registered."""
+    for lib in _custom_op_libs:
+        options.register_custom_ops_library(lib)
+    return options
+
+
+@contextmanager
+def custom_op_libraries(libs: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[str, ...]]:
+    """Register `libs` (onnxruntime's `SessionOptions.register_custom_ops_library`) in every
+    session made inside the block, each checked first: InferccError, one line naming the
+    library, for one that is missing or that onnxruntime cannot load."""
+    global _custom_op_libs
+    checked = tuple(check_custom_op_library(lib) for lib in libs)
+    saved = _custom_op_libs
+    _custom_op_libs = tuple(dict.fromkeys((*saved, *checked)))
+    try:
+        yield _custom_op_libs
+    finally:
+        _custom_op_libs = saved
+
+
+def check_custom_op_library(lib: str | os.PathLike[str]) -> str:
+    path = os.fspath(lib)
+    if not os.path.isfile(path):
+        raise InferccError(
+            f"{CUSTOM_OP_FLAG} {path}: no such file",
+            "give the path of the shared library that implements the model's custom ops",
+        )
+    try:
+        ort.SessionOptions().register_custom_ops_library(path)
+    except Exception as exc:  # onnxruntime raises its own non-standard exception types
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InferccError(
+            f"{CUSTOM_OP_FLAG} {path}: onnxruntime {ort.__version__} cannot load it "
+            f"({detail.split(' with error: ')[-1]})",
+            "give a custom-op library built for this onnxruntime",
+        ) from None
+    return path
+
+
+def unregistered_op(detail: str) -> tuple[str, str] | None:
+    """(domain, op type) where onnxruntime's load error says it has no kernel for an op of a
+    domain it does not know (a custom op), else None."""
+    match = _UNREGISTERED.search(detail)
+    if match is None or match["domain"] in _STANDARD or match["domain"].startswith("com.microsoft"):
+        return None
+    return match["domain"], match["op"]
+
+
+def custom_op_refusal(detail: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for a load error naming a custom op (`unregistered_op`)."""
+    found = unregistered_op(detail)
+    if found is None:
+        return None
+    domain, op = found
+    what = f"it has no kernel for op {op} of domain {domain}, a custom op"
+    if _custom_op_libs:
+        return what, (
+            f"none of the {CUSTOM_OP_FLAG} libraries registers {domain}:{op}; give the one "
+            "that implements it"
+        )
+    return what, f"give the library that implements it with {CUSTOM_OP_FLAG} LIB"
+
+
+def load_refusal(what: str, exc: BaseException) -> InferccError:
+    """The error for onnxruntime refusing to load `what` ("the model for calibration"): the
+    custom op it lacks a kernel for, named with the flag that registers one, or its own first
+    line with the checker as the hint."""
+    detail = first_line(exc)
+    found = custom_op_refusal(detail)
+    if found is not None:
+        return InferccError(f"onnxruntime cannot load {what}: {found[0]}", found[1])
+    return InferccError(
+        f"onnxruntime cannot load {what}: {detail}", "check the model with onnx.checker.check_model"
+    )

@@ -88,7 +88,9 @@ def reference_config() -> dict[str, Any]:
 def session_options(config: Mapping[str, Any]) -> tuple[Any, list[Any]]:
     """onnxruntime SessionOptions and the providers list for a configuration dict."""
     _require_ort()
-    opts = ort.SessionOptions()
+    from infercc.runtime.ort_support import register_custom_ops  # imports onnxruntime
+
+    opts = register_custom_ops(ort.SessionOptions())
     settings = {**DEFAULT_SESSION_OPTIONS, **config.get("session_options", {})}
     level = settings["graph_optimization_level"]
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)

@@ -30,6 +30,7 @@ from infercc.data.signature import real_inputs
 from infercc.errors import InferccError
 from infercc.ir.wire import read_model
 from infercc.runtime.artifact import MODEL_FILE, Feeds
+from infercc.runtime.ort_support import load_refusal
 from infercc.util import first_line
 
 try:
@@ -150,10 +151,7 @@ class OrtRunner:
             try:
                 session = _create_session(model, config)
             except Exception as exc:  # onnxruntime raises its own exception types
-                raise InferccError(
-                    f"onnxruntime cannot load {str(model)!r}: {first_line(exc)}",
-                    "check the model with onnx.checker.check_model",
-                ) from exc
+                raise load_refusal(repr(str(model)), exc) from exc
             if point.get("tuning_results"):
                 session.set_tuning_results(point["tuning_results"], error_on_invalid=False)
             self._sessions[key] = session
