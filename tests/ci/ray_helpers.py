@@ -22,11 +22,12 @@ def scratch() -> Path:
 
 
 def runtime_env(scratch_dir: Path, cache_dir: Path) -> dict:
-    """What every test cluster's workers get: the repository importable, a scratch directory,
+    """What every test cluster's workers get: the repository and its sources importable (so a
+    checkout other than the installed one runs its own code), a scratch directory,
     and a tuning cache of their own (not the driver's)."""
     return {
         "env_vars": {
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "src"))),
             SCRATCH_ENV: str(scratch_dir),
             "INFERCC_CACHE_DIR": str(cache_dir),
         }
