@@ -772,8 +772,26 @@ def render_passes(listed: dict, console: Console) -> None:
     passes.add_column()
     for p in listed["passes"]:
         where = ", ".join(p["pipelines"]) or "no pipeline"
-        passes.add_row(p["name"], f"{escape(p['doc'])} [dim]({where})[/]")
+        declared = _declared(p)
+        passes.add_row(
+            p["name"], f"{escape(p['doc'])} [dim]({where})[/]" + (f"\n[dim]{declared}[/]")
+        )
     console.print(passes)
+
+
+def _declared(p: dict) -> str:
+    """What a pass declared at registration, as `infercc passes` shows it under its line."""
+    parts = [
+        f"{label} {', '.join(p[key])}"
+        for label, key in (
+            ("reads", "reads"),
+            ("assumes", "assumptions"),
+            ("requires", "requires"),
+            ("ensures", "ensures"),
+        )
+        if p[key]
+    ]
+    return escape("; ".join(parts))
 
 
 def render_extract(report, console: Console) -> None:

@@ -27,11 +27,14 @@ from infercc.passes import (  # noqa: F401  (importing registers the passes)
 )
 from infercc.passes.manager import (
     DEFAULT_PIPELINE,
+    OPTIONS,
     REGISTRY,
     PassContext,
     PassResult,
     PipelineReport,
     QuantizeSettings,
+    condition,
+    option_fields,
     register_pass,
     run_passes,
 )
@@ -39,6 +42,7 @@ from infercc.passes.pipelines import PIPELINES, Pipeline, pipelines_of
 
 __all__ = [
     "DEFAULT_PIPELINE",
+    "OPTIONS",
     "PIPELINES",
     "REGISTRY",
     "PassContext",
@@ -47,17 +51,21 @@ __all__ = [
     "PipelineReport",
     "QuantizeSettings",
     "catalog",
+    "declarations_table",
     "register_pass",
     "run_passes",
 ]
 
 
 def catalog() -> dict[str, list[dict[str, Any]]]:
-    """Every pipeline (its stages of pass names) and every registered pass (its one-line
-    description and the pipelines it runs in), pipelines' passes first, in their order: what
-    `infercc passes` lists."""
+    """Every pipeline (its stages of pass names), every registered pass (its one-line
+    description, the pipelines it runs in, and what it declared at registration: the
+    assumptions it may use, the context options it reads, the conditions it requires and
+    ensures), pipelines' passes first, in their order, and the options and conditions those
+    declarations name: what `infercc passes` lists, derived from the registry."""
     names = [n for p in PIPELINES.values() for n in p.passes if n in REGISTRY]
     names = list(dict.fromkeys([*names, *sorted(REGISTRY)]))
+    named = dict.fromkeys(c for n in names for c in (*REGISTRY[n].requires, *REGISTRY[n].ensures))
     return {
         "pipelines": [
             {"name": p.name, "stages": [list(s) for s in p.stages], "doc": p.doc}
@@ -70,7 +78,27 @@ def catalog() -> dict[str, list[dict[str, Any]]]:
                 "pipelines": pipelines_of(n),
                 "final": REGISTRY[n].final,
                 "once": REGISTRY[n].once,
+                "assumptions": list(REGISTRY[n].assumptions),
+                "reads": list(REGISTRY[n].reads),
+                "requires": list(REGISTRY[n].requires),
+                "ensures": list(REGISTRY[n].ensures),
             }
             for n in names
         ],
+        "options": option_fields(),
+        "conditions": [{"name": c, "doc": condition(c).doc} for c in named],
     }
+
+
+def declarations_table() -> str:
+    """The Markdown table of what every pass declares (docs/passes.md holds it, between
+    `<!-- declarations -->` markers; a test compares the two)."""
+    rows = [
+        "| pass | pipelines | reads | assumes | requires | ensures |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in catalog()["passes"]:
+        cells = [p["pipelines"], p["reads"], p["assumptions"], p["requires"], p["ensures"]]
+        text = [", ".join(f"`{x}`" for x in c) or "-" for c in cells]
+        rows.append(f"| `{p['name']}` | " + " | ".join(text) + " |")
+    return "\n".join(rows)

@@ -19,7 +19,7 @@ from infercc.ir.ops import STANDARD_DOMAINS
 from infercc.passes.manager import PassContext, PassResult, graphs_of, register_pass
 
 
-@register_pass("eliminate-dead-code")
+@register_pass("eliminate-dead-code", ensures=("no-dead-nodes",))
 def eliminate_dead_code(graph: Graph, ctx: PassContext) -> PassResult:
     """Remove unused nodes, initializers, functions and opset imports."""
     nodes = sum(_dead_nodes(g) for g in graphs_of(graph))

@@ -61,7 +61,7 @@ NEVER_FOLD = {
 }
 
 
-@register_pass("fold-constants")
+@register_pass("fold-constants", reads=("fold_limit",))
 def fold_constants(graph: Graph, ctx: PassContext) -> PassResult:
     """Turn Constant nodes into initializers and evaluate what depends only on constants."""
     model = graph.model

@@ -170,7 +170,7 @@ class _State:
         _convert_node(self, node, plan)
 
 
-@register_pass("convert-fp16")
+@register_pass("convert-fp16", reads=("fp16_io", "keep_fp32", "ranges"))
 def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     """Convert float32 weights and compute to float16, keeping risky ops in float32."""
     st = _State(graph, ctx, default_opset(graph))

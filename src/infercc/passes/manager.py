@@ -12,19 +12,26 @@ after the first `ctx.rewrite_limits[name]` of them; any pass can be cut off afte
 `ctx.run_limits[name]` runs. Without limits both hooks change nothing. Rules applied by
 `infercc.passes.rules` get both hooks from the driver.
 
-What a pass reads is in typed fields of `PassContext` (the shape profile, fp16 and int8
-settings); what it finds that is not a count (memory peaks, the nodes kept in float32, the
-quantization report) it returns in `PassResult.details`, which the manager keeps per pass
-(`PipelineReport.details(name)`), merging the details of repeated runs when they know how.
+What a pass reads is in typed fields of `PassContext`: the facts every pass may read (target,
+backend, portable) and the options (the shape profile, fp16 and int8 settings, ...), each read
+only by the passes that declare it at registration (`register_pass(..., reads=...)`); reading
+an undeclared option inside a pass raises, as asking an undeclared assumption does. A pass also
+declares what it requires of the graph it is given and what it ensures of its result
+(`CONDITIONS`, and `opset>=N` / `opset<=N`); the manager checks both under `verify`, where it
+lints after every pass. What a pass finds that is not a count (memory peaks, the nodes kept
+in float32, the quantization report) it returns in `PassResult.details`, which the manager
+keeps per pass (`PipelineReport.details(name)`), merging the details of repeated runs when
+they know how.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from infercc.errors import InferccError, PassError
 from infercc.ir.graph import Graph, IRError, Model, Node, Value, node_label
@@ -77,39 +84,73 @@ class QuantizeSettings:
     weight_bits: int = 8  # 7: weights within +-64, for CPUs whose int8 kernels sum pairs in int16
 
 
+SHARED = "shared"  # a fact every pass may read
+OPTION = "option"  # read only by the passes that declare it: register_pass(..., reads=...)
+ASSUMPTIONS = "assumptions"  # asked only through PassContext.stated / assumes
+
+
+def _shared(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"kind": SHARED, "doc": doc})
+
+
+def _option(doc: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
+    return field(default=default, default_factory=factory, metadata={"kind": OPTION, "doc": doc})
+
+
 @dataclass
 class PassContext:
     """What passes may know about the job (target, inputs of the passes that need them) and a
     log of refusals and rewrites.
 
-    `shapes`: the input shapes schedule-memory sizes tensors at (None: the defaults of
-    `infercc.data.signature.resolve_shapes`). `fp16_io`, `keep_fp32` (op types or node
-    names) and `ranges` (tensor name -> calibrated (min, max)): convert-fp16.
-    `outlier_channels` (MatMul name -> input channels kept float): split-outlier-channels.
-    `quantize`: quantize-qdq. `assumptions`: what the user stated about the inputs
-    (`infercc.assumptions`); a rewrite exact only under one asks `assumes(name)`, which
-    records the use (`assumed`: assumption -> pass -> rewrites) for the report.
+    The shared facts (`target`, `backend`, `portable`, `fused_ops_allowed`) every pass may
+    read; an option only the passes that declare it (`register_pass(..., reads=(name,))`),
+    else reading it inside the pass raises. `assumptions`: what the user stated about the
+    inputs (`infercc.assumptions`); a rewrite exact only under one asks `assumes(name)`, which
+    records the use (`assumed`: assumption -> pass -> rewrites) for the report. Every read
+    of a shared fact or option inside a pass is recorded in `options_read` (pass -> names).
+    `BuildConfig.pass_context` fills it for a build.
     """
 
-    target: str = "cpu"
-    backend: str = "ort"
-    portable: bool = False
-    fold_limit: int = DEFAULT_FOLD_LIMIT
-    verify: bool = False
-    shapes: Mapping[str, tuple[int, ...]] | None = None
-    fp16_io: bool = False
-    keep_fp32: Sequence[str] = ()
-    ranges: Mapping[str, tuple[float, float]] | None = None
-    outlier_channels: Mapping[str, Sequence[int]] = field(default_factory=dict)
-    quantize: QuantizeSettings | None = None
-    assumptions: frozenset[str] = frozenset()
+    target: str = _shared("cpu", "the target rewrites are for ('cpu' for every CPU row)")
+    backend: str = _shared("ort", "the runtime the output is for: ort or tensorrt")
+    portable: bool = _shared(False, "standard ONNX only: no onnxruntime contrib op")
+    fold_limit: int = _option("the largest constant folding may create, bytes", DEFAULT_FOLD_LIMIT)
+    verify: bool = _option("lint and check declared conditions after every pass", False)
+    shapes: Mapping[str, tuple[int, ...]] | None = _option(
+        "the input shapes tensors are sized at (None: resolve_shapes' defaults)", None
+    )
+    fp16_io: bool = _option("graph inputs and outputs in float16 too", False)
+    keep_fp32: Sequence[str] = _option("op types or node names kept in float32", ())
+    ranges: Mapping[str, tuple[float, float]] | None = _option(
+        "tensor name -> calibrated (min, max), for float16 overflow", None
+    )
+    outlier_channels: Mapping[str, Sequence[int]] = _option(
+        "MatMul name -> input channels kept float", factory=dict
+    )
+    quantize: QuantizeSettings | None = _option("the ranges and form of int8 quantization", None)
+    assumptions: frozenset[str] = field(
+        default=frozenset(), metadata={"kind": ASSUMPTIONS, "doc": "the user's --assume"}
+    )
     assumed: dict[str, dict[str, int]] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     current_pass: str = ""
     rewrite_limits: dict[str, int] = field(default_factory=dict)
     run_limits: dict[str, int] = field(default_factory=dict)
     rewrites: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    options_read: dict[str, set[str]] = field(default_factory=dict, repr=False, compare=False)
     _seen: set[tuple[str, str, str]] = field(default_factory=set)
+    _reader: str = field(default="", repr=False, compare=False)  # the pass running, if any
+    _undeclared: list[InferccError] = field(default_factory=list, repr=False, compare=False)
+
+    if not TYPE_CHECKING:  # mypy keeps checking attribute names as usual
+
+        def __getattribute__(self, name: str) -> Any:
+            kind = _KINDS.get(name)
+            if kind is not None:
+                reader = object.__getattribute__(self, "_reader")
+                if reader:
+                    _check_read(self, reader, name, kind)
+            return object.__getattribute__(self, name)
 
     def refuse(self, node: Node, reason: str, at: Node | Value | None = None) -> None:
         """Record that a rewrite at `node` did not fire, matching having failed `at` a node or
@@ -137,12 +178,13 @@ class PassContext:
         it at registration may ask)."""
         info = REGISTRY.get(self.current_pass)
         if info is not None and name not in info.assumptions:
-            raise InferccError(
+            raise _undeclared(
+                self,
                 f"pass {self.current_pass!r} reads assumption {name!r}, which it does not "
                 "declare",
                 f"register it with @register_pass({self.current_pass!r}, assumptions=({name!r},))",
             )
-        return name in self.assumptions
+        return name in object.__getattribute__(self, "assumptions")
 
     def assumes(self, name: str) -> bool:
         """Whether the user stated assumption `name`; when so, the rewrite about to be made
@@ -173,6 +215,108 @@ class PassResult:
 
 PassFn = Callable[[Graph, PassContext], PassResult]
 
+_KINDS: dict[str, str] = {f.name: f.metadata["kind"] for f in fields(PassContext) if f.metadata}
+_KINDS["fused_ops_allowed"] = SHARED
+OPTIONS: dict[str, str] = {n: k for n, k in _KINDS.items() if k == OPTION}
+
+
+def option_fields() -> list[dict[str, Any]]:
+    """The shared facts and options of `PassContext`: name, kind, type, what it is."""
+    return [
+        {"name": f.name, "kind": f.metadata["kind"], "type": str(f.type), "doc": f.metadata["doc"]}
+        for f in fields(PassContext)
+        if f.metadata.get("kind") in (SHARED, OPTION)
+    ]
+
+
+def _check_read(ctx: PassContext, reader: str, name: str, kind: str) -> None:
+    """Inside pass `reader`: record its read of `name`, and refuse an undeclared option or a
+    direct read of the assumptions."""
+    read = object.__getattribute__(ctx, "options_read")
+    read.setdefault(reader, set()).add(name)
+    info = REGISTRY.get(reader)
+    if kind == OPTION and info is not None and name not in info.reads:
+        raise _undeclared(
+            ctx,
+            f"pass {reader!r} reads option {name!r} of its context, which it does not declare",
+            f"register it with @register_pass({reader!r}, reads=({name!r},))",
+        )
+    if kind == ASSUMPTIONS:
+        raise _undeclared(
+            ctx,
+            f"pass {reader!r} reads the assumptions directly",
+            "ask ctx.stated(name) or ctx.assumes(name), and declare the assumption with "
+            f"@register_pass({reader!r}, assumptions=(name,))",
+        )
+
+
+def _undeclared(ctx: PassContext, message: str, hint: str) -> InferccError:
+    """The error of an undeclared read, also kept on the context: the manager raises it after
+    the pass returns even where the pass caught it (a pass may catch InferccError)."""
+    error = InferccError(message, hint)
+    object.__getattribute__(ctx, "_undeclared").append(error)
+    return error
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A fact about a graph a pass may require or ensure; `check` says what breaks it (None:
+    it holds). Checked by the manager under `verify`."""
+
+    name: str
+    doc: str
+    check: Callable[[Model], str | None]
+
+
+def _lint(model: Model) -> str | None:
+    model.graph.lint()  # raises IRError: the manager's "broke the graph" error
+    return None
+
+
+def _dead_node(model: Model) -> str | None:
+    for graph in graphs_of(model.graph):
+        outputs = {id(v) for v in graph.outputs}
+        for node in graph:
+            if not any(v is not None and (v._uses or id(v) in outputs) for v in node.outputs):
+                return f"{node_label(node)} has no output anything reads"
+    return None
+
+
+CONDITIONS: dict[str, Condition] = {
+    c.name: c
+    for c in (
+        Condition("lint", "the IR's invariants hold (Graph.lint); every pass ensures it", _lint),
+        Condition(
+            "no-dead-nodes",
+            "every node has an output read by a node, a subgraph or a graph output",
+            _dead_node,
+        ),
+    )
+}
+_OPSET = re.compile(r"^opset(>=|<=)(\d+)$")
+ALWAYS_ENSURED = ("lint",)
+
+
+def condition(name: str) -> Condition:
+    """The condition `name`: one of `CONDITIONS`, or `opset>=N` / `opset<=N` (the default
+    domain's opset import)."""
+    if name in CONDITIONS:
+        return CONDITIONS[name]
+    m = _OPSET.match(name)
+    if m is None:
+        raise InferccError(
+            f"unknown pass condition {name!r}",
+            "known: " + ", ".join([*CONDITIONS, "opset>=N", "opset<=N"]),
+        )
+    op, bound = m.group(1), int(m.group(2))
+
+    def check(model: Model) -> str | None:
+        version = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        ok = version is not None and (version >= bound if op == ">=" else version <= bound)
+        return None if ok else f"the model has opset {version}"
+
+    return Condition(name, f"the default domain's opset is {op} {bound}", check)
+
 
 @dataclass
 class PassInfo:
@@ -182,13 +326,23 @@ class PassInfo:
     final: bool = False  # runs once after the fixpoint: it only reorders, shapes stay valid
     once: bool = False  # runs in the first round only: its rewrite would apply to its result
     assumptions: tuple[str, ...] = ()  # the assumptions (`infercc.assumptions`) it may use
+    reads: tuple[str, ...] = ()  # the PassContext options it reads (beyond the shared facts)
+    requires: tuple[str, ...] = ()  # conditions of the graph it is given
+    ensures: tuple[str, ...] = ALWAYS_ENSURED  # conditions of the graph it leaves
 
 
 REGISTRY: dict[str, PassInfo] = {}
 
 
 def register_pass(
-    name: str, *, final: bool = False, once: bool = False, assumptions: tuple[str, ...] = ()
+    name: str,
+    *,
+    final: bool = False,
+    once: bool = False,
+    assumptions: tuple[str, ...] = (),
+    reads: tuple[str, ...] = (),
+    requires: tuple[str, ...] = (),
+    ensures: tuple[str, ...] = (),
 ) -> Callable[[PassFn], PassFn]:
     """Register a pass. `final`: a pass that only reorders nodes (no value, type or shape
     changes, nothing another pass could act on) runs once, after the others reach their
@@ -196,11 +350,32 @@ def register_pass(
     pass that runs in the first round only (a rewrite driven by measurements of the graph it
     was given, which would apply again to its own result). `assumptions`: the user's
     assumptions the pass may read (`PassContext.stated` / `assumes` refuse any other), from
-    which `--assume`'s "has no effect" rule and the catalogue are derived."""
+    which `--assume`'s "has no effect" rule and the catalogue are derived. `reads`: the
+    `PassContext` options it reads (reading another raises while it runs). `requires` /
+    `ensures`: conditions (`condition`) of the graph before / after it, checked under
+    `verify`; every pass ensures `lint`."""
+    unknown = [n for n in reads if n not in OPTIONS]
+    if unknown:
+        raise InferccError(
+            f"pass {name!r} declares it reads {unknown[0]!r}, which is no PassContext option",
+            "options: " + ", ".join(OPTIONS),
+        )
+    for cond in (*requires, *ensures):
+        condition(cond)
 
     def deco(fn: PassFn) -> PassFn:
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassInfo(name, fn, doc, final, once, tuple(assumptions))
+        REGISTRY[name] = PassInfo(
+            name,
+            fn,
+            doc,
+            final,
+            once,
+            tuple(assumptions),
+            tuple(reads),
+            tuple(requires),
+            tuple(dict.fromkeys([*ALWAYS_ENSURED, *ensures])),
+        )
         return fn
 
     return deco
@@ -317,10 +492,21 @@ def _run_one(name: str, model: Model, ctx: PassContext, st: PassStats) -> PassRe
     info = REGISTRY[name]
     ctx.current_pass = name
     t0 = time.perf_counter()
+    outer = ctx._reader
     try:
-        result = info.fn(model.graph, ctx)
         if ctx.verify:
-            model.graph.lint()
+            _check_conditions(name, model, info.requires, "requires")
+        ctx._reader = name  # reads of undeclared options raise while the pass runs
+        try:
+            result = info.fn(model.graph, ctx)
+        finally:
+            ctx._reader = outer
+        if ctx._undeclared:
+            first = ctx._undeclared[0]
+            ctx._undeclared.clear()
+            raise first
+        if ctx.verify:
+            _check_conditions(name, model, info.ensures, "did not ensure")
     except InferccError:
         raise
     except IRError as e:
@@ -344,6 +530,20 @@ def _run_one(name: str, model: Model, ctx: PassContext, st: PassStats) -> PassRe
         st.details = merge(result.details) if merge is not None else result.details
     log.debug("pass %s: changed=%s %s", name, result.changed, result.stats)
     return result
+
+
+def _check_conditions(name: str, model: Model, conditions: Sequence[str], verb: str) -> None:
+    """Raise PassError on the first of `conditions` the model breaks (`lint` raises IRError,
+    which the manager reports as the pass having broken the graph)."""
+    for cond in conditions:
+        broken = condition(cond).check(model)
+        if broken is not None:
+            raise PassError(
+                f"pass {name!r} {verb} {cond}: {broken}",
+                f"this is a bug in infercc; rerun with --disable-pass {name} to skip it"
+                if verb != "requires"
+                else f"run a pipeline that gives it {cond}, or --disable-pass {name}",
+            )
 
 
 def graphs_of(graph: Graph) -> Iterator[Graph]:

@@ -241,7 +241,7 @@ def _check_activations(activations: str) -> None:
 # --------------------------------------------------------------------------- the rewrite
 
 
-@register_pass("quantize-qdq", once=True)
+@register_pass("quantize-qdq", once=True, reads=("quantize",), requires=("opset>=13",))
 def quantize_qdq_pass(graph: Graph, ctx: PassContext) -> PassResult:
     """Put QuantizeLinear/DequantizeLinear pairs on Conv, MatMul and Gemm from calibrated ranges."""
     settings = ctx.quantize

@@ -62,7 +62,7 @@ from infercc.passes.manager import PassContext, PassResult, register_pass
 log = logging.getLogger(__name__)
 
 
-@register_pass("schedule-memory", final=True)
+@register_pass("schedule-memory", final=True, reads=("shapes",))
 def schedule_memory(graph: Graph, ctx: PassContext) -> PassResult:
     """Reorder nodes to lower the peak of live intermediate bytes (the best of several orders)."""
     model = graph.model

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 MIN_K = 64
 
 
-@register_pass("split-outlier-channels", once=True)
+@register_pass("split-outlier-channels", once=True, reads=("outlier_channels",))
 def split_outlier_channels(graph: Graph, ctx: PassContext) -> PassResult:
     """Split a MatMul over the input channels calibration found huge, which stay float."""
     channels = ctx.outlier_channels
