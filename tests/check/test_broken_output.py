@@ -59,9 +59,10 @@ def with_pass(monkeypatch):
     stages = api.pipelines
     added: list[str] = []
 
-    def use(name: str, fn, first: bool = False) -> None:
-        """`first`: before the stage's passes (which would otherwise remove what it breaks)."""
-        register_pass(name)(fn)
+    def use(name: str, fn, first: bool = False, reads: tuple[str, ...] = ()) -> None:
+        """`first`: before the stage's passes (which would otherwise remove what it breaks);
+        `reads`: the context options it declares."""
+        register_pass(name, reads=reads)(fn)
         added.append(name)
 
         def staged(s: tuple[str, ...]) -> tuple[str, ...]:
@@ -142,7 +143,8 @@ def test_a_costly_bisection_prints_the_command_that_runs_it(
 
 
 def test_an_output_that_fails_to_run_at_the_second_shape(src, tmp_path, with_pass) -> None:
-    with_pass(BAKE, _bake_shape, first=True)  # fold-shapes removes Reshape(a, Shape(a))
+    # first: fold-shapes removes Reshape(a, Shape(a))
+    with_pass(BAKE, _bake_shape, first=True, reads=("shapes",))
     report = api.optimize(src, tmp_path / "out.onnx")
     v = report.validation
     assert not report.passed

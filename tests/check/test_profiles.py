@@ -135,7 +135,7 @@ def _bake_batch(graph, ctx):
 
 @pytest.fixture
 def baking_pipeline(monkeypatch):
-    register_pass(BAKE)(_bake_batch)
+    register_pass(BAKE, reads=("shapes",))(_bake_batch)
     stages = api.pipelines
     monkeypatch.setattr(api, "pipelines", lambda cfg: [(BAKE, *s) for s in stages(cfg)])
     yield
