@@ -4,16 +4,17 @@ Bench-only (needs torch and transformers; never imported by the package or its t
 
 - `make_hf(kind, folder, size)`: a `save_pretrained` folder of one of KINDS (Llama, Qwen2 with
   GQA and q/k/v biases, Mistral, Phi-3 with fused qkv_proj/gate_up_proj at full and partial
-  rotary, Gemma with MQA, head 256 and GeGLU) with random weights N(0, 0.02), non-zero biases
-  and RMSNorm gains 1 + 0.1 N(0, 1) (a unit gain or a zero bias would hide a pattern that
-  forgets them).
-- `export(folder, path, dynamo)`: `torch.onnx.export` of the model with its KV cache, as a user
-  writes it: inputs `input_ids [batch, seq]`, `attention_mask [batch, total]`,
+  rotary, Gemma with MQA, head 256 (16 at "tiny") and GeGLU, GPT-2 with learned positions,
+  LayerNorm and Conv1D projections) with random weights N(0, 0.02), non-zero biases and norm
+  gains 1 + 0.1 N(0, 1) (a unit gain or a zero bias would hide a pattern that forgets them).
+- `export(folder, path, dynamo, attention)`: `torch.onnx.export` of the model with its KV
+  cache, as a user writes it: inputs `input_ids [batch, seq]`, `attention_mask [batch, total]`,
   `past_key_values.{i}.key/value [batch, kv_heads, past, head]`; outputs `logits` and
-  `present.{i}.key/value`; SDPA attention (transformers' default); positions from the cache
-  (transformers' default when no position_ids are given: past .. past + seq). `dynamo=False`
-  is the TorchScript exporter (opset 17), `dynamo=True` torch.export (opset 18). These are
-  the names onnxruntime-genai's builder gives its model, so one runtime loop drives both.
+  `present.{i}.key/value`; SDPA attention (transformers' default) or `attention="eager"`
+  (transformers' own matmuls and softmax); positions from the cache (transformers' default
+  when no position_ids are given: past .. past + seq). `dynamo=False` is the TorchScript
+  exporter (opset 17), `dynamo=True` torch.export (opset 18). These are the names
+  onnxruntime-genai's builder gives its model, so one runtime loop drives both.
 - `train_hf(kind, folder, minutes)`: a tiny model of `kind` trained on standard-library
   docstrings (bench/train_tiny_gpt.py's corpus, its held-out windows kept for agreement), so
   greedy agreement means something.
@@ -34,11 +35,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-KINDS = ("llama", "qwen2", "mistral", "phi3", "phi3-partial", "gemma")
+KINDS = ("llama", "qwen2", "mistral", "phi3", "phi3-partial", "gemma", "gpt2")
 
 # (hidden, layers, heads, kv heads, intermediate, vocab): "issue" is about 110-130 M
-# parameters (the sizes the decoder issue measured), "small" a few M (a quick check).
+# parameters (the sizes the decoder issue measured), "small" a few M (a quick check), "tiny"
+# about 30 k (100-160 KB a file: the exports tests/data/decoder_exports checks in; its sizes
+# differ from one another so that no two dimensions coincide by chance).
 SIZES = {
+    "tiny": (32, 2, 4, 2, 96, 80),
     "small": (256, 2, 8, 2, 512, 4096),
     "issue": (768, 12, 12, 2, 2048, 32000),
 }
@@ -67,12 +71,19 @@ def _config(kind: str, size: str):
                           pad_token_id=0),
             tf.Phi3ForCausalLM,
         )
-    if kind == "gemma":
-        common.update(num_key_value_heads=1, head_dim=256, num_attention_heads=max(1, heads // 3))
+    if kind == "gemma":  # MQA, heads wider than hidden / heads (Gemma 7B: 16 x 256 > 3072)
+        head_dim, q_heads = (16, heads) if size == "tiny" else (256, max(1, heads // 3))
+        common.update(num_key_value_heads=1, head_dim=head_dim, num_attention_heads=q_heads)
         return (
             tf.GemmaConfig(**common, hidden_activation="gelu_pytorch_tanh"),
             tf.GemmaForCausalLM,
         )
+    if kind == "gpt2":  # MHA, learned positions, LayerNorm, GELU MLP, Conv1D projections
+        gpt = tf.GPT2Config(
+            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_inner=inter,
+            n_positions=128 if size == "tiny" else 1024, tie_word_embeddings=True,
+        )
+        return gpt, tf.GPT2LMHeadModel
     raise SystemExit(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
 
 
@@ -85,7 +96,7 @@ def _perturb(model) -> None:
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            elif "norm" in name and p.dim() == 1:
+            elif ("norm" in name or ".ln_" in name) and p.dim() == 1 and "bias" not in name:
                 base = 0.0 if "gemma" in type(model).__name__.lower() else 1.0  # Gemma: 1 + w
                 p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
 
@@ -116,13 +127,16 @@ def make_hf(kind: str, folder: Path, size: str = "small", seed: int = 0) -> Path
     return folder
 
 
-def export(folder: Path, path: Path, dynamo: bool = False) -> Path:
+def export(folder: Path, path: Path, dynamo: bool = False, attention: str = "sdpa") -> Path:
+    """The KV-cache export of `folder` (module docstring); `attention` is transformers'
+    attn_implementation: "sdpa" (its default) or "eager" (the matmuls and softmax written out)."""
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attention).eval()
     cfg = model.config
-    layers, kv = cfg.num_hidden_layers, cfg.num_key_value_heads
+    layers = cfg.num_hidden_layers
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     class WithCache(torch.nn.Module):
@@ -213,6 +227,7 @@ def main() -> None:
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.add_argument("--export", type=Path, help="also write the KV-cache export here")
     p.add_argument("--dynamo", action="store_true", help="torch.export-based exporter")
+    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     p.add_argument("--train-minutes", type=float, help="train instead of random weights")
     a = p.parse_args()
     if a.train_minutes:
@@ -220,7 +235,7 @@ def main() -> None:
     else:
         make_hf(a.kind, a.folder, a.size)
     if a.export:
-        print(export(a.folder, a.export, a.dynamo))
+        print(export(a.folder, a.export, a.dynamo, a.attention))
 
 
 if __name__ == "__main__":
