@@ -44,41 +44,34 @@ FAST = (
 )
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
 
-NOT_CAUSAL = (
-    "fuse-group-query-attention: the attention bias is not provably causal (no key <= query "
-    "position term): the dynamo exporter's mask"
-)
 PARTIAL = (
     "fuse-group-query-attention: Q, K or V is not Transpose(Reshape(x)) with K, V concatenated "
     "to a past input (Phi-3's partial rotation: Concat(RotaryEmbedding(x[..., :r]), x[..., r:]))"
 )
-GPT2 = (
-    "fuse-group-query-attention: the attention output is not Transpose [0, 2, 1, 3] then "
-    "Reshape; calibrate --int4's fuse-decoder-attention does not match GPT-2's export either"
-)
+GPT2 = {
+    "torchscript": "fuse-group-query-attention: the attention output is not Transpose "
+    "[0, 2, 1, 3] then Reshape",
+    "dynamo": "fuse-group-query-attention: the attention output is not reshaped to (batch, new, "
+    "32) (GPT-2's Conv1D views it as (batch * new, 32))",
+}
 NO_EFFECT = "optimize and calibrate --int4 refuse --assume nonempty-sequences as having no effect: "
 
 
 def known(e: Export, build: str | None) -> str | None:
     """Why `e`'s `build` misses a fusion today (`build` None: why its builds are refused, the
     equality tests' xfail), or None."""
-    if e.kind == "gpt2":  # GroupQueryAttention in optimize, MultiHeadAttention in int4
-        if build is None:
-            return NO_EFFECT + GPT2 if e.attention == "eager" and SUPPORT else None
-        return GPT2 if SUPPORT or build != "optimize" else None
-    if not SUPPORT:  # every other miss is GroupQueryAttention's
-        return None
-    if e.exporter == "dynamo":
-        reason = NOT_CAUSAL
-    elif e.kind == "phi3-partial":
-        reason = PARTIAL
-    else:
-        return None
     # eager attention has no NaN guard: the assumption then has no other reader
     refused = e.attention == "eager"
+    if e.kind == "gpt2":  # GroupQueryAttention in optimize, MultiHeadAttention in int4
+        reason = GPT2[e.exporter] + "; calibrate --int4's fuse-decoder-attention matches neither"
+        if build is None:
+            return NO_EFFECT + reason if refused and SUPPORT else None
+        return reason if SUPPORT or build != "optimize" else None
+    if not SUPPORT or e.kind != "phi3-partial":  # every other miss is GroupQueryAttention's
+        return None
     if build is None:
-        return NO_EFFECT + reason if refused else None
-    return NO_EFFECT + reason if refused else reason
+        return NO_EFFECT + PARTIAL if refused else None
+    return NO_EFFECT + PARTIAL if refused else PARTIAL
 
 
 def ops(path: Path) -> Counter:

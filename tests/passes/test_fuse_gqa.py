@@ -121,6 +121,17 @@ def test_a_bias_without_a_causal_term_is_refused():
     assert any("not provably causal" in r for r in reasons(ctx))
 
 
+def test_heads_merged_to_another_shape_are_refused():
+    """GPT-2's dynamo export reshapes the merged heads to [B * S, H * D] for its Conv1D:
+    GroupQueryAttention's [B, S, H * D] output cannot stand in for that Reshape."""
+    proto = tiny_decoder(layers=1, kv_heads=2, rotary=True, attention="sdpa")
+    target = next(t for t in proto.graph.initializer if t.name == "shape_bsc")
+    target.CopyFrom(onnx.numpy_helper.from_array(np.array([-1, 64], np.int64), "shape_bsc"))
+    out, count, ctx = fused(proto)  # (the output projection takes [B * S, 64] as well)
+    assert count == 0 and op_counts(out)["GroupQueryAttention"] == 0
+    assert any("not reshaped to (batch, new, 64)" in r for r in reasons(ctx))
+
+
 def test_a_left_padded_prompt_is_what_the_assumption_rules_out():
     """The first row of a left-padded prompt keeps no key: the fused model differs there (and
     only there), which is why the fusion needs the assumption."""

@@ -29,11 +29,14 @@ already assumes. An atom carries the range of its operation on its operands' ran
 its name object (`Atom`), so every answer depends on the arguments alone, never on what the
 process computed before. The one table, canonical text -> expression for the texts `to_text`
 wrote into the IR, belongs to one model's analysis: an `Algebra`, active in a `using(...)`
-block (`algebra_for(graph)` gives a graph's); outside one, `from_ir` reads a text as a symbol.
+block (`algebra_for(graph)` gives a graph's); outside one, `from_ir` reads a text that spells
+a polynomial (`parse`: `batch*seq`, or `s69 + s70` as torch's dynamo exporter writes a derived
+dimension) as that polynomial, in any process, and any other text as a symbol.
 """
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -427,12 +430,50 @@ def to_text(d: Dim | None) -> int | str | None:
 
 def from_ir(d: int | str | None) -> Dim | None:
     """A dimension as the IR stores it (int, symbol name or None) in the algebra: a text
-    the active algebra wrote is its expression, any other a symbol of that name."""
+    the active algebra wrote is its expression, a text that spells a polynomial over names
+    (`parse`) that polynomial, any other a symbol of that name."""
     if d is None or isinstance(d, int):
         return d
     algebra = _CURRENT.get()
     written = algebra.written.get(d) if algebra is not None else None
-    return written or sym(d)
+    if written is not None:
+        return written
+    parsed = parse(d)
+    return parsed if parsed is not None else sym(d)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse(text: str) -> Expr | None:
+    """The polynomial `text` spells with `+`, `-`, `*` and integer powers (`^` or `**`) over
+    names and integers: `s69 + s70`, `2*seq - 1`, `batch*seq` (the texts `to_text` writes,
+    and the sympy texts torch's dynamo exporter writes into its value_info for a shape it
+    derived: present.0.key's `s69 + s70`, past plus new). None for any other text (a plain
+    name, an atom's `max(a, b)`), which stays a symbol of that name. Reading the exporter's
+    sum as a sum keeps the fact it states (that dimension is the past's plus the new one's),
+    as two values declared with one name are one dimension."""
+    if not any(op in text for op in ("+", "-", "*", "^")):
+        return None
+    # terms joined by " + " and " - " (spaced, as both write them: `seq-len` is a name)
+    terms = text.replace("**", "^").replace(" - ", " + -").split(" + ")
+    total: Dim = 0
+    for signed in terms:
+        sign, term = (-1, signed[1:]) if signed.startswith("-") else (1, signed)
+        value: Dim = sign
+        for factor in term.split("*"):
+            name, _, power = factor.partition("^")
+            if power and not power.isdigit():
+                return None
+            if name.isdigit() and not power:
+                value = mul(value, int(name))
+            elif _NAME.fullmatch(name):
+                for _ in range(int(power or 1)):
+                    value = mul(value, sym(name))
+            else:
+                return None
+        total = add(total, value)
+    return total if isinstance(total, Expr) else None
 
 
 def _format(terms: tuple[tuple[Monomial, int], ...]) -> str:

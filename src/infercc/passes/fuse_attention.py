@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 from onnx import TensorProto
 
+from infercc.ir import symbolic as S
 from infercc.ir.graph import Graph, Node, Value
+from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import const_scalar, has_perm, producer, sole_reader
 from infercc.passes.rules import NoMatch, Rule, apply_rules
@@ -171,6 +173,31 @@ def merge_heads(value: Value, removed: list[Node]) -> Value | None:
     return r.output
 
 
+def merges_to(out: Value, flat: tuple | None, sym: SymbolicShapes) -> bool:
+    """`out` = Reshape(heads, target) puts the merged heads back in `flat`'s [B, S, H * D]
+    (the shape of the value they were split from): its target, read element by element, is
+    [B or 0, S or 0, H * D] with at most one -1 in place of one of them (a 0 copies the
+    heads' dimension unless `allowzero`, which the dynamo exporter sets: then its elements are
+    B and S themselves). Not GPT-2's dynamo export, which reshapes them to [B * S, H * D] for
+    its Conv1D."""
+    reshape = out.producer
+    if reshape is None or reshape.op_type != "Reshape":
+        return False
+    copies = not reshape.attr("allowzero", 0)
+    shape = reshape.input(1)
+    target = sym.elems(shape) if shape is not None else None
+    if flat is None or len(flat) != 3 or target is None or len(target) != 3:
+        return False
+    if sum(1 for x in target if x == -1) > 1:
+        return False
+    for i, (x, want) in enumerate(zip(target, flat, strict=True)):
+        if x == -1 or (x == 0 and i < 2 and copies):  # 0 copies the heads' B or S
+            continue
+        if x is None or S.equal(x, want) is not True:
+            return False
+    return True
+
+
 def _finish(
     softmax: Node,
     q: Value,
@@ -189,6 +216,9 @@ def _finish(
         raise NoMatch(f"q's width {width} is not heads x head_size = {heads} x {size}", q)
     if bias is not None and (bias.shape is None or len(bias.shape) != 4 or bias.shape[1] != 1):
         raise NoMatch("the attention bias is not of shape [batch or 1, 1, new, total]", bias)
+    sym = SymbolicShapes(S.algebra_for(softmax.owning_graph()))
+    if not merges_to(out, sym.shape(q), sym):
+        raise NoMatch(f"the attention output is not reshaped to q's (batch, new, {width})", out)
     for x in (q, k, v, past_key, past_value):
         if x.dtype != TensorProto.FLOAT:
             raise NoMatch("not float32", x)

@@ -84,6 +84,7 @@ from infercc.passes.fuse_attention import (
     has_cache_inputs,
     in_order,
     merge_heads,
+    merges_to,
     split_heads,
 )
 from infercc.passes.manager import PassContext, PassResult, register_pass
@@ -394,6 +395,10 @@ def _finish(
         if any(u not in dead for u in present.users()):
             raise NoMatch(f"{present.name} has readers outside the attention", present)
     new = widths[0][1]
+    if not merges_to(out, widths[0], sym):
+        raise NoMatch(
+            f"the attention output is not reshaped to (batch, new, {heads * size})", out
+        )
     bias_shape(bias, sym, new)
     return _Match(
         softmax,
