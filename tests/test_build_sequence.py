@@ -20,7 +20,7 @@ from infercc.errors import InferccError
 from infercc.outputs import Staging
 from infercc.passes import manager
 from infercc.passes.fuse_gqa import runtime_support
-from infercc.passes.pipelines import CALIBRATE_FP32, CALIBRATE_INT4
+from infercc.passes.pipelines import CALIBRATE_FP32, CALIBRATE_INT4, INT4
 from tests.decoders import tiny_decoder
 from tests.helpers import mlp_model
 
@@ -185,7 +185,9 @@ def test_int4_runs_its_pipeline_in_a_context_of_its_build_config(tmp_path, monke
     assert len(configs) == 1 and all(id(ctx) in made for _, ctx in used)
     (config,) = configs
     assert not config.portable and config.assume == assume
-    assert {name for name, _ in used} <= set(CALIBRATE_INT4.passes)
+    # the fp32 stage, then each int4 build's quantize-int4, all in the build's one context
+    assert {name for name, _ in used} <= {*CALIBRATE_INT4.passes, *INT4.passes}
+    assert "quantize-int4" in {name for name, _ in used}
     made.clear()
     used.clear()
     calibrate_int4(path, tmp_path / "dq", portable=True, speed_check=False)
@@ -193,7 +195,7 @@ def test_int4_runs_its_pipeline_in_a_context_of_its_build_config(tmp_path, monke
     assert len(configs) == 1 and all(id(ctx) in made for _, ctx in used)
     (config,) = configs
     assert config.portable and config.assume == ()
-    assert {name for name, _ in used} <= set(CALIBRATE_FP32.passes)
+    assert {name for name, _ in used} <= {*CALIBRATE_FP32.passes, *INT4.passes}
 
 
 def test_no_build_makes_its_own_pass_context():

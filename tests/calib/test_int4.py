@@ -11,7 +11,9 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 
-from infercc.calib.int4 import (
+from infercc.errors import InferccError
+from infercc.ir import export_model, import_model
+from infercc.passes.quantize_int4 import (
     Int4Options,
     block_view,
     check_block_size,
@@ -21,8 +23,6 @@ from infercc.calib.int4 import (
     unpack_nibbles,
     weight_error,
 )
-from infercc.errors import InferccError
-from infercc.ir import export_model, import_model
 from tests.helpers import make_model
 
 
@@ -259,3 +259,65 @@ def test_shared_weight_quantized_per_reader_and_float_copy_dropped():
     assert "w" not in {t.name for t in out.graph.initializer}
     x = np.ones((1, 1, 64), np.float32)
     assert np.allclose(run(out, {"x": x}), x @ quantize_rtn(w, 32, False).dequantize(), atol=1e-4)
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def _three_projections() -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])
+    names = ("p0", "p1", "p2")
+    nodes = [
+        oh.make_node("MatMul", [src, f"w{i}"], [dst], name=names[i])
+        for i, (src, dst) in enumerate((("x", "a"), ("a", "b"), ("b", "y")))
+    ]
+    weights = {f"w{i}": rng.standard_normal((64, 64)).astype(np.float32) for i in range(3)}
+    return _model(nodes, [x], [y], weights)
+
+
+def test_quantize_int4_is_a_pass_whose_float_nodes_are_refusals():
+    """quantize-int4 through the pass manager: its counts in the pipeline report, every weight
+    kept float a refusal (what --explain lists) with the report's reason."""
+    from infercc.passes import Int4Settings, PassContext, run_passes
+    from infercc.passes.pipelines import INT4
+
+    ir = import_model(_three_projections())
+    ctx = PassContext(int4=Int4Settings(Int4Options(exclude=("p1",))), verify=True)
+    report = run_passes(ir, ctx, INT4.passes)
+    assert report.passes["quantize-int4"].counts == {
+        "quantized": 2,
+        "embeddings": 0,
+        "kept_float": 1,
+    }
+    assert [(r.pass_name, r.node, r.reason) for r in ctx.refusals] == [
+        ("quantize-int4", "p1", "excluded by the user")
+    ]
+    assert report.details("quantize-int4").quantized == ["p0", "p2"]
+    assert Counter(n.op_type for n in ir.graph) == {"MatMulNBits": 2, "MatMul": 1}
+
+
+def test_quantize_int4_honours_a_rewrite_limit():
+    """A bisection's rewrite limit stops the pass after that many weights; the rest stay float
+    and say why, and the model still computes the same as the float one at the float nodes."""
+    from infercc.passes import Int4Settings, PassContext, run_passes
+
+    ir = import_model(_three_projections())
+    ctx = PassContext(int4=Int4Settings(Int4Options()), rewrite_limits={"quantize-int4": 1})
+    details = run_passes(ir, ctx, ["quantize-int4"]).details("quantize-int4")
+    assert details.quantized == ["p0"]
+    assert set(details.kept_float) == {"p1", "p2"}
+    assert all("rewrite limit" in r for r in details.kept_float.values())
+    out = export_model(ir)
+    onnx.checker.check_model(out)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)}
+    full, _ = quantized(_three_projections())
+    assert not np.allclose(run(out, feeds), run(full, feeds))  # two fewer int4 weights
+
+
+def test_quantize_int4_without_its_options_is_an_error():
+    from infercc.passes import PassContext, run_passes
+
+    with pytest.raises(InferccError, match="quantize-int4 needs its options"):
+        run_passes(import_model(_three_projections()), PassContext(), ["quantize-int4"])

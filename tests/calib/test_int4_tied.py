@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as oh
 
-from infercc.calib.int4 import quantize_rtn
+from infercc.passes.quantize_int4 import quantize_rtn
 from tests.calib.test_int4 import _model, quantized, rel_err, run
 
 V, D = 40, 64

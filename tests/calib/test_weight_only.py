@@ -118,7 +118,7 @@ def test_awq_beats_rtn_on_its_calibration_rows():
     from infercc.calib.activations import InputStats
     from infercc.calib.awq import awq_quantize
     from infercc.calib.gptq import gptq_quantize
-    from infercc.calib.int4 import quantize_rtn
+    from infercc.passes.quantize_int4 import quantize_rtn
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((512, 128)) * np.exp(rng.standard_normal(128))
@@ -217,6 +217,7 @@ def no_weights(tmp_path):
         (["--exclude", "nope"], "not in the optimized model"),
         (["--portable", "--assume", "nonempty-sequences"], "--assume has no effect"),
         (["--assume", "short-prompts"], "is not an assumption infercc knows"),
+        (["--disable-pass", "quantize-int4"], "would leave nothing to calibrate"),
     ],
 )
 def test_bad_flags_exit_2_nothing_written(decoder, tmp_path, extra, message):
@@ -321,3 +322,36 @@ def test_decoder_fusions_run_on_the_cpu_form_and_gqa_under_the_assumption(tmp_pa
     fused = greedy_reference(tmp_path / "gqa" / "model_int4.onnx", prompt, 8)
     unfused = greedy_reference(tmp_path / "plain" / "model_int4.onnx", prompt, 8)
     np.testing.assert_array_equal(fused, unfused)
+
+
+def test_verify_checks_the_int4_rewrite_after_it_runs(tmp_path, monkeypatch):
+    """`calibrate --int4 --verify`: each int4 build runs quantize-int4 through the pass
+    manager, whose declared conditions are checked after it (and before, what it requires)."""
+    from infercc.passes import manager
+
+    checked: list[tuple[str, str]] = []
+    real = manager._check_conditions
+
+    def spy(name, model, conditions, verb):
+        checked.append((name, verb))
+        return real(name, model, conditions, verb)
+
+    monkeypatch.setattr(manager, "_check_conditions", spy)
+    done = run_cli(
+        "calibrate",
+        str(mlp(tmp_path)),
+        "--int4",
+        "-o",
+        str(tmp_path / "v"),
+        "--verify",
+        "--no-speed-check",
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("quantize-int4", "requires") in checked
+    assert ("quantize-int4", "did not ensure") in checked
+    checked.clear()
+    done = run_cli(
+        "calibrate", str(mlp(tmp_path)), "--int4", "-o", str(tmp_path / "nv"), "--no-speed-check"
+    )
+    assert done.returncode == 0, done.stderr
+    assert checked == []  # without --verify, no checks

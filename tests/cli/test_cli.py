@@ -237,7 +237,7 @@ def test_passes_lists_every_pipeline_and_pass():
         assert word in r.stdout
     data = json.loads(run("passes", "--json").stdout)
     names = [p["name"] for p in data["pipelines"]]
-    assert names == ["optimize", "fp16", "calibrate-fp32", "calibrate-int4", "int8"]
+    assert names == ["optimize", "fp16", "calibrate-fp32", "calibrate-int4", "int8", "int4"]
     assert by_name_of(data, "fuse-decoder-attention")["pipelines"] == ["calibrate-int4"]
     by_name = {p["name"]: p for p in data["passes"]}
     assert by_name["convert-fp16"]["pipelines"] == ["fp16"]

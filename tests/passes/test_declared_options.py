@@ -17,8 +17,9 @@ from infercc.config import BuildConfig
 from infercc.errors import InferccError, PassError
 from infercc.ir import import_model
 from infercc.passes import OPTIONS, REGISTRY, PassContext, declarations_table, run_passes
-from infercc.passes.manager import PassResult, register_pass
-from infercc.passes.pipelines import CALIBRATE_INT4, FP16, INT8, OPTIMIZE
+from infercc.passes.manager import Int4Settings, PassResult, register_pass
+from infercc.passes.pipelines import CALIBRATE_INT4, FP16, INT4, INT8, OPTIMIZE
+from infercc.passes.quantize_int4 import Int4Options
 from tests.decoders import tiny_decoder
 from tests.helpers import make_model, run_cli
 
@@ -155,6 +156,8 @@ def observed(tmp_path_factory) -> dict[str, set[str]]:
     decoder = import_model(tiny_decoder(layers=1, norm="rms", rotary=True, kv_heads=2))
     config = BuildConfig(verify=True, assume=(NONEMPTY_SEQUENCES,))
     run(config.pass_context(None), decoder, [CALIBRATE_INT4.passes])
+    int4 = Int4Settings(Int4Options(block_size=16))
+    run(PassContext(int4=int4, verify=True), decoder, INT4.stages)
     _, proto = projection(tmp_path_factory.mktemp("projection"))
     run(PassContext(outlier_channels={"proj": [OUTLIER]}, verify=True), import_model(proto),
         INT8.stages[:1])
@@ -175,6 +178,7 @@ def test_every_pass_reads_exactly_the_options_it_declares(observed) -> None:
         "schedule-memory",
         "split-outlier-channels",
         "quantize-qdq",
+        "quantize-int4",
     }
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from infercc.calib.activations import InputStats
-from infercc.calib.int4 import (
+from infercc.passes.quantize_int4 import (
     Blocks,
     _pad_with_zero_point,
     block_params,

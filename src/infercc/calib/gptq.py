@@ -25,13 +25,13 @@ import logging
 import numpy as np
 
 from infercc.calib.activations import InputStats
-from infercc.calib.int4 import (
+from infercc.errors import InferccError
+from infercc.passes.quantize_int4 import (
     Blocks,
     _pad_with_zero_point,
     block_params,
     n_blocks,
 )
-from infercc.errors import InferccError
 
 logger = logging.getLogger(__name__)
 

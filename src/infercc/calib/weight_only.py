@@ -3,11 +3,11 @@
 `calibrate_int4(model, out_dir, ...)`:
 
 1. **Form.** The cpu target (onnxruntime) gets `com.microsoft.MatMulNBits` (and, with
-   `embeddings=True`, GatherBlockQuantized embeddings: float by default, `infercc.calib.int4`
-   says why); `portable=True` or a GPU target (TensorRT) gets standard
-   blocked int4 `DequantizeLinear` (opset 21: a model of an older opset is converted with
+   `embeddings=True`, GatherBlockQuantized embeddings: float by default,
+   `infercc.passes.quantize_int4` says why); `portable=True` or a GPU target (TensorRT) gets
+   standard blocked int4 `DequantizeLinear` (opset 21: a model of an older opset is converted with
    `onnx.version_converter` first). Symmetric by default on GPU targets (TensorRT's int4 takes
-   no zero point), asymmetric on the cpu target (`infercc.calib.int4`).
+   no zero point), asymmetric on the cpu target (`infercc.passes.quantize_int4`).
 2. **Samples** (`data`, the same formats as int8). For a decoder (KV-cache I/O,
    `infercc.analysis.decoder`) a sample holds `input_ids` [1, tokens] only: it is run as one
    prefill (empty cache, full mask, positions 0..n-1), so the logits of every position are
@@ -70,21 +70,6 @@ from infercc.build import Job, Stage, run_steps, stage_context
 from infercc.calib.activations import collect_inputs
 from infercc.calib.decoder_samples import prompt_calls, prompt_skeleton, random_prompts
 from infercc.calib.forms import Int4Row, accuracy_level_decision, int4_row
-from infercc.calib.int4 import (
-    ACCURACY_LEVELS,
-    DEFAULT_BLOCK_SIZE,
-    DQ_BLOCK_OPSET,
-    EMBEDDINGS_DEFAULT_REASON,
-    Blocks,
-    Int4Options,
-    Int4Report,
-    check_block_size,
-    check_symmetry,
-    embedding_gathers,
-    is_target,
-    quantize_int4,
-    target_weight,
-)
 from infercc.calib.job import name_targets, read_samples, split_samples
 from infercc.calib.report import (
     REPORT_FILE,
@@ -101,13 +86,28 @@ from infercc.data.signature import Shapes, check_shape_names, resolve_shapes
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.outputs import Staging
-from infercc.passes.manager import REGISTRY, check_pass_names
+from infercc.passes.manager import REGISTRY, Int4Settings, check_pass_names, run_passes
 from infercc.passes.pipelines import (
     CALIBRATE_FP32,
     CALIBRATE_INT4,
     DECODER_FUSIONS,
+    INT4,
     Pipeline,
     check_disabled,
+)
+from infercc.passes.quantize_int4 import (
+    ACCURACY_LEVELS,
+    DEFAULT_BLOCK_SIZE,
+    DQ_BLOCK_OPSET,
+    EMBEDDINGS_DEFAULT_REASON,
+    Blocks,
+    Int4Options,
+    Int4Report,
+    check_block_size,
+    check_symmetry,
+    embedding_gathers,
+    is_target,
+    target_weight,
 )
 from infercc.runtime.artifact import MANIFEST, publish, staging_dir, write_manifest
 from infercc.util import json_float
@@ -115,6 +115,7 @@ from infercc.util import json_float
 logger = logging.getLogger(__name__)
 
 INT4_FILE = "model_int4.onnx"
+INT4_PASS = "quantize-int4"
 _FP32_FILE = ".fp32.onnx"
 _TRIAL_FILE = ".trial.onnx"
 _LEVEL_FILE = ".level.onnx"
@@ -361,6 +362,7 @@ def calibrate_int4(
     assume: Sequence[str] = (),
     disable_passes: Sequence[str] = (),
     shapes: Shapes | None = None,
+    verify: bool = False,
     on_step: Step | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Int4CalibrationReport:
@@ -378,6 +380,12 @@ def calibrate_int4(
     disabled = tuple(disable_passes)
     check_pass_names(disabled)
     pipeline = int4_pipeline(form)
+    if INT4_PASS in disabled:
+        raise InferccError(
+            f"--disable-pass {INT4_PASS} would leave nothing to calibrate: it is the int4 "
+            "rewrite itself",
+            "drop it; --exclude NODE keeps one weight in float",
+        )
     check_disabled(disabled, [pipeline], "calibrate --int4" + (" --portable" if portable else ""))
     if assumptions and form != "nbits":
         raise InferccError(
@@ -405,7 +413,11 @@ def calibrate_int4(
     src, dest = Path(model), Path(out_dir)
     check_calibration_destination(dest, src)
     config = BuildConfig(
-        target=target, portable=form == "dq", assume=assumptions, disable_passes=disabled
+        target=target,
+        portable=form == "dq",
+        assume=assumptions,
+        disable_passes=disabled,
+        verify=verify,
     )
     flow = Int4Flow(src, dest, request, on_progress, t0)
     run_steps(Job(flow, config, on_step or (lambda _text: None)))
@@ -523,6 +535,7 @@ class Int4Flow:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.step: Step = lambda _text: None
         self.stage = Path()  # the staging directory, once the plan opens it
+        self.config = BuildConfig()  # the build's, once the plan has it
         self.sig: DecoderSignature | None = None
         self.calib: Samples = []
         self.evaluation: Samples = []
@@ -574,6 +587,7 @@ class Int4Flow:
         """The optimized model checked and saved as the reference, run on the evaluation
         samples; the method's blocks searched."""
         self.check_optimized(job.ir)
+        self.config = job.config  # each int4 build runs in the build's context
         self.stage = job.stage_dir
         self.fp32_path = self.stage / _FP32_FILE
         save_model(job.ir, self.fp32_path)
@@ -719,7 +733,9 @@ class Int4Flow:
         path: Path,
     ) -> Int4Report:
         ir = load_model(self.fp32_path)
-        report = quantize_int4(ir, options, method, scales)
+        ctx = stage_context(self.config, int4=Int4Settings(options, method, scales))
+        ran = run_passes(ir, ctx, INT4.passes)
+        report = ran.details(INT4_PASS)
         save_model(ir, path)
         return report
 

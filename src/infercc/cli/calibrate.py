@@ -302,6 +302,7 @@ def calibrate(
         assume=assume or None,
         disable_pass=disable_pass or None,
         shape=shape or None,
+        verify=verify or None,
     )
     if int4:
         check_int8_only_flags(
@@ -313,7 +314,6 @@ def calibrate(
             activation_matmuls=activation_matmuls or None,
             max_trials=None if max_trials == 64 else max_trials,
             outlier_channels=None if outlier_channels else False,
-            verify=verify or None,
         )
         with custom_op_libraries(ort_custom_op_lib or ()), Progress(as_json) as progress:
             report = run_int4(
@@ -335,7 +335,8 @@ def calibrate(
 
         finish(report, as_json, render_int4)
         return
-    int4_only_flags({k: v for k, v in int4_flags.items() if k != "disable_pass"})  # --shape too
+    both = ("disable_pass", "verify")  # flags of either kind of calibration
+    int4_only_flags({k: v for k, v in int4_flags.items() if k not in both})  # --shape too
     if data is None:
         raise InferccError("int8 calibration needs samples", "pass --data DIR")
     with custom_op_libraries(ort_custom_op_lib or ()), Progress(as_json) as progress:

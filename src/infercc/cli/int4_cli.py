@@ -27,7 +27,6 @@ _INT8_FLAGS = {
     "activation_matmuls": "--activation-matmuls",
     "max_trials": "--max-trials",
     "outlier_channels": "--no-outlier-channels",
-    "verify": "--verify",
 }
 
 
@@ -105,6 +104,7 @@ def run_int4(
         assume=flags.get("assume") or (),
         disable_passes=flags.get("disable_pass") or (),
         shapes=calibrate_shapes(flags.get("shape")),
+        verify=bool(flags.get("verify")),
         on_step=step,
         on_progress=tick,
     )

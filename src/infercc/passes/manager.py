@@ -84,6 +84,17 @@ class QuantizeSettings:
     weight_bits: int = 8  # 7: weights within +-64, for CPUs whose int8 kernels sum pairs in int16
 
 
+
+@dataclass(frozen=True)
+class Int4Settings:
+    """What quantize-int4 reads (`infercc.passes.quantize_int4`): its `Int4Options`, the
+    method that gives each weight's blocks (`(node name, W [K, N]) -> Blocks`; None: round to
+    nearest) and AWQ's per-input-channel scales by node name."""
+
+    options: Any
+    method: Callable[[str, Any], Any] | None = None
+    input_scales: Mapping[str, Any] = field(default_factory=dict)
+
 SHARED = "shared"  # a fact every pass may read
 OPTION = "option"  # read only by the passes that declare it: register_pass(..., reads=...)
 ASSUMPTIONS = "assumptions"  # asked only through PassContext.stated / assumes
@@ -128,6 +139,9 @@ class PassContext:
         "MatMul name -> input channels kept float", factory=dict
     )
     quantize: QuantizeSettings | None = _option("the ranges and form of int8 quantization", None)
+    int4: Int4Settings | None = _option(
+        "the options, method and input scales of int4 weight quantization", None
+    )
     assumptions: frozenset[str] = field(
         default=frozenset(), metadata={"kind": ASSUMPTIONS, "doc": "the user's --assume"}
     )

@@ -41,6 +41,9 @@ of `FP32_LEAVES_OUT`, each with its reason.
 - `int8`: `infercc calibrate`'s rewrites, in two stages: the outlier split runs on the fp32
   reference (its ranges are measured on the split graph), then each quantization trial runs
   QDQ quantization and dead code on a fresh copy of it.
+- `int4`: `calibrate --int4`'s rewrite: each build (the one shipped, RTN for comparison, the
+  other accuracy level) quantizes the weights of a fresh copy of the fp32 model, then dead
+  code, in the build's context (so `--verify` lints after it).
 """
 
 from __future__ import annotations
@@ -130,8 +133,14 @@ INT8 = Pipeline(
     "infercc calibrate: the outlier split on the fp32 reference, then per trial QDQ + DCE",
 )
 
+INT4 = Pipeline(
+    "int4",
+    (("quantize-int4", "eliminate-dead-code"),),
+    "calibrate --int4: per build, the weights of a fresh copy of the fp32 model to int4, + DCE",
+)
+
 PIPELINES: dict[str, Pipeline] = {
-    p.name: p for p in (OPTIMIZE, FP16, CALIBRATE_FP32, CALIBRATE_INT4, INT8)
+    p.name: p for p in (OPTIMIZE, FP16, CALIBRATE_FP32, CALIBRATE_INT4, INT8, INT4)
 }
 
 

@@ -54,7 +54,14 @@ import onnx
 from onnx import TensorProto
 
 from infercc.errors import InferccError
-from infercc.ir import Model, Node, Tensor, Value
+from infercc.ir import Graph, Model, Node, Tensor, Value
+from infercc.passes.manager import (
+    Int4Settings,
+    PassContext,
+    PassResult,
+    register_pass,
+    run_passes,
+)
 from infercc.passes.match import const_value as const_array
 
 logger = logging.getLogger(__name__)
@@ -230,7 +237,7 @@ def pack_matmul_nbits(blocks: Blocks) -> NBitsWeight:
 def int4_tensor(codes: np.ndarray, signed: bool, name: str = "") -> Tensor:
     """An INT4 (codes - 8) or UINT4 initializer of `codes`' shape, packed as ONNX stores it
     (row-major, two a byte, the first in the low nibble)."""
-    flat = np.asarray(codes, np.uint8).reshape(-1)
+    flat: np.ndarray = np.asarray(codes, np.uint8).reshape(-1)
     if signed:
         flat = (flat.astype(np.int16) - SYMMETRIC_ZERO).astype(np.int8).view(np.uint8) & 0x0F
     raw = pack_nibbles(flat).tobytes()
@@ -429,16 +436,51 @@ def quantize_int4(
     input_scales: Mapping[str, np.ndarray] | None = None,
 ) -> Int4Report:
     """Rewrite `model` in place: every MatMul/Gemm weight (and, in the nbits form, embedding
-    table) that can be, in int4 (module docstring); the rest listed with reasons.
+    table) that can be, in int4 (module docstring); the rest listed with reasons. The
+    quantize-int4 pass alone, through the pass manager.
 
     `method(name, W)` gives each weight's Blocks (RTN when None). `input_scales` maps a node
     name to a per-input-channel vector s (AWQ): the node's weight was quantized as diag(s) W,
     so its input is divided by s first (one shared Mul per input tensor).
     """
+    settings = Int4Settings(options, method, dict(input_scales or {}))
+    report = run_passes(model, PassContext(int4=settings), ["quantize-int4"])
+    return report.details("quantize-int4")
+
+
+@register_pass("quantize-int4", once=True, reads=("int4",))
+def quantize_int4_pass(graph: Graph, ctx: PassContext) -> PassResult:
+    """MatMul/Gemm weights (and embedding tables) to int4: MatMulNBits, or blocked
+    DequantizeLinear."""
+    settings = ctx.int4
+    model = graph.model
+    if settings is None or model is None or graph is not model.graph:
+        raise InferccError(
+            "quantize-int4 needs its options (PassContext.int4) and a model's main graph",
+            "run it through `infercc calibrate --int4`, or `quantize_int4(model, options)`",
+        )
+    report = _rewrite(model, settings, ctx)
+    logger.info(
+        "int4: %d weight(s) and %d table(s) quantized, %d kept float",
+        len(report.quantized),
+        len(report.embeddings),
+        len(report.kept_float),
+    )
+    stats = {
+        "quantized": len(report.quantized),
+        "embeddings": len(report.embeddings),
+        "kept_float": len(report.kept_float),
+    }
+    changed = bool(report.quantized or report.embeddings)
+    return PassResult(changed=changed, stats=stats, details=report)
+
+
+def _rewrite(model: Model, settings: Int4Settings, ctx: PassContext) -> Int4Report:
+    options: Int4Options = settings.options
     check_block_size(options.block_size)
     if options.form not in FORMS:
         raise InferccError(f"unknown int4 form {options.form!r}", f"use one of {FORMS}")
-    rewriter = _Int4Rewriter(model, options, method, dict(input_scales or {}))
+    rewriter = _Int4Rewriter(model, options, settings.method, dict(settings.input_scales), ctx)
     heads = lm_heads(model)
     tied = tied_tables(model, heads, options.block_size)
     for node in list(model.graph):
@@ -451,9 +493,8 @@ def quantize_int4(
         if options.embeddings or options.form != "nbits":
             rewriter.embedding(node)  # the DequantizeLinear form says why it stays float
         else:
-            rewriter.report.kept_float[node.name or f"Gather({node.output.name})"] = (
-                _float_table_reason(np.asarray(const_array(node.input(0))), options.block_size)
-            )
+            table = np.asarray(const_array(node.input(0)))
+            rewriter.keep(node, _float_table_reason(table, options.block_size))
     if options.form == "nbits" and (rewriter.report.quantized or rewriter.report.embeddings):
         model.opset_imports.setdefault(MS_DOMAIN, 1)
     return rewriter.report
@@ -466,7 +507,9 @@ class _Int4Rewriter:
         options: Int4Options,
         method: Method | None,
         input_scales: dict[str, np.ndarray],
+        ctx: PassContext,
     ):
+        self.ctx = ctx
         self.model = model
         self.graph = model.graph
         self.options = options
@@ -478,6 +521,19 @@ class _Int4Rewriter:
         # node -> its MatMulNBits (B, scales, zero points, blocks): what a tied table shares
         self.nbits: dict[str, tuple[Value, Value, Value | None, Blocks]] = {}
 
+    def keep(self, node: Node, reason: str) -> None:
+        """`node` stays float, for `reason`: in the report, and a refusal --explain lists."""
+        self.report.kept_float[_label(node)] = reason
+        self.ctx.refuse(node, reason)
+
+    def allowed(self, node: Node) -> bool:
+        """Whether the pass manager lets this rewrite happen (False past a bisection's rewrite
+        limit: the node is then kept float, and says so)."""
+        if self.ctx.allow_rewrite(node):
+            return True
+        self.keep(node, "kept float by a rewrite limit (bisection)")
+        return False
+
     def _rtn(self, _name: str, w: np.ndarray) -> Blocks:
         return quantize_rtn(w, self.options.block_size, self.options.symmetric)
 
@@ -486,12 +542,14 @@ class _Int4Rewriter:
         reason = self._skip_reason(node, is_head)
         found = target_weight(node) if reason is None else reason
         if isinstance(found, str):
-            self.report.kept_float[label] = found
+            self.keep(node, found)
             return
         w, transposed = found
         bias = _gemm_bias(node, w.shape[1]) if node.op_type == "Gemm" else None
         if isinstance(bias, str):
-            self.report.kept_float[label] = bias
+            self.keep(node, bias)
+            return
+        if not self.allowed(node):
             return
         scale = self.input_scales.get(label)
         blocks = self.method(label, w if scale is None else w * scale[:, None])
@@ -583,10 +641,12 @@ class _Int4Rewriter:
         Reshape(B) [V, D / 2] with the head's scales and zero points (as onnxruntime-genai
         builds it); no bytes added. False where the head was not quantized plainly (kept
         float, excluded, or AWQ-scaled: its codes are then of diag(s) W, not of W)."""
-        label = node.name or f"Gather({node.output.name})"
+        label = _label(node)
         packed = self.nbits.get(head)
         if packed is None or label in self.options.exclude:
             return False
+        if not self.allowed(node):
+            return True  # kept float, and said so
         b, scales, zero, blocks = packed
         g = self.graph
         dims = np.array([blocks.n, blocks.k // 2], np.int64)
@@ -610,19 +670,21 @@ class _Int4Rewriter:
         return True
 
     def embedding(self, node: Node) -> None:
-        label = node.name or f"Gather({node.output.name})"
+        label = _label(node)
         if self.options.form != "nbits":
-            self.report.kept_float[label] = (
-                "embedding table kept float: standard ONNX has no block-quantized Gather"
+            self.keep(
+                node, "embedding table kept float: standard ONNX has no block-quantized Gather"
             )
             return
         if node.name in self.options.exclude:
-            self.report.kept_float[label] = "excluded by the user"
+            self.keep(node, "excluded by the user")
             return
         table_value = node.input(0)
         table = np.asarray(const_array(table_value))
         if table.shape[1] % 2:
-            self.report.kept_float[label] = f"embedding width {table.shape[1]} is odd"
+            self.keep(node, f"embedding width {table.shape[1]} is odd")
+            return
+        if not self.allowed(node):
             return
         blocks = quantize_rtn(table.T, self.options.block_size, self.options.symmetric)
         self._account(table, blocks)
@@ -650,6 +712,10 @@ class _Int4Rewriter:
             return
         if self.graph.initializers.get(value.name) is value:
             self.graph.remove_initializer(value)
+
+
+def _label(node: Node) -> str:
+    return node.name or f"{node.op_type}({node.output.name})"
 
 
 EMBEDDINGS_DEFAULT_REASON = (
