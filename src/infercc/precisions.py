@@ -25,6 +25,9 @@ Two lists, because they answer different questions:
   near zero after a large cancellation, so reduced precisions are judged by direction, per
   output.
 
+`INT8_COSINE_FLOOR` (0.9) is not a tolerance but a floor: an int8 calibration that checked no
+accuracy target (a CNN's default) fails below it (`infercc calibrate --min-cosine-floor`).
+
 A user's atol, rtol or min_cosine replaces the table's figure (`tolerance()`). Help texts
 state the defaults from the table (`defaults_text`), never as figures of their own.
 
@@ -70,6 +73,10 @@ TOLERANCES: dict[str, Tolerance] = {
     "int4": Tolerance(_UNBOUNDED, _UNBOUNDED, 0.99),
 }
 FP32 = TOLERANCES["fp32"]
+
+# The worst-output cosine below which an int8 calibration without an accuracy target fails:
+# such a model is not usable (a zoo CNN once "passed" at 0.414).
+INT8_COSINE_FLOOR = 0.9
 
 # An fp32 candidate may differ from the reference by this multiple of onnxruntime's own
 # rounding (the largest move its default optimizations make to the output). Measured on the

@@ -1,6 +1,14 @@
 """INT8 calibration end to end: samples -> fp32 optimization -> ranges -> QDQ model -> checks.
 
-`calibrate(model, data, out_dir)` is the Python API under `infercc calibrate --int8`:
+`calibrate(model, data, out_dir)` is the Python API under `infercc calibrate --int8` (without
+`out_dir`: `<stem>.int8/` beside the model, as the command line writes by default; the
+calibration's output is a directory of files, so there is no in-memory result as optimize's):
+
+0. **Opset.** int8 Q/DQ needs opset 13 (per-axis DequantizeLinear): an older model (onnx's
+   zoo CNNs are opset 9, PP-OCR 11 and 12) is converted with onnx.version_converter first,
+   the report says so (`opset_conversion`, in the manifest too) and every evaluation below
+   then runs against the original model, so the conversion is checked with the quantization.
+   A conversion that fails is an error naming the opset (nothing is written).
 
 1. **Samples.** `data.samples.iter_samples` reads them (a .npz file, a directory of .npz files
    or of <input>.npy files, one .npz of stacked samples (every array has rank + 1: N samples on
@@ -58,7 +66,10 @@
    could not be met with any int8 node: the run fails (`passed` False). A default target still
    unmet at the `max_trials` cap is said in the message; the run passes with the last candidate
    (a target the user gave fails there). A round costs up to 8 quantize+evaluate trials, so the
-   worst case is 8 x (number of quantized nodes) trials.
+   worst case is 8 x (number of quantized nodes) trials. The report's `verdict` is "passed"
+   only when a target was checked and met; a run without a target (a CNN's default) says "no
+   accuracy target" with the cosine measured, and it, like a default target missed at the
+   cap, fails below `min_cosine_floor` (default 0.9, `infercc.calib.choices`; 0: no floor).
 7. **Write.** Everything is built in a staging directory beside `out_dir` and renamed into
    place only when the run passes (a failed run leaves nothing; the returned report says why).
    An existing `out_dir` must be empty or a previous calibration output (it holds
@@ -83,6 +94,7 @@ from pathlib import Path
 
 from infercc.backends.trt.calib_cache import DEFAULT_TRT_VERSION
 from infercc.build import Job, run_steps
+from infercc.calib.choices import DEFAULT_MIN_COSINE_FLOOR
 from infercc.calib.forms import plan_int8
 from infercc.calib.job import (
     CACHE_FILE,
@@ -106,6 +118,7 @@ from infercc.calib.report import (
     Targets,
     calibration_manifest,
     check_calibration_destination,
+    default_calibration_dir,
     evaluate,
 )
 from infercc.calib.search import (
@@ -151,7 +164,7 @@ __all__ = [
 def calibrate(
     model: str | PathLike[str],
     data: str | PathLike[str],
-    out_dir: str | PathLike[str],
+    out_dir: str | PathLike[str] | None = None,
     *,
     method: Method | None = None,
     percentile: float | None = None,
@@ -159,6 +172,7 @@ def calibrate(
     holdout: float = 0.2,
     min_cosine: float | None = None,
     max_top1_drop: float | None = None,
+    min_cosine_floor: float | None = None,
     exclude: Sequence[str] = (),
     trt_version: str = DEFAULT_TRT_VERSION,
     preprocess: str | None = None,
@@ -174,12 +188,16 @@ def calibrate(
     on_step: Callable[[str], None] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> CalibrationReport:
-    """Calibrate `model` on the samples in `data` and write an INT8 model to `out_dir`.
+    """Calibrate `model` on the samples in `data` and write an INT8 model to `out_dir`
+    (None: `<stem>.int8/` beside `model`; the report's `out_dir` names it).
 
     See the module docstring for the method. `method`, `percentile` and `min_cosine` left at
     None are chosen from the model (`infercc.calib.choices`: percentile 99.999 and the target
     min cosine 0.99 for a transformer, unless `max_top1_drop` is given; minmax and no target
-    otherwise); `min_cosine=0` means no cosine target. `target`, `activations` and
+    otherwise); `min_cosine=0` means no cosine target. Without a target (or with the default
+    target missed at the `max_trials` cap) the run fails when the worst cosine is below
+    `min_cosine_floor` (None: 0.9; 0: no floor); with a target given, the target decides and
+    `min_cosine_floor` is refused (it would have no effect). `target`, `activations` and
     `weight_bits` ("auto", 8 or 7) decide the int8 form (`infercc.calib.forms`: the target's
     CPU row gives 7-bit weights where the int8 kernels saturate 8-bit ones); the report's
     `int8` says which form, how it was evaluated and what this host could not measure. The
@@ -192,6 +210,7 @@ def calibrate(
     """
     t0 = time.perf_counter()
     _check_given(method, percentile, min_cosine)
+    _check_floor(min_cosine_floor, min_cosine, max_top1_drop)
     _check_options(
         method or "minmax",
         DEFAULT_PERCENTILE if percentile is None else percentile,
@@ -205,7 +224,8 @@ def calibrate(
     plan = plan_int8(target, activations, weight_bits)
     if max_trials < 0:
         raise InferccError(f"max_trials must be >= 0, got {max_trials}", "e.g. 64")
-    src, dest = Path(model), Path(out_dir)
+    src = Path(model)
+    dest = default_calibration_dir(src, "int8") if out_dir is None else Path(out_dir)
     check_calibration_destination(dest, src)
     request = Int8Request(
         data,
@@ -214,6 +234,7 @@ def calibrate(
         percentile=percentile,
         min_cosine=min_cosine,
         max_top1_drop=max_top1_drop,
+        min_cosine_floor=min_cosine_floor,
         num_samples=num_samples,
         holdout=holdout,
         preprocess=preprocess,
@@ -272,6 +293,26 @@ def _check_given(method: str | None, percentile: float | None, min_cosine: float
     if min_cosine is not None and not 0.0 <= min_cosine <= 1.0:
         raise InferccError(
             f"min_cosine must be in [0, 1] (0: no target), got {min_cosine}", "e.g. 0.99"
+        )
+
+
+def _check_floor(
+    floor: float | None, min_cosine: float | None, max_top1_drop: float | None
+) -> None:
+    """The floor is in [0, 1], and it has an effect: no target is given (a given target
+    decides the verdict alone)."""
+    if floor is None:
+        return
+    if not 0.0 <= floor <= 1.0:
+        raise InferccError(
+            f"min_cosine_floor must be in [0, 1] (0: no floor), got {floor}",
+            f"e.g. {DEFAULT_MIN_COSINE_FLOOR}",
+        )
+    if min_cosine or max_top1_drop is not None:
+        given = "min_cosine" if min_cosine else "max_top1_drop"
+        raise InferccError(
+            f"min_cosine_floor has no effect with {given}: the target given decides the verdict",
+            "drop min_cosine_floor (it holds runs without a target), or drop the target",
         )
 
 

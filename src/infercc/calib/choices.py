@@ -19,6 +19,14 @@ the user leaves out are chosen here, each with the reason the report shows:
 A target the user gives (`min_cosine`, `max_top1_drop`) replaces the chosen one;
 `min_cosine=0` turns it off.
 
+**A floor, not a target.** A run with no target (a CNN's default), or whose default target is
+still missed at the max_trials cap, is not "passed": its verdict says "no accuracy target" (or
+"default target missed") with the cosine measured, and the run fails below the floor
+`DEFAULT_MIN_COSINE_FLOOR` (0.9: an int8 model whose worst output is further from fp32 is not
+usable; on a zoo CNN with int8 activations infercc once said "passed" at 0.414).
+`min_cosine_floor` lowers or raises it (0: no floor); with a target the user gives, the target
+decides and a floor is refused as having no effect.
+
 A setting the user gives is always kept, and the report says "given".
 """
 
@@ -32,6 +40,7 @@ from typing import Any
 from infercc.calib.observers import DEFAULT_PERCENTILE
 from infercc.ir import Model
 from infercc.passes.match import const_value
+from infercc.precisions import INT8_COSINE_FLOOR
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +48,7 @@ TRANSFORMER_METHOD = "percentile"
 TRANSFORMER_PERCENTILE = 99.999
 OTHER_METHOD = "minmax"
 DEFAULT_MIN_COSINE = 0.99
+DEFAULT_MIN_COSINE_FLOOR = INT8_COSINE_FLOOR
 GIVEN = "given"
 
 # Ops a Softmax's input passes through on the way from the attention scores' MatMul.

@@ -3,8 +3,11 @@
 `Int8Flow` says what each step does for an int8 calibration (`infercc.calib.calibrate`
 describes the method):
 
-- load: the model read and checked, the method, percentile and target chosen
-  (`infercc.calib.choices`), the samples read and split into calibration and evaluation;
+- load: the model read and checked (a model below opset 13, which per-axis DequantizeLinear
+  needs, converted with onnx.version_converter by `load_at_opset`: the report says so, and the
+  int8 model is then evaluated against the original model, not the converted one), the method,
+  percentile and target chosen (`infercc.calib.choices`), the samples read and split into
+  calibration and evaluation;
 - pipelines: calibrate-fp32 on the model (portable, assuming nothing: `reference_config`),
   the quantizable nodes named and the user's exclusions checked, then, when the calibration
   samples show outlier channels, the int8 pipeline's outlier split;
@@ -36,7 +39,7 @@ import onnx
 from infercc.backends.trt.calib_cache import DEFAULT_TRT_VERSION, write_calibration_cache
 from infercc.build import Job, Stage, stage_context
 from infercc.calib import outliers
-from infercc.calib.choices import Settings, choose
+from infercc.calib.choices import DEFAULT_MIN_COSINE_FLOOR, Settings, choose
 from infercc.calib.forms import Int8Plan, kernel_cause
 from infercc.calib.kernels import broken_kernels
 from infercc.calib.observers import (
@@ -77,11 +80,12 @@ from infercc.check.tolerances import calibrated_criterion
 from infercc.config import BuildConfig
 from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
-from infercc.ir import Model, export_model, load_model, save_model
+from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.outputs import Staging
 from infercc.passes.manager import QuantizeSettings, run_passes
 from infercc.passes.pipelines import CALIBRATE_FP32, INT8
 from infercc.passes.quantize_qdq import (
+    MIN_OPSET,
     QuantizeReport,
     activation_params,
     calibration_tensors,
@@ -119,6 +123,7 @@ class Int8Request:
     percentile: float | None = None
     min_cosine: float | None = None
     max_top1_drop: float | None = None
+    min_cosine_floor: float | None = None  # None: DEFAULT_MIN_COSINE_FLOOR; 0: no floor
     num_samples: int | None = None
     holdout: float = 0.2
     preprocess: str | None = None
@@ -180,6 +185,7 @@ class Int8Flow:
         self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
         self.outlier_channels: dict[str, list[int]] = {}
         self.broken_kernels: dict[str, str] = {}  # node -> why onnxruntime's int8 kernel is wrong
+        self.converted_from: int | None = None  # the model's opset, when converted to MIN_OPSET
 
     @property
     def method(self) -> Method:
@@ -197,13 +203,14 @@ class Int8Flow:
     def load(self, job: Job) -> Model:
         """The model, checked; the settings chosen from it; the samples read and split."""
         o = self.request
-        ir = load_model(self.src)
+        ir, self.converted_from = load_at_opset(self.src, MIN_OPSET, "int8 QDQ quantization")
         check_ir_version(ir.ir_version, str(self.src))
         check_opset(ir)
         settings = choose(ir, o.method, o.percentile, o.min_cosine, o.max_top1_drop)
         cosine = settings.min_cosine
         self.settings = settings
-        self.targets = Targets(cosine.value, o.max_top1_drop, not cosine.given)
+        floor = DEFAULT_MIN_COSINE_FLOOR if o.min_cosine_floor is None else o.min_cosine_floor
+        self.targets = Targets(cosine.value, o.max_top1_drop, not cosine.given, floor or None)
         skeleton = export_model(ir, with_weights=False)
         samples = read_samples(o.data, skeleton, o.num_samples, o.preprocess)
         self.calib, self.samples, self.on_holdout = split_samples(samples, o.holdout)
@@ -261,6 +268,8 @@ class Int8Flow:
         report.seconds = time.perf_counter() - self.t0
         write_json(stage / REPORT_FILE, report.to_dict())
         manifest = calibration_manifest(self.src, self.request.target, report.files, INT8_FILE)
+        if report.opset_conversion is not None:
+            manifest["opset_conversion"] = report.opset_conversion
         criterion = calibrated_criterion(
             Evaluation(report.outputs).cosine,
             "calibrate --int8",
@@ -318,7 +327,9 @@ class Int8Flow:
         )
         self.calibration = self.calib[:SQNR_SAMPLES]
         job.step("running fp32 on the evaluation samples")
-        self.reference = run_model(self.fp32_path, self.samples)
+        # a converted model is judged against the original: the conversion is checked too
+        reference = self.fp32_path if self.converted_from is None else self.src
+        self.reference = run_model(reference, self.samples)
         scores = classifier_outputs(self.reference, self.not_scores)
         if self.targets.max_top1_drop is not None and not scores:
             raise InferccError(
@@ -425,6 +436,13 @@ class Int8Flow:
         report.int8 = o.plan
         report.settings = self.settings
         report.outlier_channels = dict(self.outlier_channels)
+        if self.converted_from is not None:
+            report.opset_conversion = {
+                "from": self.converted_from,
+                "to": MIN_OPSET,
+                "reason": "int8 quantization (per-axis DequantizeLinear)",
+                "reference": "the original model",
+            }
         report.samples = {
             "calibration": len(self.calib),
             "holdout": len(self.samples) if self.on_holdout else 0,
@@ -486,6 +504,39 @@ def _range_dict(r: TensorRange) -> dict[str, Any]:
 def write_json(path: Path, data: Any) -> Path:
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def default_opset(model: Model) -> int | None:
+    """The model's ai.onnx opset (None: it imports none)."""
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+
+
+def load_at_opset(src: Path, opset: int, purpose: str) -> tuple[Model, int | None]:
+    """The model's IR at opset >= `opset`, and the opset it was converted from (None: it was
+    not): an older model goes through onnx.version_converter (int8's per-axis
+    DequantizeLinear needs 13, int4's blocked one 21). A conversion that fails is an error
+    naming the opset and the fix; nothing has been written then."""
+    ir = load_model(src)
+    version = default_opset(ir)
+    if version is None or version >= opset:
+        return ir, None
+    from onnx import version_converter
+
+    proto = onnx.load(str(src))
+    try:
+        converted = version_converter.convert_version(proto, opset)
+    except Exception as exc:  # the converter raises its own error types
+        raise InferccError(
+            f"{purpose} needs opset {opset}; converting the model from opset {version} "
+            f"failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+            f"re-export the model with opset_version={opset} or later "
+            "(torch.onnx.export(..., opset_version=17))",
+        ) from None
+    logger.info("converted opset %d -> %d for %s", version, opset, purpose)
+    return import_model(converted), version
 
 
 # --------------------------------------------------------------------------- samples

@@ -2,8 +2,9 @@
 
 `evaluate` scores a candidate against fp32 per output (cosine, max abs error, and top-1
 agreement for classifier-like outputs: module doc 5 of `infercc.calib.calibrate`); `Targets`
-is the accuracy target a candidate must meet (module doc 6); `KeptFloat` names a quantizable
-node left in float and why; `verdict` says whether the final candidate passes;
+is the accuracy target a candidate must meet (module doc 6), with the cosine floor a run
+without a target is held to; `KeptFloat` names a quantizable node left in float and why;
+`verdict` says whether the final candidate passes, and what was checked (`VERDICTS`);
 `CalibrationReport.to_dict()` is what calibration_report.json holds, and
 `calibration_manifest` the manifest.json beside it (int8 and int4 outputs alike), whose
 directory `check_calibration_destination` checks before anything is read.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,14 @@ from infercc.runtime.artifact import manifest as artifact_manifest
 from infercc.util import json_float
 
 REPORT_FILE = "calibration_report.json"
+
+# What a calibration's verdict says (`CalibrationReport.verdict`): "passed" only when an
+# accuracy target was checked and met.
+PASSED = "passed"  # a target was checked and met
+NO_TARGET = "no accuracy target"  # no target: the cosine was measured, held to the floor only
+TARGET_MISSED = "default target missed"  # the chosen target, missed at the max_trials cap
+FAILED = "failed"  # a target the user gave missed, the floor missed, or nothing quantized
+VERDICTS = (PASSED, NO_TARGET, TARGET_MISSED, FAILED)
 
 Outputs = list[dict[str, np.ndarray]]
 
@@ -128,6 +138,9 @@ class CalibrationReport:
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
     settings: Settings | None = None  # the method, percentile and target: given or chosen
     int8: Int8Plan | None = None  # the form the target got, and what was not measured here
+    verdict: str = PASSED  # one of VERDICTS: what `passed` rests on
+    min_cosine_floor: float | None = None  # the floor a run without a met target is held to
+    opset_conversion: dict[str, Any] | None = None  # {"from", "to", "reference"} when converted
 
     @property
     def quantized_nodes(self) -> int:
@@ -150,7 +163,11 @@ class CalibrationReport:
             "kept_float": [k.to_dict() for k in self.kept_float],
             "targets": {k: json_float(v) for k, v in self.targets.items()},
             "passed": bool(self.passed),
+            "verdict": self.verdict,
+            "target_checked": any(v is not None for v in self.targets.values()),
+            "min_cosine_floor": json_float(self.min_cosine_floor),
             "message": self.message,
+            "opset_conversion": self.opset_conversion,
             "files": list(self.files),
             "ranges": self.ranges,
             "sensitivity_trials": self.trials,
@@ -214,6 +231,7 @@ class Targets:
     min_cosine: float | None = None
     max_top1_drop: float | None = None
     chosen: bool = False  # the default target, not the user's: missing it is not a failure
+    floor: float | None = None  # min cosine of a run whose target is not met or not set
 
     @property
     def given(self) -> bool:
@@ -336,7 +354,7 @@ def calibration_report(
 ) -> CalibrationReport:
     """The report of a search's `final` candidate (`settings`: the method and percentile)."""
     method, percentile = settings
-    passed, message = verdict(targets, final, trials)
+    passed, message, said = verdict(targets, final, trials)
     return CalibrationReport(
         model=str(src),
         out_dir=str(dest),
@@ -351,6 +369,8 @@ def calibration_report(
         message=message,
         ranges=ranges,
         trials=trials,
+        verdict=said,
+        min_cosine_floor=None if targets.given and not targets.chosen else targets.floor,
     )
 
 
@@ -379,29 +399,44 @@ def kept_float(
     return kept + sorted(sensitivity.values(), key=lambda k: k.round or 0)
 
 
-def verdict(targets: Targets, final: Trial, trials: int) -> tuple[bool, str]:
+def verdict(targets: Targets, final: Trial, trials: int) -> tuple[bool, str, str]:
+    """(passed, message, one of `VERDICTS`) of the search's `final` candidate.
+
+    "passed" only when a target was checked and met. Without a target (a CNN's default), or
+    with the default target missed at the max_trials cap, the run passes when the cosine is at
+    least `targets.floor` (None or 0: no floor) and fails below it."""
     described = targets.describe(final.evaluation)
-    if not final.quantized.quantized:
-        if targets.given:
-            return False, (
-                f"the target could not be met with any node in int8 ({described} with every "
-                "node in float)"
-            )
-        return False, "no node was quantized (see kept_float)"
-    if targets.given and not targets.met(final.evaluation) and targets.chosen:
-        count = len(final.quantized.quantized)
-        return True, (
-            f"{count} node(s) in int8; the default target was not met after {trials} "
-            f"sensitivity trial(s), the max_trials cap: {described} (raise max_trials, or give "
-            "min_cosine)"
-        )
-    if targets.given and not targets.met(final.evaluation):
-        return False, (
-            f"the target was not met after {trials} sensitivity trial(s), the max_trials cap: "
-            f"{described}"
-        )
     count = len(final.quantized.quantized)
-    return True, f"{count} node(s) in int8; {described}"
+    if not count:
+        if not targets.given:
+            return False, "no node was quantized (see kept_float)", FAILED
+        why = f"the target could not be met with any node in int8 ({described} with every node"
+        return False, why + " in float)", FAILED
+    if targets.given and targets.met(final.evaluation):
+        return True, f"{count} node(s) in int8; {described}", PASSED
+    capped = f"after {trials} sensitivity trial(s), the max_trials cap: {described}"
+    if targets.given and not targets.chosen:
+        return False, f"the target was not met {capped}", FAILED
+    cosine = final.evaluation.cosine
+    if targets.given:  # the default target, missed at the cap
+        what, said = f"the default target was not met {capped}", TARGET_MISSED
+        fix = "raise max_trials, or give min_cosine"
+    else:
+        what, said = f"no accuracy target: cosine {cosine:.6f}", NO_TARGET
+        fix = "give min_cosine or max_top1_drop to have sensitive layers moved to float"
+    floor = targets.floor or None
+    if floor is not None and not cosine >= floor:
+        why = f"below {floor}: this model is not usable; {fix}, or lower min_cosine_floor"
+        return False, f"{count} node(s) in int8; {what} ({why} to accept it)", FAILED
+    above = f", at or above the floor {floor}" if floor is not None else ", no floor"
+    return True, f"{count} node(s) in int8; {what}{above} ({fix})", said
+
+
+def default_calibration_dir(model: str | PathLike[str], precision: str) -> Path:
+    """Where a calibration writes when no output is given: `<stem>.int8/` (or `.int4/`) beside
+    the input model, as optimize writes `<stem>.opt.onnx` beside it."""
+    path = Path(model)
+    return path.with_name(f"{path.stem}.{precision}")
 
 
 # --------------------------------------------------------------------------- the output directory

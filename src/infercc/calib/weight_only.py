@@ -70,12 +70,13 @@ from infercc.build import Job, Stage, run_steps, stage_context
 from infercc.calib.activations import collect_inputs
 from infercc.calib.decoder_samples import prompt_calls, prompt_skeleton, random_prompts
 from infercc.calib.forms import Int4Row, accuracy_level_decision, int4_row
-from infercc.calib.job import name_targets, read_samples, split_samples
+from infercc.calib.job import load_at_opset, name_targets, read_samples, split_samples
 from infercc.calib.report import (
     REPORT_FILE,
     OutputQuality,
     calibration_manifest,
     check_calibration_destination,
+    default_calibration_dir,
     evaluate,
 )
 from infercc.check.compare import run_model
@@ -84,7 +85,7 @@ from infercc.config import BuildConfig
 from infercc.data.feeds import make_inputs
 from infercc.data.signature import Shapes, check_shape_names, resolve_shapes
 from infercc.errors import InferccError
-from infercc.ir import Model, export_model, import_model, load_model, save_model
+from infercc.ir import Model, export_model, load_model, save_model
 from infercc.outputs import Staging
 from infercc.passes.manager import REGISTRY, Int4Settings, check_pass_names, run_passes
 from infercc.passes.pipelines import (
@@ -343,7 +344,7 @@ def _check_level(accuracy_level: str | int, form: str) -> str | int:
 
 def calibrate_int4(
     model: str | PathLike[str],
-    out_dir: str | PathLike[str],
+    out_dir: str | PathLike[str] | None = None,
     *,
     data: str | PathLike[str] | None = None,
     method: str = "rtn",
@@ -366,7 +367,8 @@ def calibrate_int4(
     on_step: Step | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Int4CalibrationReport:
-    """Weight-only int4 of `model` into `out_dir` (module docstring). `block_size` None is
+    """Weight-only int4 of `model` into `out_dir` (None: `<stem>.int4/` beside `model`, as
+    the command line writes by default) (module docstring). `block_size` None is
     the target's CPU row's (`infercc.calib.forms.int4_row`; 32 on every row). `shapes` pins
     input shapes of the random inputs (--shape; a decoder's calls, `infercc.calib.
     decoder_samples`), refused with `data`."""
@@ -410,7 +412,8 @@ def calibrate_int4(
     request.target = target
     request.data, request.num_samples, request.shapes = data, num_samples, shapes
     request.holdout, request.preprocess = holdout, preprocess
-    src, dest = Path(model), Path(out_dir)
+    src = Path(model)
+    dest = default_calibration_dir(src, "int4") if out_dir is None else Path(out_dir)
     check_calibration_destination(dest, src)
     config = BuildConfig(
         target=target,
@@ -437,24 +440,12 @@ def int4_pipeline(form: str) -> Pipeline:
 
 
 def _load(src: Path, form: str) -> Model:
-    """The model's IR; for the DequantizeLinear form at opset >= 21 (converted if older)."""
-    ir = load_model(src)
-    version = ir.opset_imports.get("", ir.opset_imports.get("ai.onnx", 0))
-    if form != "dq" or version >= DQ_BLOCK_OPSET:
-        return ir
-    from onnx import version_converter
-
-    proto = onnx.load(str(src))
-    try:
-        converted = version_converter.convert_version(proto, DQ_BLOCK_OPSET)
-    except Exception as exc:  # the converter raises its own error types
-        raise InferccError(
-            f"blocked int4 DequantizeLinear needs opset {DQ_BLOCK_OPSET}; converting the "
-            f"model from opset {version} failed: {str(exc).splitlines()[0][:200]}",
-            f"re-export the model with opset_version={DQ_BLOCK_OPSET} or later",
-        ) from None
-    logger.info("converted the model from opset %d to %d", version, DQ_BLOCK_OPSET)
-    return import_model(converted)
+    """The model's IR; for the DequantizeLinear form at opset >= 21 (converted if older, by
+    int8's `load_at_opset`)."""
+    if form != "dq":
+        return load_model(src)
+    ir, _converted_from = load_at_opset(src, DQ_BLOCK_OPSET, "blocked int4 DequantizeLinear")
+    return ir
 
 
 # --------------------------------------------------------------------------- samples

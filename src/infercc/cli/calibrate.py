@@ -10,15 +10,19 @@ import typer
 from infercc.cli.app import app
 from infercc.cli.common import CustomOpLibOpt, JsonOpt, Progress, VerifyOpt, finish
 from infercc.errors import InferccError
+from infercc.precisions import INT8_COSINE_FLOOR
 
 
 @app.command(short_help="Quantize a model: int8 (QDQ) from real samples, or int4 weights.")
 def calibrate(
     model: Annotated[
-        Path, typer.Argument(metavar="MODEL", help="The fp32 ONNX model to quantize.")
-    ],
+        Path | None,
+        typer.Argument(
+            metavar="MODEL", help="The fp32 ONNX model to quantize.", show_default=False
+        ),
+    ] = None,
     output: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "-o",
             "--output",
@@ -26,9 +30,12 @@ def calibrate(
             help="Directory for model_int8.onnx, ranges.json, calibration.cache, "
             "calibration_report.json and manifest.json (--int4: model_int4.onnx and "
             "calibration_report.json), so `infercc bench DIR` and `infercc validate DIR` "
-            "take it.",
+            "take it; a previous calibration output there is replaced, any other non-empty "
+            "directory refused [default: <stem>.int8/ beside the input, <stem>.int4/ with "
+            "--int4].",
+            show_default=False,
         ),
-    ],
+    ] = None,
     data: Annotated[
         Path | None,
         typer.Option(
@@ -181,6 +188,20 @@ def calibrate(
             help="Accuracy target: largest top-1 disagreement with fp32, in points.",
         ),
     ] = None,
+    min_cosine_floor: Annotated[
+        float | None,
+        typer.Option(
+            metavar="X",
+            min=0.0,
+            max=1.0,
+            help="Without an accuracy target (or with the default one missed at the "
+            "--max-trials cap), the lowest output cosine vs fp32 accepted: below it the run "
+            'fails (exit 1, nothing written); the verdict says "no accuracy target", never '
+            '"passed". 0 turns it off; refused with --min-cosine or --max-top1-drop, which '
+            f"decide alone [default: {INT8_COSINE_FLOOR}].",
+            show_default=False,
+        ),
+    ] = None,
     exclude: Annotated[
         list[str] | None,
         typer.Option("--exclude", metavar="NODE", help="A node to keep in float (repeatable)."),
@@ -283,15 +304,30 @@ def calibrate(
     with accuracy (next-token top-1 agreement and perplexity for decoders), layers left float
     and why, size before and after, and int4 raced against fp32 on this host.
 
-    The int8 output directory holds a manifest.json: `infercc bench DIR` times the int8
-    model and `infercc validate DIR --reference MODEL` checks it."""
+    The int8 output directory (<stem>.int8/ beside MODEL unless -o names one) holds a
+    manifest.json: `infercc bench DIR` times the int8 model and `infercc validate DIR
+    --reference MODEL` checks it. A model below opset 13 is converted for int8 (said, and
+    recorded in the report) and the int8 model is evaluated against the original.
+
+    The verdict says "passed" only when an accuracy target was checked and met; without one
+    it says "no accuracy target" with the cosine measured, and fails below
+    --min-cosine-floor.
+
+    Exit codes: 0 success, 1 the target or the floor was missed (nothing written), 2 bad
+    input."""
     from infercc.calib.calibrate import calibrate as run
+    from infercc.calib.report import default_calibration_dir
     from infercc.cli.int4_cli import check_int8_only_flags, int4_only_flags, run_int4
     from infercc.cli.render import render_calibration
     from infercc.runtime.ort_support import custom_op_libraries
 
     if int8 and int4:
         raise InferccError("--int8 and --int4 exclude each other", "pass one of them")
+    if model is None:
+        raise InferccError(
+            "no MODEL given", "name the fp32 model: infercc calibrate MODEL --data DIR"
+        )
+    output = output or default_calibration_dir(model, "int4" if int4 else "int8")
     int4_flags = dict(
         block_size=block_size,
         symmetric=symmetric,
@@ -309,6 +345,7 @@ def calibrate(
             percentile=percentile,
             min_cosine=min_cosine,
             max_top1_drop=max_top1_drop,
+            min_cosine_floor=min_cosine_floor,
             activations=None if activations == "auto" else activations,
             weight_bits=None if weight_bits == "auto" else weight_bits,
             activation_matmuls=activation_matmuls or None,
@@ -339,6 +376,12 @@ def calibrate(
     int4_only_flags({k: v for k, v in int4_flags.items() if k not in both})  # --shape too
     if data is None:
         raise InferccError("int8 calibration needs samples", "pass --data DIR")
+    if min_cosine_floor is not None and (min_cosine or max_top1_drop is not None):
+        given = "--min-cosine" if min_cosine else "--max-top1-drop"
+        raise InferccError(
+            f"--min-cosine-floor has no effect with {given}: the target decides the verdict",
+            "drop --min-cosine-floor (it holds runs without a target), or drop the target",
+        )
     with custom_op_libraries(ort_custom_op_lib or ()), Progress(as_json) as progress:
         report = run(
             model,
@@ -350,6 +393,7 @@ def calibrate(
             holdout=holdout,
             min_cosine=min_cosine,
             max_top1_drop=max_top1_drop,
+            min_cosine_floor=min_cosine_floor,
             exclude=exclude or [],
             preprocess=preprocess,
             target=target,

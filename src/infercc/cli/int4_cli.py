@@ -22,6 +22,7 @@ _INT8_FLAGS = {
     "percentile": "--percentile",
     "min_cosine": "--min-cosine",
     "max_top1_drop": "--max-top1-drop",
+    "min_cosine_floor": "--min-cosine-floor",
     "activations": "--activations",
     "weight_bits": "--weight-bits",
     "activation_matmuls": "--activation-matmuls",

@@ -592,7 +592,7 @@ def _settings_line(settings: dict) -> str:
 
 def render_calibration(report, console: Console) -> None:
     d = report.to_dict()
-    status = "[green]passed[/]" if d["passed"] else "[red]FAILED[/]"
+    status = _verdict_word(d)
     samples = ", ".join(f"{k} {v}" for k, v in d["samples"].items())
     console.print(
         f"[bold]{d['model']}[/] -> [bold]{d['out_dir']}[/]  int8 QDQ ({d['activations']} "
@@ -600,6 +600,13 @@ def render_calibration(report, console: Console) -> None:
         f"quantized  {status}",
         highlight=False,
     )
+    conversion = d.get("opset_conversion")
+    if conversion:
+        console.print(
+            f"converted opset {conversion['from']} -> {conversion['to']} for int8 "
+            "quantization; accuracy measured against the original model",
+            highlight=False,
+        )
     t = accuracy_table("int8 against fp32", d["outputs"], _num)
     console.print(t)
     _print_int8_form(d.get("int8"), console)
@@ -631,6 +638,17 @@ def render_calibration(report, console: Console) -> None:
     if speed:
         style = "bold red" if speed["slower"] else "default"
         console.print(f"speed: {speed['message']}", style=style, highlight=False)
+
+
+def _verdict_word(d: dict) -> str:
+    """The calibration's verdict as its summary line ends: "passed" only when an accuracy
+    target was checked and met (`infercc.calib.report.VERDICTS`)."""
+    if not d["passed"]:
+        return "[red]FAILED[/]"
+    verdict = d.get("verdict", "passed")
+    if verdict == "passed":
+        return "[green]passed[/]"
+    return f"[yellow]{escape(verdict)}[/]"
 
 
 def _print_int8_form(form: dict | None, console: Console) -> None:
