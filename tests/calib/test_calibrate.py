@@ -32,10 +32,10 @@ from infercc.errors import InferccError
 from tests.helpers import make_model
 
 
-def _save_model(nodes, inputs, outputs, weights, path: Path) -> Path:
+def _save_model(nodes, inputs, outputs, weights, path: Path, opset: int = 17) -> Path:
     inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in weights.items()]
     graph = oh.make_graph(nodes, "g", inputs, outputs, inits)
-    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, path)
@@ -140,7 +140,7 @@ def test_digits_runs_int8_matmuls_in_onnxruntime(digits, tmp_path):
 # --------------------------------------------------------------------------- conv + batch norm
 
 
-def _conv_bn_model(path: Path) -> Path:
+def _conv_bn_model(path: Path, opset: int = 17) -> Path:
     rng = np.random.default_rng(0)
 
     def normal(shape, std):
@@ -179,6 +179,7 @@ def _conv_bn_model(path: Path) -> Path:
         [oh.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])],
         weights,
         path,
+        opset,
     )
 
 
@@ -712,3 +713,88 @@ def test_a_missed_default_target_is_said_but_a_given_one_fails(attention, tmp_pa
     given = calibrate(model, data, tmp_path / "given", min_cosine=1.0, max_trials=1)
     assert not given.passed and "the max_trials cap" in given.message
     assert not (tmp_path / "given").exists()
+
+
+# --------------------------------------------------------------------------- verdicts and floors
+
+
+def test_a_run_without_a_target_is_not_said_to_pass(conv_bn, tmp_path):
+    _, _, _, report = conv_bn  # a CNN: no target chosen
+    d = report.to_dict()
+    assert report.passed and d["verdict"] == "no accuracy target" and not d["target_checked"]
+    assert d["min_cosine_floor"] == 0.9
+    cosine = report.outputs["logits"].cosine
+    assert f"no accuracy target: cosine {cosine:.6f}, at or above the floor 0.9" in d["message"]
+
+
+def test_below_the_floor_the_run_fails_and_writes_nothing(conv_bn, tmp_path):
+    model, data, _, before = conv_bn
+    assert before.outputs["logits"].cosine < 1.0
+    report = calibrate(model, data, tmp_path / "out", holdout=0.25, min_cosine_floor=1.0)
+    assert not report.passed and report.verdict == "failed"
+    assert "below 1.0: this model is not usable" in report.message
+    assert "lower min_cosine_floor" in report.message
+    assert not (tmp_path / "out").exists()
+    off = calibrate(model, data, tmp_path / "off", holdout=0.25, min_cosine_floor=0)
+    assert off.passed and off.verdict == "no accuracy target" and ", no floor" in off.message
+    assert off.to_dict()["min_cosine_floor"] is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_cosine_floor": 1.5}, "min_cosine_floor must be in [0, 1]"),
+        ({"min_cosine_floor": 0.5, "min_cosine": 0.9}, "no effect with min_cosine"),
+        ({"min_cosine_floor": 0.5, "max_top1_drop": 1.0}, "no effect with max_top1_drop"),
+    ],
+)
+def test_a_floor_that_would_do_nothing_is_refused(conv_bn, tmp_path, kwargs, message):
+    model, data, _, _ = conv_bn
+    with pytest.raises(InferccError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        calibrate(model, data, tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_met_target_passes_and_a_missed_default_one_is_said(attention, tmp_path, monkeypatch):
+    from infercc.calib import choices
+
+    model, data = attention
+    met = calibrate(model, data, tmp_path / "met", speed_check=False)
+    assert met.passed and met.verdict == "passed" and met.to_dict()["target_checked"]
+    assert met.min_cosine_floor == 0.9  # held to it only if the chosen target is missed
+    monkeypatch.setattr(choices, "DEFAULT_MIN_COSINE", 1.0)
+    missed = calibrate(model, data, tmp_path / "missed", max_trials=1, speed_check=False)
+    assert missed.passed and missed.verdict == "default target missed"
+
+
+def test_the_default_output_is_stem_int8_beside_the_model(conv_bn, tmp_path):
+    model, data, _, _ = conv_bn
+    copy = tmp_path / "net.onnx"
+    copy.write_bytes(Path(model).read_bytes())
+    report = calibrate(copy, data, holdout=0.25, speed_check=False)
+    assert report.passed and Path(report.out_dir) == tmp_path / "net.int8"
+    assert (tmp_path / "net.int8" / INT8_FILE).is_file()
+
+
+def test_an_old_opset_is_converted_and_judged_against_the_original(tmp_path):
+    _conv_bn_model(tmp_path / "old.onnx", opset=11)  # PP-OCR's opset
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((2, 3, 16, 16)).astype(np.float32) for _ in range(8)]
+    data = _save_samples(tmp_path / "samples", arrays)
+    out = tmp_path / "out"
+    report = calibrate(tmp_path / "old.onnx", data, out, holdout=0.25, speed_check=False)
+    assert report.passed, report.message
+    assert report.opset_conversion == {
+        "from": 11,
+        "to": 13,
+        "reason": "int8 quantization (per-axis DequantizeLinear)",
+        "reference": "the original model",
+    }
+    assert json.loads((out / "manifest.json").read_text())["opset_conversion"]["from"] == 11
+    int8 = onnx.load(out / INT8_FILE)
+    assert max(o.version for o in int8.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    # the int8 model, run here, is close to the opset-11 original run by onnxruntime
+    x = arrays[-1]
+    ref = _session(tmp_path / "old.onnx").run(None, {"x": x})[0]
+    got = _session(out / INT8_FILE).run(None, {"x": x})[0]
+    assert _cosine(ref, got) > 0.98

@@ -115,7 +115,7 @@ def test_help_shows_real_defaults_and_brackets(capsys, monkeypatch) -> None:
     assert "pip install 'infercc[plot]'" in " ".join(r.out.split())
     r = cli(capsys, monkeypatch, "calibrate", "--help")
     assert 'pip install "infercc[images]"' in " ".join(r.out.split())
-    assert "Usage: infercc calibrate [OPTIONS] MODEL" in r.out
+    assert "Usage: infercc calibrate [OPTIONS] [MODEL]" in r.out
 
 
 def test_short_help_h_and_top_level_listing(capsys, monkeypatch) -> None:
@@ -345,6 +345,35 @@ def test_calibrate_output_is_taken_by_bench_and_validate(tmp_path, capsys, monke
     r = cli(capsys, monkeypatch, "calibrate", str(ENCODER), "--data", str(samples),
             "-o", str(tmp_path / "again"), "--no-speed-check", "--json")  # fmt: skip
     assert r.code == 0 and json.loads(r.out)["quantized_nodes"] >= 2
+
+
+def test_the_user_cards_calibrate_command_runs_as_written(tmp_path, capsys, monkeypatch) -> None:
+    """`infercc calibrate model.onnx --int8 --data samples/`: no -o needed; a CNN has no
+    accuracy target, so the verdict says that, not "passed", and a floor holds it."""
+    model = tmp_path / "cnn.onnx"
+    model.write_bytes(CNN.read_bytes())
+    images = ROOT / "examples" / "images"
+    args = ["calibrate", str(model), "--int8", "--data", str(images), "--preprocess", "imagenet",
+            "--no-speed-check"]  # fmt: skip
+    r = cli(capsys, monkeypatch, *args)
+    assert r.code == 0, r.err
+    assert (tmp_path / "cnn.int8" / "model_int8.onnx").is_file()
+    summary = r.out.splitlines()[0]
+    assert summary.endswith("no accuracy target") and "passed" not in summary
+    assert "at or above the floor 0.9" in r.out
+    r = cli(capsys, monkeypatch, *args, "-o", str(tmp_path / "high"), "--min-cosine-floor", "1")
+    assert r.code == 1 and "below 1.0: this model is not usable" in r.out
+    assert not (tmp_path / "high").exists()
+    r = cli(capsys, monkeypatch, *args, "-o", str(tmp_path / "both"), "--min-cosine-floor", "0.5",
+            "--min-cosine", "0.9")  # fmt: skip
+    assert r.code == 2 and "--min-cosine-floor has no effect with --min-cosine" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and not (tmp_path / "both").exists()
+    r = cli(capsys, monkeypatch, "calibrate", "--int8", "--data", str(images))
+    assert r.code == 2 and r.err.startswith("error: no MODEL given")
+    r = cli(capsys, monkeypatch, "calibrate", str(model), "--int4", "--accuracy-level", "0",
+            "--no-speed-check")  # fmt: skip
+    assert r.code == 0, r.err
+    assert (tmp_path / "cnn.int4" / "calibration_report.json").is_file()
 
 
 def test_int4_output_is_taken_by_bench_and_validate(tmp_path, capsys, monkeypatch) -> None:

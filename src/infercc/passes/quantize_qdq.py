@@ -55,7 +55,8 @@ A target node stays float, with its reason in `QuantizeReport.kept_float`, when:
 `exclude`; an activation input has no calibrated range, or a degenerate one (scale <= 0 or not
 finite); an input is not float32 (or its type is unknown); a weight holds NaN or infinity. The
 node is then left entirely untouched (no partial quantization). Subgraphs (If/Loop bodies) are
-not quantized. Per-axis DequantizeLinear needs opset 13, so older models are refused.
+not quantized. Per-axis DequantizeLinear needs opset 13, so the pass refuses older models
+(`calibrate --int8` converts them first).
 
 One rule (`infercc.passes.rules`) on Conv, MatMul and Gemm: its check makes the plan of every
 quantized input or gives the reason the node stays float (shown by --explain, listed in
