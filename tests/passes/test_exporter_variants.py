@@ -44,10 +44,6 @@ FAST = (
 )
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
 
-PARTIAL = (
-    "fuse-group-query-attention: Q, K or V is not Transpose(Reshape(x)) with K, V concatenated "
-    "to a past input (Phi-3's partial rotation: Concat(RotaryEmbedding(x[..., :r]), x[..., r:]))"
-)
 GPT2 = {
     "torchscript": "fuse-group-query-attention: the attention output is not Transpose "
     "[0, 2, 1, 3] then Reshape",
@@ -67,11 +63,7 @@ def known(e: Export, build: str | None) -> str | None:
         if build is None:
             return NO_EFFECT + reason if refused and SUPPORT else None
         return reason if SUPPORT or build != "optimize" else None
-    if not SUPPORT or e.kind != "phi3-partial":  # every other miss is GroupQueryAttention's
-        return None
-    if build is None:
-        return NO_EFFECT + PARTIAL if refused else None
-    return NO_EFFECT + PARTIAL if refused else PARTIAL
+    return None
 
 
 def ops(path: Path) -> Counter:

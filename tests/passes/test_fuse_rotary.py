@@ -25,6 +25,8 @@ def rope_model(
     shared=False,
     split=False,
     outer=False,
+    rotary_dim=D,
+    pass_reader=False,
 ):
     """q, k [batch, H, seq, D] rotated as Llama's export does: angles f = positions x inverse
     frequencies [batch, seq, D/2], e = Unsqueeze(Concat(f, f), [1]), y = x cos(e) +
@@ -32,9 +34,12 @@ def rope_model(
     writes a wrong rotate_half (Concat(x[h:], Neg(x[:h]))); `shared`: position ids [1, seq],
     one row of angles broadcast over the batch; `split`: the halves as the dynamo exporter
     writes x.chunk(2, dim=-1), one Split (opset 18's num_outputs); `outer`: cos and sin as
-    transformers' Llama writes them, Unsqueeze(Cos(Concat(f, f)), [1])."""
-    h = D // 2
-    inv = (1.0 / 10000 ** (np.arange(0, D, 2) / D)).astype(np.float32)
+    transformers' Llama writes them, Unsqueeze(Cos(Concat(f, f)), [1]); `rotary_dim` < D:
+    Phi-3's partial rotation, the first rotary_dim channels rotated and the rest concatenated
+    back (`pass_reader`: the passed-on channels are also an output)."""
+    r = rotary_dim
+    h = r // 2
+    inv = (1.0 / 10000 ** (np.arange(0, r, 2) / r)).astype(np.float32)
     inits = [
         numpy_helper.from_array(inv, "inv_freq"),
         numpy_helper.from_array(np.array([2], np.int64), "ax2"),
@@ -43,6 +48,7 @@ def rope_model(
         numpy_helper.from_array(np.array([h], np.int64), "half"),
         numpy_helper.from_array(np.array([2**62], np.int64), "end"),
         numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array([r], np.int64), "rdim"),
     ]
     nodes = [
         oh.make_node("Unsqueeze", ["position_ids", "ax2"], ["p3"]),
@@ -67,8 +73,17 @@ def rope_model(
     inputs = [oh.make_tensor_value_info("position_ids", TensorProto.INT64, [pos_batch, "seq"])]
     outputs = []
     for i in range(layers):
-        for x in (f"q{i}", f"k{i}"):
-            inputs.append(oh.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", H, "seq", D]))
+        for name in (f"q{i}", f"k{i}"):
+            inputs.append(
+                oh.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", H, "seq", D])
+            )
+            x = name
+            if r < D:  # rotate x[..., :r], pass x[..., r:] on
+                x = f"{name}_r"
+                nodes += [
+                    oh.make_node("Slice", [name, "zero", "rdim", "last"], [x]),
+                    oh.make_node("Slice", [name, "rdim", "end", "last"], [f"{name}_pass"]),
+                ]
             if split:
                 nodes.append(
                     oh.make_node("Split", [x], [f"{x}_lo", f"{x}_hi"], axis=3, num_outputs=2)
@@ -93,9 +108,19 @@ def rope_model(
                 oh.make_node("Mul", ["sin", f"{x}_rot"], [f"{x}_s"]),
                 oh.make_node("Add", [f"{x}_c", f"{x}_s"], [f"{x}_out"]),
             ]
+            if r < D:
+                nodes.append(
+                    oh.make_node(
+                        "Concat", [f"{x}_out", f"{name}_pass"], [f"{name}_out"], axis=-1
+                    )
+                )
             outputs.append(
-                oh.make_tensor_value_info(f"{x}_out", TensorProto.FLOAT, ["batch", H, "seq", D])
+                oh.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, ["batch", H, "seq", D])
             )
+    if pass_reader:
+        outputs.append(
+            oh.make_tensor_value_info("q0_pass", TensorProto.FLOAT, ["batch", H, "seq", D - r])
+        )
     if sin_reader:
         outputs.append(oh.make_tensor_value_info("q0_s", TensorProto.FLOAT, ["batch", H, "seq", D]))
     graph = oh.make_graph(nodes, "rope", inputs, outputs, inits)
@@ -203,4 +228,34 @@ def test_angles_of_one_batch_row_broadcast_over_the_batch():
     out, counts, _ = fused(proto)
     assert counts == {"contrib": 4}
     assert op_counts(out)["Neg"] == 0 and op_counts(out)["Range"] == 0
+    assert_equal_at_two_shapes(proto, out)
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+def test_a_partial_rotation_is_one_rotary_embedding_over_whole_heads(opset):
+    """Phi-3 at partial_rotary_factor 0.5: Concat(rotation of x[..., :8], x[..., 8:]) becomes
+    one RotaryEmbedding of x with rotary_embedding_dim 8 (num_heads 4), the contrib op on cpu
+    and the standard op under --portable at opset 23; the same numbers under onnxruntime."""
+    proto = rope_model(opset=opset, layers=2, rotary_dim=8)
+    ctx = {"portable": True} if opset == 23 else {}
+    out, counts, _ = fused(proto, **ctx)
+    key = "standard" if opset == 23 else "contrib"
+    assert counts == {key: 4, "partial": 4}
+    ops = op_counts(out)
+    assert ops["RotaryEmbedding"] == 4 and ops["Concat"] == ops["Slice"] == ops["Neg"] == 0
+    rope = [n for n in out.graph.node if n.op_type == "RotaryEmbedding"]
+    attrs = {(a.name, a.i) for n in rope for a in n.attribute}
+    assert {("rotary_embedding_dim", 8), ("num_heads", H)} <= attrs
+    assert all(n.input[0] in {"q0", "k0", "q1", "k1"} for n in rope)
+    onnx.checker.check_model(out, full_check=True)
+    assert_equal_at_two_shapes(proto, out)
+    again, counts, _ = fused(out, **ctx)
+    assert counts == {} and again.SerializeToString() == out.SerializeToString()
+
+
+def test_a_partial_rotation_whose_passed_channels_are_read_elsewhere_stays_split():
+    proto = rope_model(layers=1, rotary_dim=8, pass_reader=True)
+    out, counts, context = fused(proto)
+    assert counts == {"contrib": 2, "partial": 1}  # k's; q's passed-on Slice is an output
+    assert any("readers outside it" in r for r in refusals(context)), refusals(context)
     assert_equal_at_two_shapes(proto, out)

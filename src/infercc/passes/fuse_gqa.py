@@ -43,7 +43,8 @@ past followed by the new keys and values as present:
   left-padded prompt's first real one) gives, in the original, a softmax over all T keys, in
   GroupQueryAttention one over its causal keys; so the fusion fires only under the assumption;
 - RotaryEmbedding rotates each head's D values of a [B, S, H * D] row with that row's position
-  id, the same numbers as on [B, H, S, D] (equal bit for bit in the tests);
+  id, the same numbers as on [B, H, S, D] (equal bit for bit in the tests); a partial rotation
+  (rotary_embedding_dim r, num_heads H) rotates the first r of each head's D values on both;
 - the split scale a, b becomes one scale a * b (the scores differ by rounding only).
 
 Under `--portable` or a GPU target, where the model's opset is 23 or more, the standard
@@ -164,6 +165,16 @@ class _Match:
     form: str = "contrib"  # or "standard": the opset-23 Attention
 
 
+def _whole_heads(rotary: Node) -> bool:
+    """The rotation reads as well on the [B, S, N * D] form: all of each head, or (a partial
+    rotation, rotary_embedding_dim) its first channels of each of num_heads = N heads."""
+    if not rotary.attr("rotary_embedding_dim", 0):
+        return True
+    x = rotary.input(0)
+    heads = x.shape[1] if x is not None and x.shape and len(x.shape) == 4 else None
+    return isinstance(heads, int) and rotary.attr("num_heads", 0) == heads
+
+
 def _side(value: Value, removed: list[Node], may_rotate: bool) -> _Side | None:
     """value = [RotaryEmbedding](Transpose(Reshape(x, [B, S, N, D]), [0, 2, 1, 3]))."""
     rotary = value.producer
@@ -173,7 +184,7 @@ def _side(value: Value, removed: list[Node], may_rotate: bool) -> _Side | None:
         and rotary.op_type == "RotaryEmbedding"
         and (rotary.domain == MS_DOMAIN or (rotary.is_standard and len(rotary.inputs) == 3))
         and rotary.attr("interleaved", 0) == 0
-        and not rotary.attr("rotary_embedding_dim", 0)
+        and _whole_heads(rotary)
         and len(value.uses()) == 1
     ):
         heads = rotary.input(0)

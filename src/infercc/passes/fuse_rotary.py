@@ -32,6 +32,20 @@ Under `--portable` or a GPU target, the standard opset-23 RotaryEmbedding where 
 opset allows: `RotaryEmbedding(x, Cos(f), Sin(f))` (without position ids its caches are
 [B, S, h]), the same maths; else nothing, and the refusal says so.
 
+Partial rotation (Phi-3 at partial_rotary_factor < 1, GPT-NeoX): transformers rotates the first
+r channels and concatenates the rest back, which the rule above leaves as::
+
+    y = Concat(RotaryEmbedding(x[..., :r], P, cos, sin), x[..., r:], axis=-1)
+    ==>
+    y = RotaryEmbedding(x, P, cos, sin; rotary_embedding_dim=r, num_heads=N)
+
+(the `partial` rewrite, contrib or standard alike), the same numbers: both kernels rotate the
+first `rotary_embedding_dim` channels of each head with caches of r / 2 columns and copy the
+others (the contrib kernel needs `num_heads` with it). The Slices are of the last axis, from 0
+to r and from r to the end, of one x [B, N, S, D] with N and D static, 0 < r < D, r even; the
+rotation, its Slice and the pass-through Slice read only by the Concat. With the rotation on
+whole heads, the attention fusions see Q and K as they see them at full rotary.
+
 Guards: the Slices are of the last axis (starts and ends constant, steps 1), the Neg, the
 Concat and the two Muls read only by the next node of the pattern; e is Cos'd and Sin'd from
 one value; f's batch and sequence dimensions are x's (the same static size or symbol: the
@@ -345,16 +359,76 @@ def _rewrite_with(caches: _Caches) -> Callable[[Node, _Match, PassContext], None
     return rewrite
 
 
+@dataclass(frozen=True)
+class _Partial:
+    rotary: Node
+    x: Value
+    dim: int
+    heads: int
+    removed: tuple[Node, ...]
+    key: str = "partial"
+
+
+def match_partial(cat: Node, sym: SymbolicShapes) -> _Partial:
+    """Concat(RotaryEmbedding(x[..., :r]), x[..., r:], axis=-1) -> the rotation on x's first
+    r channels; NoMatch without a reason where the Concat is no such thing."""
+    if cat.attr("axis") not in (-1, 3) or len(cat.inputs) != 2:
+        raise NoMatch()
+    rot = cat.input(0).producer if cat.input(0) is not None else None
+    if rot is None or rot.op_type != "RotaryEmbedding" or rot.domain not in ("", MS_DOMAIN):
+        raise NoMatch()
+    if sole_reader(rot.output) is not cat or rot.attr("rotary_embedding_dim", 0):
+        raise NoMatch()
+    lo = producer(rot.input(0), "Slice")
+    x = lo.input(0) if lo is not None else None
+    xs = sym.shape(x) if x is not None else None
+    if x is None or xs is None or len(xs) != 4:
+        raise NoMatch()
+    heads, d = xs[1], xs[3]
+    if not isinstance(d, int) or not isinstance(heads, int):
+        raise NoMatch("x's heads or head_size is not static (the kernel needs num_heads)", x)
+    first, rest = _slice(rot.input(0), x, d), _slice(cat.input(1), x, d)
+    if first is None or rest is None:
+        raise NoMatch()
+    r = first[1]
+    if first[0] != 0 or rest[:2] != (r, d) or not 0 < r < d or r % 2:
+        raise NoMatch(f"not the first r channels rotated and the rest passed on (D = {d})", cat)
+    for node in (first[2], rest[2]):
+        if sole_reader(node.output) is None:
+            raise NoMatch("a Slice of the partial rotation has readers outside it", node)
+    return _Partial(rot, x, r, heads, (rot, first[2], rest[2]))
+
+
+def _rewrite_partial(cat: Node, m: _Partial, ctx: PassContext) -> None:
+    graph = cat.owning_graph()
+    old = m.rotary
+    attrs = {"interleaved": old.attr("interleaved", 0), "rotary_embedding_dim": m.dim}
+    attrs["num_heads"] = m.heads
+    fused = graph.make_node(
+        "RotaryEmbedding",
+        [m.x, *old.inputs[1:]],
+        1,
+        before=cat,
+        domain=old.domain,
+        name="RotaryEmbedding",
+        attributes=attrs,
+    )
+    fused.output.dtype, fused.output.shape = cat.output.dtype, cat.output.shape
+    graph.replace_all_uses_with(cat.output, fused.output)
+    for dead in (cat, *m.removed):
+        if not any(o is not None and o.uses() for o in dead.outputs):
+            graph.remove(dead)
+
+
 @register_pass("fuse-rotary-embedding")
 def fuse_rotary_embedding(graph: Graph, ctx: PassContext) -> PassResult:
     """RoPE (rotate_half, cos/sin multiply-add) -> com.microsoft.RotaryEmbedding (cpu), or
-    the standard RotaryEmbedding (opset >= 23)."""
-    rule = Rule(
-        "rotary",
-        ("Add",),
-        _check_with(SymbolicShapes(S.algebra_for(graph))),
-        _rewrite_with(_Caches()),
-    )
-    run = apply_rules(graph, ctx, [rule], subgraphs=False)
-    counts = {k: run.counts[k] for k in ("contrib", "standard") if run.counts[k]}
+    the standard RotaryEmbedding (opset >= 23); a partial rotation's Concat of the rotated and
+    the passed-on channels -> one RotaryEmbedding with rotary_embedding_dim."""
+    sym = SymbolicShapes(S.algebra_for(graph))
+    rule = Rule("rotary", ("Add",), _check_with(sym), _rewrite_with(_Caches()))
+    # a partial rotation's Concat comes after its rotation's Add: one sweep fuses both
+    partial = Rule("partial", ("Concat",), lambda n, _ctx: match_partial(n, sym), _rewrite_partial)
+    run = apply_rules(graph, ctx, [rule, partial], subgraphs=False)
+    counts = {k: run.counts[k] for k in ("contrib", "standard", "partial") if run.counts[k]}
     return PassResult(changed=bool(counts), stats=counts)
