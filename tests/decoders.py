@@ -64,6 +64,7 @@ def tiny_decoder(
     dynamo_kt: bool = False,
     guard: bool = False,
     empty_tail: bool = False,
+    rows: bool | str = False,
 ) -> onnx.ModelProto:
     """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
     additive causal bias; `"where"` (default) masks them with Where; `"sdpa"` is the bias form
@@ -82,7 +83,10 @@ def tiny_decoder(
     kept). `guard`: the Softmax's NaN guard `Where(IsNaN(P), 0, P)` of torch's SDPA export.
     `empty_tail` (with `rotary`): each rotated head concatenated with its empty remainder,
     `Concat(RotaryEmbedding(x), x[..., D:])`, as transformers' Phi-3 writes its rotation at a
-    partial_rotary_factor of 1.0."""
+    partial_rotary_factor of 1.0. `rows`: the attention output projected as GPT-2's Conv1D
+    does it, the merged heads viewed as rows [-1, hidden], Gemm, and viewed back as
+    [B, S, hidden] (the dynamo export); `rows="both"`: the merged heads also reshaped to
+    [B, S, hidden], whose Shape gives the view back (the TorchScript export)."""
     b = _Builder(seed)
     d = hidden // heads
     kv = kv_heads or heads
@@ -203,14 +207,24 @@ def tiny_decoder(
         probs = b.op("Softmax", [masked], axis=-1)
         if guard:
             probs = b.op("Where", [b.op("IsNaN", [probs]), zero_f, probs])
-        ctx = b.op(
-            "Reshape",
-            [b.op("Transpose", [b.op("MatMul", [probs, v_all])], perm=[0, 2, 1, 3]), shape_bsc],
-        )
-        out = b.op(
-            "Add",
-            [b.op("MatMul", [ctx, b.w(f"wo{i}", (hidden, hidden))]), b.w(f"bo{i}", hidden, 0.05)],
-        )
+        merged = b.op("Transpose", [b.op("MatMul", [probs, v_all])], perm=[0, 2, 1, 3])
+        if rows:  # GPT-2's Conv1D: x.view(-1, hidden) @ w + b, viewed back
+            flat = b.op("Reshape", [merged, b.const(f"rows{i}", np.array([-1, hidden]))])
+            wo, bo = b.w(f"wo{i}", (hidden, hidden)), b.w(f"bo{i}", hidden, 0.05)
+            proj = b.op("Gemm", [flat, wo, bo])
+            source = b.op("Reshape", [merged, shape_bsc]) if rows == "both" else h
+            lead = b.op("Shape", [source], start=0, end=2)
+            back = b.op("Concat", [lead, b.const(f"width{i}", np.array([hidden]))], axis=0)
+            out = b.op("Reshape", [proj, back])
+        else:
+            ctx = b.op("Reshape", [merged, shape_bsc])
+            out = b.op(
+                "Add",
+                [
+                    b.op("MatMul", [ctx, b.w(f"wo{i}", (hidden, hidden))]),
+                    b.w(f"bo{i}", hidden, 0.05),
+                ],
+            )
         h = b.op("Add", [h, out])
         x = _norm(b, norm, h, b.w(f"ln2_g{i}", hidden, 0.1, 1.0), b.w(f"ln2_b{i}", hidden, 0.05))
         up = b.op(

@@ -9,8 +9,8 @@ output), exact numbers per layer; and under onnxruntime, optimize's output compu
 export computes (prefill, decode step, a chunk at batch 3, right padding), and the chain what
 calibrate --int4 of the export computes.
 
-An export whose fusion does not fire today is an xfail(strict=True) naming the refusal
-(`infercc optimize X --assume nonempty-sequences --explain`), so a fix shows as an XPASS.
+Every fusion fires on every export; where one stops firing, `infercc optimize X --assume
+nonempty-sequences --explain` names the refusal.
 GroupQueryAttention needs an onnxruntime whose kernel takes attention_bias and query_seqlens
 (`fuse_gqa.runtime_support()`): on an older one the builds run without the assumption and
 expect no GroupQueryAttention.
@@ -44,26 +44,6 @@ FAST = (
 )
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
 
-GPT2 = {
-    "torchscript": "fuse-group-query-attention: the attention output is not Transpose "
-    "[0, 2, 1, 3] then Reshape",
-    "dynamo": "fuse-group-query-attention: the attention output is not reshaped to (batch, new, "
-    "32) (GPT-2's Conv1D views it as (batch * new, 32))",
-}
-NO_EFFECT = "optimize and calibrate --int4 refuse --assume nonempty-sequences as having no effect: "
-
-
-def known(e: Export, build: str | None) -> str | None:
-    """Why `e`'s `build` misses a fusion today (`build` None: why its builds are refused, the
-    equality tests' xfail), or None."""
-    # eager attention has no NaN guard: the assumption then has no other reader
-    refused = e.attention == "eager"
-    if e.kind == "gpt2":  # GroupQueryAttention in optimize, MultiHeadAttention in int4
-        reason = GPT2[e.exporter] + "; calibrate --int4's fuse-decoder-attention matches neither"
-        if build is None:
-            return NO_EFFECT + reason if refused and SUPPORT else None
-        return reason if SUPPORT or build != "optimize" else None
-    return None
 
 
 def ops(path: Path) -> Counter:
@@ -141,12 +121,8 @@ def builds(tmp_path_factory) -> Builds:
 
 
 def _param(name: str, build: str | None = None):
-    """The case of `name`'s `build`, or (None) of `name`'s builds computing what they should:
-    an xfail where the fusion is missed, or where the build is refused."""
+    """The case of `name`'s `build`, or (None) of `name`'s builds computing what they should."""
     marks = [] if name in FAST else [pytest.mark.slow]
-    reason = known(EXPORTS[name], build)
-    if reason:
-        marks.append(pytest.mark.xfail(strict=True, reason=reason))
     if build is None:
         return pytest.param(name, marks=marks, id=name)
     return pytest.param(name, build, marks=marks, id=f"{name}-{build}")

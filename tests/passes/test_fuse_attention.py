@@ -73,3 +73,37 @@ def test_portable_and_gpu_keep_standard_ops(ctx):
     out, report, context = fused(tiny_decoder(layers=1, attention="bias"), **ctx)
     assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 0
     assert {n.domain for n in out.graph.node} == {""}
+
+
+@pytest.mark.parametrize("rows", [True, "both"])
+def test_gpt2s_conv1d_rows_read_the_fused_output(rows):
+    """GPT-2's attention output viewed as rows [-1, hidden] for its Conv1D (the dynamo export),
+    and beside a [B, S, hidden] Reshape whose Shape gives the view back (TorchScript): the rows
+    read MultiHeadAttention's output, every Transpose gone, the same numbers."""
+    proto = tiny_decoder(layers=2, attention="bias", rows=rows)
+    out, report, _ = fused(proto)
+    assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 2
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == ops["Transpose"] == 0
+    for batch, past, new in [(1, 0, 5), (2, 7, 1), (3, 3, 4)]:
+        f = feeds(batch, past, new)
+        want, got = run(proto, f), run(out, f)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_rows_of_another_width_are_refused():
+    """A view of the merged heads as rows of some other width is not the fused output's."""
+    proto = tiny_decoder(layers=1, attention="bias", rows=True)
+    for t in proto.graph.initializer:
+        if t.name == "rows0":
+            t.CopyFrom(onnx.numpy_helper.from_array(np.array([-1, 32], np.int64), "rows0"))
+    # the Gemm then reads [B*S*2, 32]: give it a weight of that width
+    for t in proto.graph.initializer:
+        if t.name == "wo0":
+            w = onnx.numpy_helper.to_array(t)[:32]
+            t.CopyFrom(onnx.numpy_helper.from_array(w, "wo0"))
+    _out, report, ctx = fused(proto)
+    assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 0
+    reasons = {r.reason for r in ctx.refusals if r.pass_name == "fuse-decoder-attention"}
+    assert any("or its rows" in r for r in reasons), reasons

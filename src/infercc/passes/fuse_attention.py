@@ -9,6 +9,8 @@ fold-constants), for one layer with H heads of size D, new length S and past len
     A  = Softmax(Div(MatMul(Qh, Transpose(K, perm=[0, 1, 3, 2])), c) + bias, axis=-1)
          (or Mul by 1 / c)
     Y  = Reshape(Transpose(MatMul(A, V), perm=[0, 2, 1, 3]), [B, S, H * D])
+         (GPT-2's Conv1D: Reshapes of that Transpose to rows [-1, H * D], with or without
+          the Reshape to Y; the rows then read Y, the same elements in the same order)
     ==>
     Y, present_key, present_value = MultiHeadAttention(q, k, v, attention_bias=bias,
         past_key, past_value; num_heads=H, scale=1/c)
@@ -38,7 +40,7 @@ from infercc.ir import symbolic as S
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.manager import PassContext, PassResult, register_pass
-from infercc.passes.match import const_scalar, has_perm, producer, sole_reader
+from infercc.passes.match import const_ints, const_scalar, has_perm, producer, sole_reader
 from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ class _Match:
     past_value: Value
     present_key: Value
     present_value: Value
-    out: Value
+    out: Merged
     heads: int
     scale: float
     removed: list[Node]
@@ -162,15 +164,65 @@ def match(softmax: Node) -> _Match:
     return _finish(softmax, q, key, value, bias, out, scale, removed)
 
 
-def merge_heads(value: Value, removed: list[Node]) -> Value | None:
+@dataclass(frozen=True)
+class Merged:
+    """The attention's heads merged back: T = Transpose(A, [0, 2, 1, 3]) read by a Reshape to
+    [B, S, H * D] (`out`, its value), by Reshapes to rows [-1, H * D] (`rows`: GPT-2's Conv1D
+    views it as [B * S, H * D]; the dynamo export has only those), or both."""
+
+    transpose: Node
+    out: Value | None
+    rows: tuple[Node, ...]
+
+    @property
+    def anchor(self) -> Node:
+        """The first Reshape of T in the graph: a fused node goes before it."""
+        readers = {id(n) for n in self.rows}
+        if self.out is not None and self.out.producer is not None:
+            readers.add(id(self.out.producer))
+        return next(n for n in self.transpose.owning_graph() if id(n) in readers)
+
+    @property
+    def replaced(self) -> set[Value]:
+        """The values the fused node's output takes over (T's own where rows read it)."""
+        got = {self.out} if self.out is not None else set()
+        return got | ({self.transpose.output} if self.rows else set())
+
+    def rows_fit(self, width: int, sym: SymbolicShapes) -> bool:
+        """Every row Reshape's target is [-1, width]: the same elements, row-major, as the
+        [B, S, width] the fused node computes."""
+        for r in self.rows:
+            target = sym.elems(r.input(1)) if r.input(1) is not None else None
+            if target is None or len(target) != 2 or target[0] != -1 or target[1] != width:
+                return False
+        return True
+
+    def hand_over(self, fused: Value) -> None:
+        """After the rewrite: the rows read the fused [B, S, width] output."""
+        for r in self.rows:
+            r.set_input(0, fused)
+
+
+def merge_heads(value: Value, removed: list[Node]) -> Merged | None:
     t = _only_reader(value, "Transpose")
     if t is None or not has_perm(t, [0, 2, 1, 3]):
         return None
-    r = _only_reader(t.output, "Reshape")
-    if r is None:
+    readers = t.output.users()
+    if not readers or any(r.op_type != "Reshape" or not r.is_standard for r in readers):
         return None
-    removed += [t, r]
-    return r.output
+    if len(set(map(id, readers))) != len(t.output.uses()):
+        return None  # one Reshape reading T twice (as its target): no merge
+    two_d = [r for r in readers if len(const_ints(r.input(1)) or ()) == 2]
+    full = [r for r in readers if r not in two_d]
+    if len(full) > 1:
+        return None
+    removed += [t, *full]
+    return Merged(t, full[0].output if full else None, tuple(two_d))
+
+
+def merged_to(m: Merged, flat: tuple | None, width: int, sym: SymbolicShapes) -> bool:
+    """`m`'s Reshapes put the merged heads back in `flat`'s [B, S, width] or its rows."""
+    return (m.out is None or merges_to(m.out, flat, sym)) and m.rows_fit(width, sym)
 
 
 def merges_to(out: Value, flat: tuple | None, sym: SymbolicShapes) -> bool:
@@ -178,8 +230,7 @@ def merges_to(out: Value, flat: tuple | None, sym: SymbolicShapes) -> bool:
     (the shape of the value they were split from): its target, read element by element, is
     [B or 0, S or 0, H * D] with at most one -1 in place of one of them (a 0 copies the
     heads' dimension unless `allowzero`, which the dynamo exporter sets: then its elements are
-    B and S themselves). Not GPT-2's dynamo export, which reshapes them to [B * S, H * D] for
-    its Conv1D."""
+    B and S themselves). GPT-2's [B * S, H * D] rows for its Conv1D are `Merged.rows`."""
     reshape = out.producer
     if reshape is None or reshape.op_type != "Reshape":
         return False
@@ -204,7 +255,7 @@ def _finish(
     key: _Cache,
     value: _Cache,
     bias: Value | None,
-    out: Value,
+    out: Merged,
     scale: float,
     removed: list[Node],
 ) -> _Match:
@@ -217,8 +268,11 @@ def _finish(
     if bias is not None and (bias.shape is None or len(bias.shape) != 4 or bias.shape[1] != 1):
         raise NoMatch("the attention bias is not of shape [batch or 1, 1, new, total]", bias)
     sym = SymbolicShapes(S.algebra_for(softmax.owning_graph()))
-    if not merges_to(out, sym.shape(q), sym):
-        raise NoMatch(f"the attention output is not reshaped to q's (batch, new, {width})", out)
+    if not merged_to(out, sym.shape(q), width, sym):
+        raise NoMatch(
+            f"the attention output is not reshaped to q's (batch, new, {width}) or its rows",
+            out.transpose,
+        )
     for x in (q, k, v, past_key, past_value):
         if x.dtype != TensorProto.FLOAT:
             raise NoMatch("not float32", x)
@@ -264,11 +318,15 @@ def _rewrite(graph: Graph, m: _Match) -> None:
         name=f"MultiHeadAttention_{m.softmax.name}",
         attributes={"num_heads": m.heads, "scale": float(m.scale)},
     )
-    for i, old in enumerate((m.out, m.present_key, m.present_value)):
+    y = node.out(0)
+    y.dtype, y.shape = (m.out.out or m.q).dtype, (m.out.out or m.q).shape
+    for i, old in ((1, m.present_key), (2, m.present_value)):
         new = node.out(i)
         new.dtype, new.shape = old.dtype, old.shape
-    for i, old in enumerate((m.out, m.present_key, m.present_value)):
-        graph.replace_all_uses_with(old, node.out(i))
+    for i, old in ((0, m.out.out), (1, m.present_key), (2, m.present_value)):
+        if old is not None:
+            graph.replace_all_uses_with(old, node.out(i))
+    m.out.hand_over(y)
     for dead in reversed(in_order(graph, m.removed)):
         if not any(o is not None and (o.uses() or o.is_graph_output) for o in dead.outputs):
             graph.remove(dead)

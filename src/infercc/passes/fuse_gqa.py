@@ -16,6 +16,8 @@ model rotates, fuse-rotary-embedding), for one layer with H query heads and KV k
       or Div|Mul(MatMul(Qh, Transpose(Kx, [0, 1, 3, 2])), c)            (eager attention)
     P  = Softmax(Add(A, bias), axis=-1)
     Y  = Reshape(Transpose(MatMul(P, Vx), [0, 2, 1, 3]), [B, S, H * D])
+         (and/or, GPT-2's Conv1D, Reshapes of that Transpose to rows [-1, H * D], which
+          then read Y: the same elements in the same order)
     ==>
     Y, present_key, present_value = GroupQueryAttention(q', k', v, past_key, past_value,
         seqlens_k, total, attention_bias=bias, query_seqlens; num_heads=H, kv_num_heads=KV,
@@ -81,11 +83,12 @@ from infercc.ir.ops import MS_DOMAIN
 from infercc.ir.symbolic_shapes import Shape as SymShape
 from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.fuse_attention import (
+    Merged,
     fixed_heads,
     has_cache_inputs,
     in_order,
     merge_heads,
-    merges_to,
+    merged_to,
     split_heads,
 )
 from infercc.passes.manager import PassContext, PassResult, register_pass
@@ -155,7 +158,7 @@ class _Match:
     past_value: Value
     present_key: Value
     present_value: Value
-    out: Value
+    out: Merged
     anchor: Node  # the output's producer: the fused node goes before it
     heads: int
     kv_heads: int
@@ -358,9 +361,9 @@ def match(softmax: Node, sym: SymbolicShapes) -> _Match:
     if (q.rotary is None) != (key.side.rotary is None):
         raise NoMatch("Q and K are not rotated alike", q.rotary or key.side.rotary)
     out = merge_heads(av.output, removed)
-    anchor = None if out is None else out.producer
-    if out is None or anchor is None:
+    if out is None:
         raise NoMatch("the attention output is not Transpose [0, 2, 1, 3] then Reshape", av)
+    anchor = out.anchor
     return _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
 
 
@@ -370,7 +373,7 @@ def _finish(
     key: _Cache,
     value: _Cache,
     scores: _Scores,
-    out: Value,
+    out: Merged,
     anchor: Node,
     groups: int,
     removed: list[Node],
@@ -397,7 +400,7 @@ def _finish(
     kept |= {x for side in (q, k) if side.rotary for x in side.rotary.inputs[1:] if x is not None}
     caches = [present_key.producer, present_value.producer]  # replaced, as `out` is
     dead = dead_with([*removed, *(c for c in caches if c is not None)], kept)
-    replaced = {out, present_key, present_value}
+    replaced = {*out.replaced, present_key, present_value}
     for node in dead:  # every value but the replaced ones dies with its readers
         for dying in node.outputs:
             if dying is not None and dying not in replaced and not _dies(dying, dead):
@@ -406,9 +409,10 @@ def _finish(
         if any(u not in dead for u in present.users()):
             raise NoMatch(f"{present.name} has readers outside the attention", present)
     new = widths[0][1]
-    if not merges_to(out, widths[0], sym):
+    if not merged_to(out, widths[0], heads * size, sym):
         raise NoMatch(
-            f"the attention output is not reshaped to (batch, new, {heads * size})", out
+            f"the attention output is not reshaped to (batch, new, {heads * size}) or its rows",
+            out.transpose,
         )
     bias_shape(bias, sym, new)
     return _Match(
@@ -655,9 +659,11 @@ def _rewrite_with(lengths: _Lengths) -> Callable[[Node, _Match, PassContext], No
             attributes=attributes,
         )
         out, pk, pv = (fused.out(i) for i in range(3))
-        for old, new in ((m.out, out), (m.present_key, pk), (m.present_value, pv)):
-            new.dtype, new.shape = old.dtype, old.shape
-            graph.replace_all_uses_with(old, new)
+        for old, new in ((m.out.out, out), (m.present_key, pk), (m.present_value, pv)):
+            if old is not None:
+                new.dtype, new.shape = old.dtype, old.shape
+                graph.replace_all_uses_with(old, new)
+        m.out.hand_over(out)
         # onnx cannot infer a contrib op's output; the file states what is known (exporter)
         out.dtype = out.dtype if out.dtype is not None else q.dtype
         out.shape = out.shape if out.shape is not None else _output_shape(m, q)
