@@ -142,9 +142,12 @@ def test_prompt_out_of_vocabulary(tmp_path, decoder_path):
         (["--prompt-len", "4"], "--prompt-len needs --generate"),
         (["--generate", "2", "--batch", "1,2"], "one batch size"),
         (["--generate", "2", "--shape", "input_ids=1x3"], "--shape has no effect"),
+        (["--spin"], "--spin needs --generate"),
+        (["--generate", "2", "--spin", "--compare", "SELF"], "--spin has no effect with --compare"),
     ],
 )
 def test_flag_errors(decoder_path, args, message):
+    args = [str(decoder_path) if a == "SELF" else a for a in args]
     done = run_cli("bench", str(decoder_path), *args)
     assert done.returncode == 2
     assert message in done.stderr
@@ -171,3 +174,33 @@ def test_cli_json(decoder_path):
     assert {"ttft_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "decode_tokens_per_s"} <= set(
         data
     )
+
+
+def test_the_loop_does_not_spin_unless_asked(decoder_path, monkeypatch):
+    """The decode loop's sessions keep onnxruntime's idle threads from spinning between
+    steps; --spin (spinning=True) gives onnxruntime's default; the report says which."""
+    from infercc.runtime import generate as gen
+
+    opened = []
+    real = gen.Decoder.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        opts = self.session.get_session_options()
+        try:
+            opened.append(opts.get_session_config_entry("session.intra_op.allow_spinning"))
+        except RuntimeError:  # not set: onnxruntime's default, spinning
+            opened.append(None)
+
+    monkeypatch.setattr(gen.Decoder, "__init__", spy)
+    quiet = generate(decoder_path, 2, prompt_len=3, warmup=0, runs=1, memory=False)
+    spun = generate(decoder_path, 2, prompt_len=3, warmup=0, runs=1, memory=False, spinning=True)
+    assert opened[:2] == ["0", None]
+    assert quiet.to_dict()["spinning"] is False and spun.to_dict()["spinning"] is True
+    done = run_cli(
+        "bench", str(decoder_path), "--generate", "2", "--prompt-len", "3", "--iters", "1",
+        "--warmup", "0", "--no-memory", "--spin",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "threads spinning (--spin)" in done.stdout
+    assert opened[2] is None

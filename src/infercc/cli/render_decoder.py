@@ -23,7 +23,8 @@ def render_generate(report, console: Console) -> None:
     s = report.stats
     console.print(
         f"[bold]{report.path}[/]  batch {report.batch}, prompt {report.prompt_len}, "
-        f"{report.new_tokens} new token(s), {s.runs} timed generation(s)",
+        f"{report.new_tokens} new token(s), {s.runs} timed generation(s), threads "
+        f"{'spinning (--spin)' if report.spinning else 'not spinning between steps'}",
         highlight=False,
     )
     t = table()

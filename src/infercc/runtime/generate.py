@@ -1,7 +1,12 @@
 """Generation benchmark for decoders with a KV cache: TTFT, TPOT, decode tokens/s, peak memory.
 
 `generate(path, new_tokens=N, prompt_len=P, batch=B)` runs a greedy loop under onnxruntime's
-CPU provider with its default session options (what a user of onnxruntime gets):
+CPU provider with its default session options (what a user of onnxruntime gets), less one:
+the idle intra-op threads do not spin between runs (`spinning=True`, `--spin`: onnxruntime's
+default). In a decode loop the Python work between steps (the argmax, the next feeds) runs
+while spinning threads hold the cores: on a 2-core host that ran 0.5x-0.7x the decode
+tokens/s of the same session without spinning, each alone in its process (docs/bench.md);
+onnxruntime-genai's Generator, which users compare with, steps without that Python work.
 
 1. **prefill**: the prompt (P token ids per batch row; random in [0, vocab) with a fixed seed,
    or the caller's) with an empty cache (sequence length 0), `attention_mask` all ones and
@@ -196,7 +201,7 @@ def _sized_prompt(
 class Decoder:
     """One onnxruntime session of a decoder, stepping a greedy loop."""
 
-    def __init__(self, path: Path, sig: DecoderSignature, spinning: bool = True):
+    def __init__(self, path: Path, sig: DecoderSignature, spinning: bool = False):
         self.sig = sig
         self.path = path
         options = session_options()
@@ -366,6 +371,7 @@ class GenerateReport:
     stats: GenerationStats
     decoder: dict[str, Any]
     host: dict[str, Any]
+    spinning: bool = False  # onnxruntime's idle threads spun between steps
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -374,6 +380,7 @@ class GenerateReport:
             "prompt_len": self.prompt_len,
             "new_tokens": self.new_tokens,
             "warmup": self.warmup,
+            "spinning": self.spinning,
             **self.stats.to_dict(),
             "decoder": self.decoder,
             "host": self.host,
@@ -461,7 +468,7 @@ def _check_counts(warmup: int, runs: int) -> None:
         raise InferccError(f"--warmup {warmup} is negative", "use 0 or more warm-up generations")
 
 
-def open_decoder(path: str | os.PathLike[str], spinning: bool = True) -> Decoder:
+def open_decoder(path: str | os.PathLike[str], spinning: bool = False) -> Decoder:
     p = Path(path)
     if p.is_dir():
         raise InferccError(
@@ -483,10 +490,12 @@ def generate(
     seed: int = 0,
     memory: bool = True,
     on_progress: Progress | None = None,
+    spinning: bool = False,
 ) -> GenerateReport:
-    """Benchmark greedy generation of `new_tokens` tokens (module docstring)."""
+    """Benchmark greedy generation of `new_tokens` tokens (module docstring); `spinning`:
+    onnxruntime's idle threads spin between steps, its default."""
     _check_counts(warmup, runs)
-    decoder = open_decoder(path)
+    decoder = open_decoder(path, spinning=spinning)
     plan = make_plan(decoder.sig, new_tokens, prompt_len, batch, prompt, seed)
     total = warmup + runs + (1 if memory else 0)
     for i in range(warmup):
@@ -509,6 +518,7 @@ def generate(
         stats,
         decoder.sig.to_dict(),
         host_info(),
+        spinning,
     )
 
 
