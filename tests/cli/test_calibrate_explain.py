@@ -1,7 +1,8 @@
 """`calibrate --int4 --explain` lists every refused rewrite of the passes it ran (the fp32
 pipeline's decoder fusions and quantize-int4's nodes kept float) in optimize's table and JSON
 form; `--bisect` judges the fp32 passes against the original and names the one that breaks it;
-without --int4 both flags are errors."""
+with int8 calibration --explain lists its passes' refusals the same way, and --bisect is an
+error."""
 
 from __future__ import annotations
 
@@ -147,15 +148,36 @@ def test_bisect_says_when_the_fp32_passes_keep_the_outputs(tmp_path: Path) -> No
     assert json.loads(plain.stdout)["bisect"] is None
 
 
-@pytest.mark.parametrize(
-    ("flag", "words"),
-    [("--explain", "--explain applies to --int4 only"), ("--bisect", "--bisect applies to --int4")],
-)
-def test_without_int4_they_are_errors(tmp_path: Path, flag: str, words: str) -> None:
-    src = _mixer(tmp_path)
-    samples = tmp_path / "samples.npz"
-    np.savez(samples, x=np.zeros((4, 4, 64), np.float32), m=np.zeros((4, 128, 128), np.float32))
-    r = run_cli("calibrate", str(src), "--data", str(samples), "-o", str(tmp_path / "o"), flag)
+def _samples(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    path = tmp_path / "samples.npz"
+    x = rng.standard_normal((10, 4, 64)).astype(np.float32)
+    np.savez(path, x=x, m=rng.standard_normal((10, 128, 128)).astype(np.float32))
+    return path
+
+
+def test_int8_explain_lists_quantize_qdq_refusals(tmp_path: Path) -> None:
+    """int8 calibration runs registered passes too: --explain lists the final candidate's
+    quantize-qdq refusals (a MatMul of two activations) in the same table and JSON form."""
+    src, data = _mixer(tmp_path), str(_samples(tmp_path))
+    cmd = ("calibrate", str(src), "--data", data, "--no-speed-check", "--explain")
+    r = run_cli(*cmd, "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│ quantize-qdq")]
+    assert len(rows) == 1 and "│ mix " in rows[0] and "both operands are activations" in rows[0]
+    j = run_cli(*cmd, "-o", str(tmp_path / "j"), "--json")
+    assert j.returncode == 0, j.stderr
+    mine = [x for x in json.loads(j.stdout)["refusals"] if x["pass"] == "quantize-qdq"]
+    assert [(x["node"], x["op"], x["at"]) for x in mine] == [("mix", "MatMul", "'mix' (MatMul)")]
+    plain = run_cli("calibrate", str(src), "--data", data, "--no-speed-check", "-o",
+                    str(tmp_path / "p"))  # fmt: skip
+    assert plain.returncode == 0 and "refused rewrites" not in plain.stdout
+
+
+def test_bisect_without_int4_is_an_error(tmp_path: Path) -> None:
+    src, data = _mixer(tmp_path), str(_samples(tmp_path))
+    r = run_cli("calibrate", str(src), "--data", data, "-o", str(tmp_path / "o"), "--bisect")
     assert r.returncode == 2
-    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "--bisect applies to --int4 only" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()

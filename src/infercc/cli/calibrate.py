@@ -298,11 +298,11 @@ def calibrate(
         bool,
         typer.Option(
             "--explain",
-            help="--int4: list every rewrite that matched but refused, and why, as optimize "
-            "--explain does: the fp32 passes' (decoder fusions included) and quantize-int4's "
-            "(each weight or table kept float: not a constant, excluded, the LM head with "
-            "--no-lm-head, an embedding without --embeddings, ...). --json always carries "
-            "them (refusals).",
+            help="List every rewrite that matched but refused, and why, as optimize --explain "
+            "does: the fp32 passes' (decoder fusions included), then int8's quantize-qdq (the "
+            "final candidate's) or --int4's quantize-int4 (each weight or table kept float: "
+            "not a constant, excluded, the LM head with --no-lm-head, an embedding without "
+            "--embeddings, ...). --json always carries them (refusals).",
         ),
     ] = False,
     bisect: Annotated[
@@ -397,13 +397,6 @@ def calibrate(
 
         finish(report, as_json, lambda r, console: render_int4(r, console, explain=explain))
         return
-    if explain:
-        raise InferccError(
-            "--explain applies to --int4 only: int8 calibration lists each node it kept float "
-            "and why in its report",
-            "drop --explain (the int8 report's kept-float lines, --json: kept_float), or add "
-            "--int4",
-        )
     both = ("disable_pass", "verify")  # flags of either kind of calibration
     int4_only_flags({k: v for k, v in int4_flags.items() if k not in both})  # --shape, --bisect
     if data is None:
@@ -440,4 +433,4 @@ def calibrate(
             on_step=progress.step,
             on_progress=progress.tick,
         )
-    finish(report, as_json, render_calibration)
+    finish(report, as_json, lambda r, console: render_calibration(r, console, explain=explain))

@@ -597,7 +597,9 @@ def _settings_line(settings: dict) -> str:
     return "settings: " + "; ".join(parts)
 
 
-def render_calibration(report, console: Console) -> None:
+def render_calibration(report, console: Console, explain: bool = False) -> None:
+    """`infercc calibrate`'s int8 report; `explain` lists every refused rewrite, as
+    optimize's."""
     d = report.to_dict()
     status = _verdict_word(d)
     samples = ", ".join(f"{k} {v}" for k, v in d["samples"].items())
@@ -645,6 +647,8 @@ def render_calibration(report, console: Console) -> None:
     if speed:
         style = "bold red" if speed["slower"] else "default"
         console.print(f"speed: {speed['message']}", style=style, highlight=False)
+    if explain:
+        render_refusals(d["refusals"], console)
 
 
 def _verdict_word(d: dict) -> str:
