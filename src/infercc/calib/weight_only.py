@@ -21,7 +21,12 @@
    MultiHeadAttention and Llama's into GroupQueryAttention): with int4 weights the rest of a
    decode step is the larger part of its time. The portable form takes int8's portable
    pipeline. Every MatMul/Gemm gets a name. The report lists what each decoder fusion
-   fired; `disable_passes` skips any pass of the pipeline.
+   fired; `disable_passes` skips any pass of the pipeline. With `bisect` (--bisect) the fp32
+   passes are rebuilt from the original and judged against it at fp32's tolerance (the int4
+   model is judged against their result, so nothing else would see a fusion that broke it),
+   and bisected by `infercc.check.bisection` when they change its outputs: the build then
+   fails, nothing written. The report's `refusals` holds every rewrite the fp32 passes and
+   the shipped build's quantize-int4 refused (what --explain lists).
 4. **Method**: `rtn` rounds to nearest; `awq` (`infercc.calib.awq`) and `gptq`
    (`infercc.calib.gptq`) read the calibration samples' inputs of each weight (one fp32 pass).
    Embedding tables are RTN in every method (a Gather has no input activations to weigh).
