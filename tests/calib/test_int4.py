@@ -321,3 +321,32 @@ def test_quantize_int4_without_its_options_is_an_error():
 
     with pytest.raises(InferccError, match="quantize-int4 needs its options"):
         run_passes(import_model(_three_projections()), PassContext(), ["quantize-int4"])
+
+
+def test_refusals_name_the_input_where_the_weight_failed():
+    """A node kept float is its rule's NoMatch(reason, at=...): the refusal names the input
+    that failed (a weight of rank 3, a Gemm's C that is no bias), as --explain shows it."""
+    from infercc.passes import Int4Settings, PassContext, run_passes
+
+    rng = np.random.default_rng(0)
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 32])
+    nodes = [
+        oh.make_node("Gemm", ["x", "w", "c"], ["g"], name="gemm"),
+        oh.make_node("MatMul", ["g", "batched"], ["y"], name="bmm"),
+    ]
+    weights = {
+        "w": rng.standard_normal((64, 32)).astype(np.float32),
+        "c": rng.standard_normal((4, 32)).astype(np.float32),  # a [M, N] C: no bias of N
+        "batched": rng.standard_normal((2, 32, 32)).astype(np.float32),
+    }
+    ir = import_model(_model(nodes, [x], [y], weights))
+    ctx = PassContext(int4=Int4Settings(Int4Options()))
+    details = run_passes(ir, ctx, ["quantize-int4"]).details("quantize-int4")
+    assert details.quantized == []
+    got = {r.node: (r.reason, r.at) for r in ctx.refusals}
+    assert got == {
+        "gemm": ("Gemm whose C of shape [4, 32] is not a bias of 32", "tensor 'c'"),
+        "bmm": ("its weight has rank 3, not 2 (a batched MatMul)", "tensor 'batched'"),
+    }
+    assert details.kept_float == {name: reason for name, (reason, _) in got.items()}

@@ -186,6 +186,8 @@ class Int8Flow:
         self.outlier_channels: dict[str, list[int]] = {}
         self.broken_kernels: dict[str, str] = {}  # node -> why onnxruntime's int8 kernel is wrong
         self.converted_from: int | None = None  # the model's opset, when converted to MIN_OPSET
+        self.refusals: list[dict[str, str]] = []  # the pipeline stages' (--explain)
+        self.quantize_refusals: list[dict[str, str]] = []  # the last quantize stage's
 
     @property
     def method(self) -> Method:
@@ -222,6 +224,7 @@ class Int8Flow:
         context = stage_context(reference_config(job.config))
         fp32 = CALIBRATE_FP32
         yield Stage(fp32.name, fp32.passes, context, announce="optimizing fp32")
+        self.refusals = [r.to_dict() for r in context.refusals]
         name_targets(job.ir)
         check_exclude(job.ir, self.request.exclude)
         if not self.request.outlier_channels:
@@ -230,6 +233,7 @@ class Int8Flow:
         if self.outlier_channels:
             split = stage_context(job.config, outlier_channels=self.outlier_channels)
             yield Stage(INT8.name, INT8.stages[0], split)
+            self.refusals += [r.to_dict() for r in split.refusals]
             self.float_nodes = job.reports[INT8.name].details("split-outlier-channels") or {}
 
     def plan(self, job: Job) -> bool:
@@ -351,6 +355,7 @@ class Int8Flow:
         )
         ctx = stage_context(job.config, quantize=settings)
         ran = run_passes(ir, ctx, INT8.stages[1], job.config.disable_passes)
+        self.quantize_refusals = [r.to_dict() for r in ran.refusals]
         return ran.details("quantize-qdq"), save_model(ir, path)
 
     def trial(self, job: Job, exclude: tuple[str, ...]) -> Trial:
@@ -360,7 +365,8 @@ class Int8Flow:
         finally:
             for f in files:
                 f.unlink(missing_ok=True)
-        return Trial(exclude, report, evaluate(self.reference, actual, self.not_scores))
+        evaluation = evaluate(self.reference, actual, self.not_scores)
+        return Trial(exclude, report, evaluation, self.quantize_refusals)
 
     def run_search(self, job: Job, exclude: tuple[str, ...]) -> Trial:
         """Check the kernels (when the host is the target), then search (module doc 6 of
@@ -433,6 +439,7 @@ class Int8Flow:
             len(self.ranges),
         )
         report.activations = o.activations
+        report.refusals = [*self.refusals, *final.refusals]
         report.int8 = o.plan
         report.settings = self.settings
         report.outlier_channels = dict(self.outlier_channels)

@@ -141,6 +141,9 @@ class CalibrationReport:
     verdict: str = PASSED  # one of VERDICTS: what `passed` rests on
     min_cosine_floor: float | None = None  # the floor a run without a met target is held to
     opset_conversion: dict[str, Any] | None = None  # {"from", "to", "reference"} when converted
+    # Every rewrite refused by the passes that built the model (calibrate-fp32, the outlier
+    # split, the final candidate's quantize-qdq), as optimize's report lists them (--explain).
+    refusals: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def quantized_nodes(self) -> int:
@@ -168,6 +171,7 @@ class CalibrationReport:
             "min_cosine_floor": json_float(self.min_cosine_floor),
             "message": self.message,
             "opset_conversion": self.opset_conversion,
+            "refusals": list(self.refusals),
             "files": list(self.files),
             "ranges": self.ranges,
             "sensitivity_trials": self.trials,
@@ -269,6 +273,7 @@ class Trial:
     exclude: tuple[str, ...]
     quantized: QuantizeReport
     evaluation: Evaluation
+    refusals: list[dict[str, str]] = field(default_factory=list)  # its int8 stage's
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -21,7 +21,12 @@
    MultiHeadAttention and Llama's into GroupQueryAttention): with int4 weights the rest of a
    decode step is the larger part of its time. The portable form takes int8's portable
    pipeline. Every MatMul/Gemm gets a name. The report lists what each decoder fusion
-   fired; `disable_passes` skips any pass of the pipeline.
+   fired; `disable_passes` skips any pass of the pipeline. With `bisect` (--bisect) the fp32
+   passes are rebuilt from the original and judged against it at fp32's tolerance (the int4
+   model is judged against their result, so nothing else would see a fusion that broke it),
+   and bisected by `infercc.check.bisection` when they change its outputs: the build then
+   fails, nothing written. The report's `refusals` holds every rewrite the fp32 passes and
+   the shipped build's quantize-int4 refused (what --explain lists).
 4. **Method**: `rtn` rounds to nearest; `awq` (`infercc.calib.awq`) and `gptq`
    (`infercc.calib.gptq`) read the calibration samples' inputs of each weight (one fp32 pass).
    Embedding tables are RTN in every method (a Gather has no input activations to weigh).
@@ -87,7 +92,13 @@ from infercc.data.signature import Shapes, check_shape_names, resolve_shapes
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.outputs import Staging
-from infercc.passes.manager import REGISTRY, Int4Settings, check_pass_names, run_passes
+from infercc.passes.manager import (
+    REGISTRY,
+    Int4Settings,
+    Refusal,
+    check_pass_names,
+    run_passes,
+)
 from infercc.passes.pipelines import (
     CALIBRATE_FP32,
     CALIBRATE_INT4,
@@ -126,6 +137,7 @@ SPEED_WARMUP, SPEED_ITERS = 10, 60
 SPEED_PAST = 64
 LEVEL4_MAX_TOP1_LOSS = 0.005  # fraction: 0.5 points
 LEVEL4_MAX_COSINE_LOSS = 0.001
+BISECT_SAMPLES = 4  # evaluation samples --bisect judges the fp32 rebuilds on
 
 Samples = list[dict[str, np.ndarray]]
 Step = Callable[[str], None]
@@ -162,7 +174,7 @@ class Quality:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "cosine": json_float(self.cosine),
+            "cosine": json_float(self.cosine) if self.outputs else None,
             "top1_agreement": json_float(self.top1_agreement),
             "perplexity": json_float(self.perplexity),
             "perplexity_fp32": json_float(self.perplexity_fp32),
@@ -208,6 +220,12 @@ class Int4CalibrationReport:
     seconds: float = 0.0
     fusions: dict[str, dict[str, int]] = field(default_factory=dict)
     assumptions: list[dict[str, Any]] = field(default_factory=list)
+    # Every rewrite refused by the passes calibrate --int4 ran (the fp32 pipeline's, then the
+    # shipped build's quantize-int4), as optimize's report lists them: what --explain shows.
+    refusals: list[dict[str, str]] = field(default_factory=list)
+    # --bisect: the verdict of the fp32 passes bisected against the original
+    # (`infercc.check.bisection.BisectReport.to_dict()`).
+    bisect: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         q = self.quantize
@@ -237,6 +255,8 @@ class Int4CalibrationReport:
             "decoder": self.decoder,
             "fusions": {name: dict(c) for name, c in self.fusions.items()},
             "assumptions": list(self.assumptions),
+            "refusals": list(self.refusals),
+            "bisect": self.bisect,
             "passed": self.passed,
             "message": self.message,
             "files": list(self.files),
@@ -277,6 +297,7 @@ class Int4Request:
     holdout: float = 0.2
     preprocess: str | None = None
     shapes: Shapes | None = None
+    bisect: bool = False  # check the fp32 passes against the original, bisect them if broken
 
     def options(self, level: int = 0) -> Int4Options:
         return Int4Options(
@@ -364,6 +385,7 @@ def calibrate_int4(
     disable_passes: Sequence[str] = (),
     shapes: Shapes | None = None,
     verify: bool = False,
+    bisect: bool = False,
     on_step: Step | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Int4CalibrationReport:
@@ -371,7 +393,10 @@ def calibrate_int4(
     the command line writes by default) (module docstring). `block_size` None is
     the target's CPU row's (`infercc.calib.forms.int4_row`; 32 on every row). `shapes` pins
     input shapes of the random inputs (--shape; a decoder's calls, `infercc.calib.
-    decoder_samples`), refused with `data`."""
+    decoder_samples`), refused with `data`. `bisect`: before quantizing, the fp32 passes are
+    rebuilt and judged against the original on the evaluation samples at fp32's tolerance, and
+    bisected when they change its outputs (`Int4Flow.bisect_fp32`); the run then fails with
+    nothing written."""
     t0 = time.perf_counter()
     row = int4_row(target, DEFAULT_BLOCK_SIZE)
     block_size = row.block_size if block_size is None else block_size
@@ -412,6 +437,7 @@ def calibrate_int4(
     request.target = target
     request.data, request.num_samples, request.shapes = data, num_samples, shapes
     request.holdout, request.preprocess = holdout, preprocess
+    request.bisect = bisect
     src = Path(model)
     dest = default_calibration_dir(src, "int4") if out_dir is None else Path(out_dir)
     check_calibration_destination(dest, src)
@@ -539,6 +565,8 @@ class Int4Flow:
         self.assumed: list[dict[str, Any]] = []
         self.quantized: Int4Report | None = None
         self.report: Int4CalibrationReport | None = None
+        self.refusals: list[dict[str, str]] = []  # the fp32 pipeline's, then quantize-int4's
+        self.bisected: dict[str, Any] | None = None  # --bisect's verdict
 
     # -- the steps ----------------------------------------------------------------
 
@@ -563,6 +591,7 @@ class Int4Flow:
         (each must have had an effect)."""
         pipeline, ctx = int4_pipeline(self.job.form), stage_context(job.config)
         yield Stage(pipeline.name, pipeline.passes, ctx, announce="optimizing fp32")
+        self.refusals = [r.to_dict() for r in ctx.refusals]
         if self.job.form != "nbits":
             return
         ran = job.reports[pipeline.name].passes
@@ -576,8 +605,11 @@ class Int4Flow:
 
     def plan(self, job: Job) -> bool:
         """The optimized model checked and saved as the reference, run on the evaluation
-        samples; the method's blocks searched."""
+        samples; the method's blocks searched. Under --bisect the fp32 passes are bisected
+        first: when they change the original's outputs the build fails here."""
         self.check_optimized(job.ir)
+        if self.job.bisect and not self.bisect_fp32(job):
+            return False
         self.config = job.config  # each int4 build runs in the build's context
         self.stage = job.stage_dir
         self.fp32_path = self.stage / _FP32_FILE
@@ -596,7 +628,10 @@ class Int4Flow:
         level = 0 if request.accuracy_level == "auto" else int(request.accuracy_level)
         self.step(f"quantizing ({request.method})")
         options = request.options(level)
-        self.quantized = self.build(options, self.blocks, self.scales, self.stage / INT4_FILE)
+        self.quantized, refused = self.build(
+            options, self.blocks, self.scales, self.stage / INT4_FILE
+        )
+        self.refusals += [r.to_dict() for r in refused]
 
     def validate(self, job: Job) -> bool:
         """Evaluate the staged model, compare it with RTN, choose its accuracy level, race it."""
@@ -619,6 +654,7 @@ class Int4Flow:
         )
         self.report = result
         result.fusions, result.assumptions = self.fusions, self.assumed
+        result.refusals, result.bisect = self.refusals, self.bisected
         if request.method != "rtn":
             result.versus_rtn = self.versus_rtn(quality)
         result.accuracy_level = self.choose_level(quality, result)
@@ -676,6 +712,50 @@ class Int4Flow:
                 "drop --embeddings",
             )
 
+    def bisect_fp32(self, job: Job) -> bool:
+        """--bisect: the fp32 passes rebuilt from the original and judged against it on the
+        evaluation samples at fp32's tolerance, bisected as optimize's validation failures are
+        (`infercc.check.bisection`: the pass, the rewrite, the node where outputs diverge).
+        False (the build fails, a report saying why) when they change the outputs.
+        quantize-int4 is not bisected: int4 is lossy by design and calibrate --int4 sets no
+        accuracy target for a rewrite to break."""
+        from infercc.check.bisection import PipelineConfig, bisect
+
+        pipeline = int4_pipeline(self.job.form)
+        config = PipelineConfig(job.config, stages=list(pipeline.stages), source="build")
+        feeds = self.evaluation[:BISECT_SAMPLES]
+        job.step(f"bisecting the {pipeline.name} passes against the original")
+        result = bisect(self.src, feeds, config)
+        if not result.reproduced:
+            result.message = (
+                f"the {pipeline.name} passes keep the original's outputs on {len(feeds)} "
+                "sample(s) at fp32's tolerance: no rewrite to bisect (quantize-int4 is lossy "
+                "by design and has no accuracy target here; --explain lists the nodes kept "
+                "float, --exclude NODE keeps one float)"
+            )
+        self.bisected = result.to_dict()
+        if not result.reproduced:
+            return True
+        request = self.job
+        self.report = Int4CalibrationReport(
+            str(self.src),
+            str(self.dest),
+            request.method,
+            "MatMulNBits" if request.form == "nbits" else "DequantizeLinear",
+            request.block_size,
+            request.symmetric,
+            {"evaluation": len(feeds), "evaluated_on": self.evaluated_on},
+            Quality({}),
+            Int4Report(),
+            False,
+            f"the {pipeline.name} passes change the original's outputs before any weight is "
+            f"quantized ({result.message}); nothing written",
+            decoder=None if self.sig is None else self.sig.to_dict(),
+        )
+        self.report.refusals, self.report.bisect = self.refusals, self.bisected
+        self.report.fusions, self.report.assumptions = self.fusions, self.assumed
+        return False
+
     # -- methods ----------------------------------------------------------------
 
     def method(
@@ -722,13 +802,15 @@ class Int4Flow:
         method: Callable[[str, np.ndarray], Blocks] | None,
         scales: dict[str, np.ndarray],
         path: Path,
-    ) -> Int4Report:
+    ) -> tuple[Int4Report, list[Refusal]]:
+        """The int4 pipeline on a fresh copy of the fp32 model, saved at `path`: its report
+        and the rewrites it refused."""
         ir = load_model(self.fp32_path)
         ctx = stage_context(self.config, int4=Int4Settings(options, method, scales))
         ran = run_passes(ir, ctx, INT4.passes)
         report = ran.details(INT4_PASS)
         save_model(ir, path)
-        return report
+        return report, list(ran.refusals)
 
     # -- evaluation -------------------------------------------------------------
 

@@ -294,6 +294,30 @@ def calibrate(
         ),
     ] = None,
     verify: VerifyOpt = False,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="List every rewrite that matched but refused, and why, as optimize --explain "
+            "does: the fp32 passes' (decoder fusions included), then int8's quantize-qdq (the "
+            "final candidate's) or --int4's quantize-int4 (each weight or table kept float: "
+            "not a constant, excluded, the LM head with --no-lm-head, an embedding without "
+            "--embeddings, ...). --json always carries them (refusals).",
+        ),
+    ] = False,
+    bisect: Annotated[
+        bool,
+        typer.Option(
+            "--bisect",
+            help="--int4: before quantizing, rebuild the fp32 passes (calibrate-int4, or "
+            "calibrate-fp32 with --portable) and judge them against the original on up to 4 "
+            "evaluation samples at fp32's tolerance; when they change its outputs, name the "
+            "pass, the rewrite and the node where outputs diverge, as optimize's bisection "
+            "does, and fail (exit 1, nothing written). quantize-int4 itself is not bisected: "
+            "int4 is lossy by design and has no accuracy target to break (--exclude NODE "
+            "keeps a weight float).",
+        ),
+    ] = False,
     ort_custom_op_lib: CustomOpLibOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -339,6 +363,7 @@ def calibrate(
         disable_pass=disable_pass or None,
         shape=shape or None,
         verify=verify or None,
+        bisect=bisect or None,
     )
     if int4:
         check_int8_only_flags(
@@ -370,10 +395,10 @@ def calibrate(
             )
         from infercc.cli.render_decoder import render_int4
 
-        finish(report, as_json, render_int4)
+        finish(report, as_json, lambda r, console: render_int4(r, console, explain=explain))
         return
     both = ("disable_pass", "verify")  # flags of either kind of calibration
-    int4_only_flags({k: v for k, v in int4_flags.items() if k not in both})  # --shape too
+    int4_only_flags({k: v for k, v in int4_flags.items() if k not in both})  # --shape, --bisect
     if data is None:
         raise InferccError("int8 calibration needs samples", "pass --data DIR")
     if min_cosine_floor is not None and (min_cosine or max_top1_drop is not None):
@@ -408,4 +433,4 @@ def calibrate(
             on_step=progress.step,
             on_progress=progress.tick,
         )
-    finish(report, as_json, render_calibration)
+    finish(report, as_json, lambda r, console: render_calibration(r, console, explain=explain))

@@ -17,6 +17,7 @@ _INT4_FLAGS = {
     "embeddings": "--embeddings/--no-embeddings",
     "assume": "--assume",
     "shape": "--shape",
+    "bisect": "--bisect",
 }
 _INT8_FLAGS = {
     "percentile": "--percentile",
@@ -106,6 +107,7 @@ def run_int4(
         disable_passes=flags.get("disable_pass") or (),
         shapes=calibrate_shapes(flags.get("shape")),
         verify=bool(flags.get("verify")),
+        bisect=bool(flags.get("bisect")),
         on_step=step,
         on_progress=tick,
     )

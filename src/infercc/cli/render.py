@@ -70,7 +70,7 @@ def render_optimize(
         if report.artifact is not None:
             _render_artifact(report.artifact, console)
     if explain:
-        _render_refusals(report, console)
+        render_refusals(report.refusals, console)
     elif level >= 1 and report.refusals:
         console.print(f"{len(report.refusals)} rewrite(s) refused; --explain lists them")
 
@@ -116,13 +116,18 @@ def _render_precision(report: OptimizeReport, console: Console, explain: bool) -
 
 def _render_bisect_outcome(report: OptimizeReport, console: Console) -> None:
     """The pass a failed validation was bisected to, or the command that would find it."""
-    b = report.bisect
-    if b is not None:
-        guilty = b.get("reproduced") and b.get("guilty_pass")
-        text = f"bisect ({b['trials']} rebuilds): {b['message']}"
-        prose(console, text, style="red" if guilty else None)
+    if report.bisect is not None:
+        render_bisect_verdict(report.bisect, console)
     elif report.bisect_hint is not None:
         console.print(f"{escape(report.bisect_hint)}: {escape(_rerun_with_bisect())}")
+
+
+def render_bisect_verdict(b: dict[str, Any], console: Console) -> None:
+    """A build's bisection verdict (`BisectReport.to_dict()`) in one line, red when it names
+    a guilty pass."""
+    guilty = b.get("reproduced") and b.get("guilty_pass")
+    text = f"bisect ({b['trials']} rebuilds): {b['message']}"
+    prose(console, text, style="red" if guilty else None)
 
 
 def _rerun_with_bisect() -> str:
@@ -219,14 +224,16 @@ def _render_output_types(report: OptimizeReport, console: Console) -> None:
         )
 
 
-def _render_refusals(report: OptimizeReport, console: Console) -> None:
-    if not report.refusals:
+def render_refusals(refusals: list[dict[str, str]], console: Console) -> None:
+    """--explain's table of refused rewrites (`Refusal.to_dict()` rows), optimize's and
+    calibrate --int4's."""
+    if not refusals:
         console.print("no rewrite was refused")
         return
     t = table("refused rewrites")
     for col in ("pass", "node", "op", "reason", "failed at"):
         text_column(t, col)
-    for r in report.refusals:
+    for r in refusals:
         t.add_row(r["pass"], r["node"], r["op"], r["reason"], r.get("at", ""))
     console.print(t)
 
@@ -590,7 +597,9 @@ def _settings_line(settings: dict) -> str:
     return "settings: " + "; ".join(parts)
 
 
-def render_calibration(report, console: Console) -> None:
+def render_calibration(report, console: Console, explain: bool = False) -> None:
+    """`infercc calibrate`'s int8 report; `explain` lists every refused rewrite, as
+    optimize's."""
     d = report.to_dict()
     status = _verdict_word(d)
     samples = ", ".join(f"{k} {v}" for k, v in d["samples"].items())
@@ -638,6 +647,8 @@ def render_calibration(report, console: Console) -> None:
     if speed:
         style = "bold red" if speed["slower"] else "default"
         console.print(f"speed: {speed['message']}", style=style, highlight=False)
+    if explain:
+        render_refusals(d["refusals"], console)
 
 
 def _verdict_word(d: dict) -> str:

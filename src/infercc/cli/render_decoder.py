@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 from infercc.cli.units import (
     accuracy_table,
@@ -93,7 +94,11 @@ def render_generate_compare(report, console: Console) -> None:
     _render_memory(b, console, "B: ")
 
 
-def render_int4(report, console: Console) -> None:
+def render_int4(report, console: Console, explain: bool = False) -> None:
+    """`calibrate --int4`'s report; `explain` lists every refused rewrite, as optimize's."""
+    from infercc.cli.app import detail
+    from infercc.cli.render import render_bisect_verdict, render_refusals
+
     d = report.to_dict()
     status = "[green]done[/]" if d["passed"] else "[red]FAILED[/]"
     sym = "symmetric" if d["symmetric"] else "asymmetric"
@@ -104,6 +109,13 @@ def render_int4(report, console: Console) -> None:
         f"{len(d['embeddings'])} embedding(s) in int4 ({samples})  {status}",
         highlight=False,
     )
+    if d["bisect"] is not None:
+        render_bisect_verdict(d["bisect"], console)
+    if not d["passed"]:
+        console.print(f"[red]{escape(d['message'])}[/]", highlight=False)
+        if explain:
+            render_refusals(d["refusals"], console)
+        return
     t = accuracy_table("int4 against fp32", d["outputs"], _f)
     console.print(t)
     if d["perplexity"] is not None:
@@ -128,6 +140,10 @@ def render_int4(report, console: Console) -> None:
         console.print(f"assumed: {a['name']} ({used})", highlight=False)
     for k in d["kept_float"]:
         console.print(f"kept float: {k['node']}: {k['reason']}", highlight=False)
+    if explain:
+        render_refusals(d["refusals"], console)
+    elif detail() >= 1 and d["refusals"]:
+        console.print(f"{len(d['refusals'])} rewrite(s) refused; --explain lists them")
 
 
 def _render_int4_choices(d: dict, console: Console) -> None:

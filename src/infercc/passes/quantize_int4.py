@@ -38,6 +38,12 @@ scales or codes better from calibration data and hand back the same `Blocks`.
   layer. Embedding tables stay float in this form: standard ONNX has no block-quantized Gather
   (a DequantizeLinear before the Gather would dequantize the whole table on every run).
 
+**The rewrite** is two rules (`infercc.passes.rules`), the MatMul/Gemm weights first (a tied
+table reads its LM head's int4 copy), then the embedding Gathers. A node kept float is a
+`NoMatch(reason, at=...)` of its rule's check: listed in `Int4Report.kept_float` and, as every
+pass's refusals, by `--explain` (at the input where the weight failed: a weight that is no
+constant, of rank 3, ...); one rewrite is one node quantized (the limit bisection sets).
+
 Both forms compute exactly x @ dequantize(codes) (checked against a numpy reference under
 onnxruntime in the tests, every block size, both modes, K not a multiple of the block).
 """
@@ -63,6 +69,7 @@ from infercc.passes.manager import (
     run_passes,
 )
 from infercc.passes.match import const_value as const_array
+from infercc.passes.rules import NoMatch, Rule, RuleRun, apply_rules
 
 logger = logging.getLogger(__name__)
 
@@ -322,26 +329,36 @@ def is_target(node: Node) -> bool:
 
 def target_weight(node: Node) -> tuple[np.ndarray, bool] | str:
     """(W as [K, N], stored transposed) of a MatMul/Gemm that int4 can take, or why not."""
+    try:
+        return _find_weight(node)
+    except NoMatch as no:
+        return str(no.reason)
+
+
+def _find_weight(node: Node) -> tuple[np.ndarray, bool]:
+    """`target_weight`'s answer, or `NoMatch(reason, at=...)`: the rule contract's refusal,
+    naming the input where the weight failed (`infercc.passes.rules`)."""
     w_value = node.input(1)
     x = node.input(0)
     if x is None or w_value is None:
-        return "an input is missing"
+        raise NoMatch("an input is missing")
     if const_array(x) is not None:
-        return "its A input is a constant, not an activation"
+        raise NoMatch("its A input is a constant, not an activation", at=x)
     w = const_array(w_value)
     if w is None:
-        return "its weight is not a constant (a MatMul of two activations)"
+        raise NoMatch("its weight is not a constant (a MatMul of two activations)", at=w_value)
     if w.dtype not in WEIGHT_DTYPES:
-        return f"its weight is {w.dtype}, not float32 or float16"
+        raise NoMatch(f"its weight is {w.dtype}, not float32 or float16", at=w_value)
     if w.ndim != 2:
-        return f"its weight has rank {w.ndim}, not 2 (a batched MatMul)"
+        raise NoMatch(f"its weight has rank {w.ndim}, not 2 (a batched MatMul)", at=w_value)
     if not np.isfinite(w).all():
-        return "its weight holds NaN or infinity"
+        raise NoMatch("its weight holds NaN or infinity", at=w_value)
     if node.op_type == "MatMul":
         return np.asarray(w), False
     problem = _gemm_problem(node)
     if problem:
-        return problem
+        c = node.input(2)
+        raise NoMatch(problem, at=c if problem.startswith("Gemm whose C") and c else None)
     transposed = bool(node.attr("transB", 0))
     return (np.asarray(w).T if transposed else np.asarray(w)), transposed
 
@@ -363,14 +380,15 @@ def _gemm_problem(node: Node) -> str | None:
     return None
 
 
-def _gemm_bias(node: Node, n: int) -> np.ndarray | None | str:
+def _gemm_bias(node: Node, n: int) -> np.ndarray | None:
+    """A Gemm's C as a bias of `n` (None: it has none), or `NoMatch` at C."""
     c = node.input(2)
     if c is None:
         return None
     bias = np.asarray(const_array(c))
     if bias.size == n and (bias.ndim == 1 or bias.shape[-1] == n):
         return bias.reshape(n)
-    return f"Gemm whose C of shape {list(bias.shape)} is not a bias of {n}"
+    raise NoMatch(f"Gemm whose C of shape {list(bias.shape)} is not a bias of {n}", at=c)
 
 
 def lm_heads(model: Model) -> set[str]:
@@ -475,32 +493,50 @@ def quantize_int4_pass(graph: Graph, ctx: PassContext) -> PassResult:
     return PassResult(changed=changed, stats=stats, details=report)
 
 
+LIMIT_REASON = "kept float by a rewrite limit (bisection)"
+DQ_TABLE_REASON = "embedding table kept float: standard ONNX has no block-quantized Gather"
+
+
+@dataclass(frozen=True)
+class _WeightMatch:
+    """What the weight rule's check proved: W [K, N], stored transposed, a Gemm's bias."""
+
+    w: np.ndarray
+    transposed: bool
+    bias: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class _TableMatch:
+    """What the table rule's check proved: the table, and the LM head it shares (tied)."""
+
+    table: np.ndarray
+    head: str | None
+
+
 def _rewrite(model: Model, settings: Int4Settings, ctx: PassContext) -> Int4Report:
+    """Two rules (`infercc.passes.rules`), the MatMul/Gemm weights first (a tied table reads
+    its LM head's int4 copy), then the embedding Gathers: a refusal is a `NoMatch` with its
+    reason (what --explain lists, and `Int4Report.kept_float`), one rewrite one node."""
     options: Int4Options = settings.options
     check_block_size(options.block_size)
     if options.form not in FORMS:
         raise InferccError(f"unknown int4 form {options.form!r}", f"use one of {FORMS}")
     rewriter = _Int4Rewriter(model, options, settings.method, dict(settings.input_scales), ctx)
-    heads = lm_heads(model)
-    tied = tied_tables(model, heads, options.block_size)
-    for node in list(model.graph):
-        if is_target(node):
-            rewriter.visit(node, node.name in heads)
-    for node in embedding_gathers(model):
-        head = tied.get(node.name)
-        if options.form == "nbits" and head is not None and rewriter.share(node, head):
-            continue
-        if options.embeddings or options.form != "nbits":
-            rewriter.embedding(node)  # the DequantizeLinear form says why it stays float
-        else:
-            table = np.asarray(const_array(node.input(0)))
-            rewriter.keep(node, _float_table_reason(table, options.block_size))
+    weights = Rule("quantized", TARGET_OPS, rewriter.check_weight, rewriter.rewrite_weight)
+    rewriter.note(apply_rules(model.graph, ctx, [weights], subgraphs=False))
+    rewriter.gathers = set(embedding_gathers(model))
+    tables = Rule("embeddings", ("Gather",), rewriter.check_table, rewriter.rewrite_table)
+    rewriter.note(apply_rules(model.graph, ctx, [tables], subgraphs=False))
     if options.form == "nbits" and (rewriter.report.quantized or rewriter.report.embeddings):
         model.opset_imports.setdefault(MS_DOMAIN, 1)
     return rewriter.report
 
 
 class _Int4Rewriter:
+    """The two rules' state for one run: checks that prove a match or raise `NoMatch`, and
+    rewrites that apply it."""
+
     def __init__(
         self,
         model: Model,
@@ -520,37 +556,37 @@ class _Int4Rewriter:
         self.dtype: np.dtype = np.dtype(np.float32)  # the weight being rewritten's type
         # node -> its MatMulNBits (B, scales, zero points, blocks): what a tied table shares
         self.nbits: dict[str, tuple[Value, Value, Value | None, Blocks]] = {}
+        self.heads = lm_heads(model)
+        self.tied = tied_tables(model, self.heads, options.block_size)
+        self.gathers: set[Node] = set()  # the embedding Gathers, once the weights are done
+        self.matched: list[Node] = []  # checked, not yet rewritten (the limit may stop them)
 
-    def keep(self, node: Node, reason: str) -> None:
-        """`node` stays float, for `reason`: in the report, and a refusal --explain lists."""
-        self.report.kept_float[_label(node)] = reason
-        self.ctx.refuse(node, reason)
-
-    def allowed(self, node: Node) -> bool:
-        """Whether the pass manager lets this rewrite happen (False past a bisection's rewrite
-        limit: the node is then kept float, and says so)."""
-        if self.ctx.allow_rewrite(node):
-            return True
-        self.keep(node, "kept float by a rewrite limit (bisection)")
-        return False
+    def note(self, run: RuleRun) -> None:
+        """The refusals of a rule run in the report; a match the pass manager's rewrite
+        limit stopped (bisection) is kept float, and says so."""
+        for node, reason in run.refused:
+            self.report.kept_float[_label(node)] = reason
+        for node in self.matched:
+            self.report.kept_float[_label(node)] = LIMIT_REASON
+            self.ctx.refuse(node, LIMIT_REASON)
+        self.matched = []
 
     def _rtn(self, _name: str, w: np.ndarray) -> Blocks:
         return quantize_rtn(w, self.options.block_size, self.options.symmetric)
 
-    def visit(self, node: Node, is_head: bool) -> None:
-        label = node.name
-        reason = self._skip_reason(node, is_head)
-        found = target_weight(node) if reason is None else reason
-        if isinstance(found, str):
-            self.keep(node, found)
-            return
-        w, transposed = found
+    def check_weight(self, node: Node, _ctx: PassContext) -> _WeightMatch:
+        if node.name in self.options.exclude:
+            raise NoMatch("excluded by the user")
+        if node.name in self.heads and not self.options.lm_head:
+            raise NoMatch("the LM head (output projection), kept float (--no-lm-head)")
+        w, transposed = _find_weight(node)
         bias = _gemm_bias(node, w.shape[1]) if node.op_type == "Gemm" else None
-        if isinstance(bias, str):
-            self.keep(node, bias)
-            return
-        if not self.allowed(node):
-            return
+        self.matched.append(node)
+        return _WeightMatch(w, transposed, bias)
+
+    def rewrite_weight(self, node: Node, match: _WeightMatch, _ctx: PassContext) -> None:
+        self.matched.remove(node)
+        label, w = node.name, match.w
         scale = self.input_scales.get(label)
         blocks = self.method(label, w if scale is None else w * scale[:, None])
         self._account(w, blocks)
@@ -559,18 +595,43 @@ class _Int4Rewriter:
         if scale is not None:
             node.set_input(0, self._scaled_input(node, scale))
         if self.options.form == "nbits":
-            self._to_nbits(node, blocks, bias)
+            self._to_nbits(node, blocks, match.bias)
         else:
-            self._to_dq(node, blocks, transposed)
+            self._to_dq(node, blocks, match.transposed)
         self._drop_if_unread(weight_value)
         self.report.quantized.append(label)
 
-    def _skip_reason(self, node: Node, is_head: bool) -> str | None:
-        if node.name in self.options.exclude:
-            return "excluded by the user"
-        if is_head and not self.options.lm_head:
-            return "the LM head (output projection), kept float (--no-lm-head)"
-        return None
+    def check_table(self, node: Node, _ctx: PassContext) -> _TableMatch:
+        """A tied table shares its LM head's int4 copy where the head was quantized plainly
+        (not kept float, excluded or AWQ-scaled: its codes are then of diag(s) W, not of W);
+        any other is quantized with --embeddings, else says why it stays float."""
+        if node not in self.gathers:
+            raise NoMatch()
+        options, label = self.options, _label(node)
+        table_value = node.input(0)
+        table = np.asarray(const_array(table_value))
+        head = self.tied.get(node.name)
+        nbits = options.form == "nbits"
+        if nbits and head in self.nbits and label not in options.exclude:
+            self.matched.append(node)
+            return _TableMatch(table, head)
+        if not nbits:
+            raise NoMatch(DQ_TABLE_REASON)
+        if not options.embeddings:
+            raise NoMatch(_float_table_reason(table, options.block_size))
+        if node.name in options.exclude:
+            raise NoMatch("excluded by the user")
+        if table.shape[1] % 2:
+            raise NoMatch(f"embedding width {table.shape[1]} is odd", at=table_value)
+        self.matched.append(node)
+        return _TableMatch(table, None)
+
+    def rewrite_table(self, node: Node, match: _TableMatch, _ctx: PassContext) -> None:
+        self.matched.remove(node)
+        if match.head is not None:
+            self._share(node, match.head)
+        else:
+            self._embedding(node, match.table)
 
     def _account(self, w: np.ndarray, blocks: Blocks) -> None:
         self.report.weight_bytes_before += int(w.nbytes)
@@ -636,17 +697,12 @@ class _Int4Rewriter:
         made.output.shape = w_shape
         node.set_input(1, made.output)
 
-    def share(self, node: Node, head: str) -> bool:
+    def _share(self, node: Node, head: str) -> None:
         """A tied table read through the LM head's int4 copy: GatherBlockQuantized over
         Reshape(B) [V, D / 2] with the head's scales and zero points (as onnxruntime-genai
-        builds it); no bytes added. False where the head was not quantized plainly (kept
-        float, excluded, or AWQ-scaled: its codes are then of diag(s) W, not of W)."""
+        builds it); no bytes added."""
         label = _label(node)
-        packed = self.nbits.get(head)
-        if packed is None or label in self.options.exclude:
-            return False
-        if not self.allowed(node):
-            return True  # kept float, and said so
+        packed = self.nbits[head]
         b, scales, zero, blocks = packed
         g = self.graph
         dims = np.array([blocks.n, blocks.k // 2], np.int64)
@@ -667,25 +723,10 @@ class _Int4Rewriter:
         self._drop_if_unread(table_value)
         self.report.embeddings.append(label)
         self.report.tied[label] = head
-        return True
 
-    def embedding(self, node: Node) -> None:
+    def _embedding(self, node: Node, table: np.ndarray) -> None:
         label = _label(node)
-        if self.options.form != "nbits":
-            self.keep(
-                node, "embedding table kept float: standard ONNX has no block-quantized Gather"
-            )
-            return
-        if node.name in self.options.exclude:
-            self.keep(node, "excluded by the user")
-            return
         table_value = node.input(0)
-        table = np.asarray(const_array(table_value))
-        if table.shape[1] % 2:
-            self.keep(node, f"embedding width {table.shape[1]} is odd")
-            return
-        if not self.allowed(node):
-            return
         blocks = quantize_rtn(table.T, self.options.block_size, self.options.symmetric)
         self._account(table, blocks)
         g, base = self.graph, label
