@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import math
@@ -28,6 +29,24 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+_TRIM: list[Any] = []  # glibc's malloc_trim once looked up ([None] where there is none)
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the system (glibc's malloc_trim;
+    a no-op elsewhere): called between the steps that hold a model's weights (IR, onnxruntime
+    sessions), so that the next step's peak does not sit on the last one's freed but still
+    resident heap (on a 0.62 GB float16 decoder, 0.3 to 0.5 GB after each step)."""
+    gc.collect()
+    if not _TRIM:
+        try:
+            _TRIM.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
 
 
 def json_float(value: float | None) -> float | None:

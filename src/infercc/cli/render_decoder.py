@@ -167,6 +167,8 @@ def _render_int4_choices(d: dict, console: Console) -> None:
             f"{num(speed['ratio_p10'], '.2f')}..{num(speed['ratio_p90'], '.2f')}; {speed['feed']})",
             highlight=False,
         )
+    elif d.get("speed_skipped"):
+        console.print(f"speed: {d['speed_skipped']['reason']}", highlight=False)
 
 
 def render_decoder_memory(d: dict, target: str, console: Console) -> None:

@@ -71,6 +71,11 @@ def _kind(path: Path) -> str:
     return "a special file"
 
 
+# Mapped arrays at least this large are re-mapped on each `Tensor.numpy()` instead of kept:
+# resident mapped pages count in the process's RSS as long as the map lives.
+MAP_KEEP_BYTES = 2**20
+
+
 class Tensor:
     """An immutable constant: either an array, or a TensorProto decoded on first use."""
 
@@ -124,11 +129,17 @@ class Tensor:
         return self.size * _np_dtype(self.dtype).itemsize
 
     def numpy(self) -> np.ndarray:
-        """The data as a read-only array (memory-mapped for external data)."""
-        if self._array is None:
-            self._array = self._decode()
-            self._array.flags.writeable = False
-        return self._array
+        """The data as a read-only array (memory-mapped for external data and raw bytes left in
+        the model file). A map of `MAP_KEEP_BYTES` or more is not kept: each caller gets its
+        own, unmapped when the caller lets go of it, so that a pass reading every weight once
+        holds one weight's pages at a time, not the whole model's until the IR is freed."""
+        if self._array is not None:
+            return self._array
+        array = self._decode()
+        array.flags.writeable = False
+        if not (isinstance(array, np.memmap) and array.nbytes >= MAP_KEEP_BYTES):
+            self._array = array
+        return array
 
     def _decode(self) -> np.ndarray:
         assert self.proto is not None

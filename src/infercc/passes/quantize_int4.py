@@ -169,26 +169,56 @@ def round_codes(blocks: np.ndarray, scales: np.ndarray, zero: np.ndarray) -> np.
     return np.clip(q, 0, LEVELS).astype(np.uint8)
 
 
+# Bytes of float64 working arrays one slice of output columns may take: `quantize_rtn` works
+# through a weight this many bytes at a time, so its temporaries (the float64 blocks, their
+# quotients) stay a few of these whatever the weight's size, instead of ~30 bytes a weight
+# (3.3 GB for a 32000 x 3072 LM head). Columns are independent, so the result is the same.
+RTN_CHUNK_BYTES = 32 * 2**20
+
+
 def quantize_rtn(
     w: np.ndarray, block_size: int, symmetric: bool, clip: np.ndarray | float = 1.0
 ) -> Blocks:
-    """Round-to-nearest int4 of W [K, N] (module docstring)."""
+    """Round-to-nearest int4 of W [K, N] (module docstring), `RTN_CHUNK_BYTES` of columns at a
+    time."""
     w = _check_weight(w)
-    blocks = block_view(w, block_size)
-    scales, zero = block_params(blocks, symmetric, clip)
-    if w.dtype == np.float16:  # the scales are stored as float16: round to those first
-        half = scales.astype(np.float16).astype(np.float32)  # (symmetric scales are signed)
-        scales = np.where(half == 0, np.copysign(_TINY_F16, scales), half).astype(np.float32)
-    codes = round_codes(blocks, scales, zero)
-    _pad_with_zero_point(codes, zero, w.shape[0])
-    return Blocks(codes, scales, zero, int(w.shape[0]), int(block_size), symmetric)
+    k, n = w.shape
+    nb = n_blocks(k, block_size)
+    clip_a = np.asarray(clip, np.float64)
+    per_column = clip_a.ndim >= 1 and clip_a.shape[0] == n and n > 1
+    codes = np.empty((n, nb, block_size), np.uint8)
+    scales = np.empty((n, nb), np.float32)
+    zero = np.empty((n, nb), np.uint8)
+    step = max(1, RTN_CHUNK_BYTES // (8 * nb * block_size))
+    for j in range(0, n, step):
+        cols = slice(j, min(j + step, n))
+        blocks = block_view(w[:, cols], block_size)
+        part_clip = clip_a[cols] if per_column else clip_a
+        s, z = block_params(blocks, symmetric, part_clip)
+        if w.dtype == np.float16:  # the scales are stored as float16: round to those first
+            half = s.astype(np.float16).astype(np.float32)  # (symmetric scales are signed)
+            s = np.where(half == 0, np.copysign(_TINY_F16, s), half).astype(np.float32)
+        codes[cols] = round_codes(blocks, s, z)
+        scales[cols], zero[cols] = s, z
+        del blocks
+    _pad_with_zero_point(codes, zero, k)
+    return Blocks(codes, scales, zero, int(k), int(block_size), symmetric)
+
+
+def all_finite(w: np.ndarray) -> bool:
+    """No NaN or infinity in `w`, checked `RTN_CHUNK_BYTES` at a time (no whole-weight mask)."""
+    flat = np.asarray(w).reshape(-1) if np.asarray(w).flags.c_contiguous else None
+    if flat is None:
+        return bool(np.isfinite(w).all())
+    step = max(1, RTN_CHUNK_BYTES // max(1, flat.itemsize))
+    return all(bool(np.isfinite(flat[i : i + step]).all()) for i in range(0, flat.size, step))
 
 
 def _check_weight(w: np.ndarray) -> np.ndarray:
     w = np.asarray(w)
     if w.ndim != 2 or w.dtype.kind != "f":
         raise InferccError(f"cannot int4-quantize a {w.dtype} weight of rank {w.ndim}", None)
-    if not np.isfinite(w).all():
+    if not all_finite(w):
         raise InferccError("the weight holds NaN or infinity", "keep that node in float")
     return w
 
@@ -351,7 +381,7 @@ def _find_weight(node: Node) -> tuple[np.ndarray, bool]:
         raise NoMatch(f"its weight is {w.dtype}, not float32 or float16", at=w_value)
     if w.ndim != 2:
         raise NoMatch(f"its weight has rank {w.ndim}, not 2 (a batched MatMul)", at=w_value)
-    if not np.isfinite(w).all():
+    if not all_finite(w):
         raise NoMatch("its weight holds NaN or infinity", at=w_value)
     if node.op_type == "MatMul":
         return np.asarray(w), False
@@ -554,8 +584,9 @@ class _Int4Rewriter:
         self.scaled: dict[tuple[str, bytes], Value] = {}  # (input, s bytes) -> X / s
         self.report = Int4Report()
         self.dtype: np.dtype = np.dtype(np.float32)  # the weight being rewritten's type
-        # node -> its MatMulNBits (B, scales, zero points, blocks): what a tied table shares
-        self.nbits: dict[str, tuple[Value, Value, Value | None, Blocks]] = {}
+        # node -> its MatMulNBits (B, scales, zero points, (N, K, block size)): what a tied
+        # table shares (the dims only: the codes of every weight kept would be a byte a weight)
+        self.nbits: dict[str, tuple[Value, Value, Value | None, tuple[int, int, int]]] = {}
         self.heads = lm_heads(model)
         self.tied = tied_tables(model, self.heads, options.block_size)
         self.gathers: set[Node] = set()  # the embedding Gathers, once the weights are done
@@ -662,7 +693,8 @@ class _Int4Rewriter:
             zp_value = None if zp is None else g.make_constant(zp, f"{base}_int4_zero_points")
             inputs.append(zp_value)
         if node.name not in self.input_scales:
-            self.nbits[node.name] = (b_value, scales_value, zp_value, blocks)
+            dims = (blocks.n, blocks.k, blocks.block_size)
+            self.nbits[node.name] = (b_value, scales_value, zp_value, dims)
         if bias is not None:
             inputs += [None, g.make_constant(bias, f"{base}_bias")]
         old_bias = node.input(2) if node.op_type == "Gemm" else None
@@ -703,12 +735,12 @@ class _Int4Rewriter:
         builds it); no bytes added."""
         label = _label(node)
         packed = self.nbits[head]
-        b, scales, zero, blocks = packed
+        b, scales, zero, (n, k, block_size) = packed
         g = self.graph
-        dims = np.array([blocks.n, blocks.k // 2], np.int64)
+        dims = np.array([n, k // 2], np.int64)
         shape = g.make_constant(dims, f"{label}_tied_shape")
         reshape = g.make_node("Reshape", [b, shape], before=node, name=f"{label}_tied_codes")
-        reshape.output.dtype, reshape.output.shape = TensorProto.UINT8, (blocks.n, blocks.k // 2)
+        reshape.output.dtype, reshape.output.shape = TensorProto.UINT8, (n, k // 2)
         table_value = node.input(0)
         inputs = [reshape.output, node.input(1), scales]
         if zero is not None:
@@ -716,7 +748,7 @@ class _Int4Rewriter:
         node.replace_inputs(inputs)
         node.op_type, node.domain = "GatherBlockQuantized", MS_DOMAIN
         node.attributes = {}
-        attrs = {"bits": BITS, "block_size": blocks.block_size, "gather_axis": 0}
+        attrs = {"bits": BITS, "block_size": block_size, "gather_axis": 0}
         for key, value in {**attrs, "quantize_axis": 1}.items():
             node.set_attr(key, int(value))
         self.report.weight_bytes_before += int(np.asarray(const_array(table_value)).nbytes)
