@@ -100,7 +100,7 @@ def bench(
         typer.Option(
             metavar="FILE",
             help="With --generate: the prompt as token ids (integers separated by spaces, "
-            "commas or newlines, or an integer .npy; one row per prompt). No tokenizer runs."
+            "commas or newlines, or an integer .npy; one row per prompt). No tokenizer runs.",
         ),
     ] = None,
     no_memory: Annotated[
@@ -238,23 +238,38 @@ def _bench_generate(
         )
     prompt_len, prompt_file = prompting
     warmup, iters, seed = counts
-    options = dict(
-        prompt_len=prompt_len,
-        batch=batches[0] if batches else None,
-        prompt=gen.read_prompt(prompt_file) if prompt_file is not None else None,
-        warmup=gen.DEFAULT_WARMUP if warmup is None else warmup,
-        runs=gen.DEFAULT_RUNS if iters is None else iters,
-        seed=seed,
-        memory=memory,
-    )
+    batch = batches[0] if batches else None
+    prompt = gen.read_prompt(prompt_file) if prompt_file is not None else None
+    warmup = gen.DEFAULT_WARMUP if warmup is None else warmup
+    runs = gen.DEFAULT_RUNS if iters is None else iters
     with Progress(as_json, "generate") as progress:
         if other is not None:
             report = gen.compare_generation(
-                model, other, new_tokens, on_progress=progress.tick, **options
+                model,
+                other,
+                new_tokens,
+                prompt_len=prompt_len,
+                batch=batch,
+                prompt=prompt,
+                warmup=warmup,
+                runs=runs,
+                seed=seed,
+                memory=memory,
+                on_progress=progress.tick,
             )
         else:
             report = gen.generate(
-                model, new_tokens, on_progress=progress.tick, spinning=spin, **options
+                model,
+                new_tokens,
+                prompt_len=prompt_len,
+                batch=batch,
+                prompt=prompt,
+                warmup=warmup,
+                runs=runs,
+                seed=seed,
+                memory=memory,
+                on_progress=progress.tick,
+                spinning=spin,
             )
     finish(report, as_json, render_generate_compare if other is not None else render_generate)
 

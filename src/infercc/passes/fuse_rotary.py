@@ -374,7 +374,8 @@ def match_partial(cat: Node, sym: SymbolicShapes) -> _Partial:
     r channels; NoMatch without a reason where the Concat is no such thing."""
     if cat.attr("axis") not in (-1, 3) or len(cat.inputs) != 2:
         raise NoMatch()
-    rot = cat.input(0).producer if cat.input(0) is not None else None
+    head = cat.input(0)
+    rot = head.producer if head is not None else None
     if rot is None or rot.op_type != "RotaryEmbedding" or rot.domain not in ("", MS_DOMAIN):
         raise NoMatch()
     if sole_reader(rot.output) is not cat or rot.attr("rotary_embedding_dim", 0):
