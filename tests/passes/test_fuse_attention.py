@@ -11,6 +11,7 @@ import pytest
 
 from infercc.ir import export_model, import_model
 from infercc.passes import DEFAULT_PIPELINE, PassContext, run_passes
+from infercc.passes.pipelines import CALIBRATE_INT4
 from tests.decoders import tiny_decoder
 
 PIPELINE = (*DEFAULT_PIPELINE, "fuse-decoder-attention")
@@ -107,3 +108,28 @@ def test_rows_of_another_width_are_refused():
     assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 0
     reasons = {r.reason for r in ctx.refusals if r.pass_name == "fuse-decoder-attention"}
     assert any("or its rows" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("name", ["gpt2-torchscript-sdpa", "gpt2-dynamo-sdpa"])
+def test_sdpa_exports_split_scale_and_dynamo_keys_fuse_exactly(name):
+    """transformers' SDPA as both exporters write it: the scale split as Mul(Q, a) and
+    Mul(K^T, b), the cache Concat on axis -2, present_key also read by Shape, and (dynamo) K^T
+    as Reshape(Transpose(Reshape(K))). Fused with the NaN guard removed under the assumption,
+    equal under onnxruntime to the export at the five decoder shapes."""
+    from tests.decoders import DECODER_SHAPES, cache_feeds
+    from tests.exports import exports
+
+    export = {e.name: e for e in exports()}[name]
+    proto = onnx.load(export.path)
+    model = import_model(proto)  # calibrate --int4's passes: MultiHeadAttention before GQA
+    stated = frozenset({"nonempty-sequences"})
+    report = run_passes(model, PassContext(verify=True, assumptions=stated), CALIBRATE_INT4.passes)
+    out = export_model(model)
+    assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == export.layers
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops["MultiHeadAttention"] == export.layers and ops["Softmax"] == 0
+    for shape in DECODER_SHAPES:
+        f = cache_feeds(proto, *shape)
+        want, got = run(proto, f), run(out, f)
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-4, err_msg=key)

@@ -84,12 +84,15 @@ from infercc.ir.symbolic_shapes import Shape as SymShape
 from infercc.ir.symbolic_shapes import SymbolicShapes
 from infercc.passes.fuse_attention import (
     Merged,
+    dead_with,
+    dies,
     fixed_heads,
     has_cache_inputs,
     in_order,
     merge_heads,
     merged_to,
     split_heads,
+    untransposed,
 )
 from infercc.passes.manager import PassContext, PassResult, register_pass
 from infercc.passes.match import (
@@ -97,7 +100,6 @@ from infercc.passes.match import (
     const_scalar,
     const_value,
     default_opset,
-    has_perm,
     producer,
     sole_reader,
 )
@@ -300,39 +302,8 @@ def _scores(softmax: Node, removed: list[Node], sym: SymbolicShapes) -> _Scores 
                 kt = unscaled
     if len(kt.uses()) != 1:
         return None
-    keys = _untransposed(kt, sym, removed)
+    keys = untransposed(kt, sym, removed)
     return None if keys is None else _Scores(q, keys, scale, bias)
-
-
-def _untransposed(kt: Value, sym: SymbolicShapes, removed: list[Node]) -> Value | None:
-    """kt = Transpose(x, [0, 1, 3, 2]), or the dynamo exporter's form of it,
-    Reshape(Transpose(Reshape(x, [B * H, T, D]), [0, 2, 1]), [B, H, D, T]) -> x."""
-    t = producer(kt, "Transpose")
-    if t is not None and has_perm(t, [0, 1, 3, 2]):
-        removed.append(t)
-        return t.input(0)
-    outer = producer(kt, "Reshape")
-    t = None if outer is None else producer(outer.input(0), "Transpose")
-    inner = None if t is None or not has_perm(t, [0, 2, 1]) else producer(t.input(0), "Reshape")
-    x = None if inner is None else inner.input(0)
-    if outer is None or t is None or inner is None or x is None or len(t.output.uses()) != 1:
-        return None
-    shape, merged, back = (sym.shape(v) for v in (x, inner.output, outer.output))
-    if shape is None or merged is None or back is None:
-        return None
-    if [len(shape), len(merged), len(back)] != [4, 3, 4]:
-        return None
-    b, h, n, d = shape
-    if b is None or h is None:
-        return None
-    want = [(S.mul(b, h), n, d), (b, h, d, n)]
-    for got, expected in zip((merged, back), want, strict=True):
-        if not all(S.equal(u, w) is True for u, w in zip(got, expected, strict=True)):
-            return None
-    if any(u.op_type != "Shape" for u in inner.output.users() if u is not t):
-        return None
-    removed += [outer, t, inner]
-    return x
 
 
 def match(softmax: Node, sym: SymbolicShapes) -> _Match:
@@ -403,7 +374,7 @@ def _finish(
     replaced = {*out.replaced, present_key, present_value}
     for node in dead:  # every value but the replaced ones dies with its readers
         for dying in node.outputs:
-            if dying is not None and dying not in replaced and not _dies(dying, dead):
+            if dying is not None and dying not in replaced and not dies(dying, dead):
                 raise NoMatch(f"{dying.name} has readers outside the attention", dying)
     for present in (present_key, present_value):
         if any(u not in dead for u in present.users()):
@@ -442,26 +413,6 @@ def _widths(sides: tuple[_Side, ...], sym: SymbolicShapes) -> list[SymShape]:
     if len(found) != len(sides):
         raise NoMatch("Q, K or V is not of rank 3 before its heads are split")
     return found
-
-
-def _dies(value: Value, dead: set[Node]) -> bool:
-    return not value.is_graph_output and all(u in dead for u in value.users())
-
-
-def dead_with(pattern: list[Node], kept: set[Value]) -> set[Node]:
-    """The pattern's nodes and every node whose outputs only they read, transitively: the
-    shape arithmetic of the pattern's Reshape targets and the Shape readers of its values;
-    never the producer of a value in `kept` (what the fused node reads)."""
-    dead = set(pattern)
-    work = [v.producer for n in pattern for v in n.inputs if v is not None and v.producer]
-    while work:
-        node = work.pop()
-        if node in dead or any(o in kept for o in node.outputs):
-            continue
-        if all(o is None or _dies(o, dead) for o in node.outputs):
-            dead.add(node)
-            work += [v.producer for v in node.inputs if v is not None and v.producer]
-    return dead
 
 
 # --------------------------------------------------------------------------- the causal proof
