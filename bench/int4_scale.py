@@ -17,7 +17,8 @@ Then, each in its own subprocess, measuring wall time and peak RSS (getrusage of
 
 1. infercc: `python -m infercc calibrate MODEL --int4 --method rtn -o OUT` (its defaults
    otherwise: the validation against the original, and the speed race unless
-   `--no-speed-check`);
+   `--no-speed-check`; calibrate itself leaves the race out, saying so in `speed_skipped`,
+   past 0.5 GiB of float16 weights, whose float32 copies onnxruntime's CPU session would hold);
 2. onnxruntime's `MatMulNBitsQuantizer` (block 32, RTN, the class default), as its
    documentation shows it: `onnx.load` of the model, `process()`, `save_model_to_file` with
    external data; run under an address-space limit (`--ort-limit-gb`, default 22) so that it

@@ -18,7 +18,7 @@ from onnx import helper as oh
 from infercc.passes.manager import REGISTRY, PassResult
 from infercc.passes.pipelines import DECODER_FUSIONS
 from tests.decoders import tiny_decoder
-from tests.helpers import run_cli
+from tests.helpers import make_model, run_cli
 
 NOT_CONSTANT = "its weight is not a constant (a MatMul of two activations)"
 FAST = ("--no-speed-check", "--accuracy-level", "0")
@@ -47,7 +47,7 @@ def _mixer(tmp_path: Path) -> Path:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, [4, 10])],
         [numpy_helper.from_array(a, n) for n, a in weights.items()],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
     model.ir_version = 8
     path = tmp_path / "mixer.onnx"
     onnx.save(model, path)

@@ -24,6 +24,8 @@ from infercc.cli.units import (
     num,
     number_column,
     prose,
+    render_bisect_verdict,
+    render_refusals,
     scaled,
     shape_text,
     shapes_text,
@@ -122,14 +124,6 @@ def _render_bisect_outcome(report: OptimizeReport, console: Console) -> None:
         console.print(f"{escape(report.bisect_hint)}: {escape(_rerun_with_bisect())}")
 
 
-def render_bisect_verdict(b: dict[str, Any], console: Console) -> None:
-    """A build's bisection verdict (`BisectReport.to_dict()`) in one line, red when it names
-    a guilty pass."""
-    guilty = b.get("reproduced") and b.get("guilty_pass")
-    text = f"bisect ({b['trials']} rebuilds): {b['message']}"
-    prose(console, text, style="red" if guilty else None)
-
-
 def _rerun_with_bisect() -> str:
     """This command line with --bisect added (or how to add it, outside the infercc CLI)."""
     import shlex
@@ -222,20 +216,6 @@ def _render_output_types(report: OptimizeReport, console: Console) -> None:
             "computed type[/] (onnx's full checker rejects the declared one)",
             highlight=False,
         )
-
-
-def render_refusals(refusals: list[dict[str, str]], console: Console) -> None:
-    """--explain's table of refused rewrites (`Refusal.to_dict()` rows), optimize's and
-    calibrate --int4's."""
-    if not refusals:
-        console.print("no rewrite was refused")
-        return
-    t = table("refused rewrites")
-    for col in ("pass", "node", "op", "reason", "failed at"):
-        text_column(t, col)
-    for r in refusals:
-        t.add_row(r["pass"], r["node"], r["op"], r["reason"], r.get("at", ""))
-    console.print(t)
 
 
 def tolerance_text(v: ValidationReport, precision: str | None = None) -> str:

@@ -10,6 +10,8 @@ from infercc.cli.units import (
     human_bytes,
     num,
     number_column,
+    render_bisect_verdict,
+    render_refusals,
     scaled,
     table,
     text_column,
@@ -97,7 +99,6 @@ def render_generate_compare(report, console: Console) -> None:
 def render_int4(report, console: Console, explain: bool = False) -> None:
     """`calibrate --int4`'s report; `explain` lists every refused rewrite, as optimize's."""
     from infercc.cli.app import detail
-    from infercc.cli.render import render_bisect_verdict, render_refusals
 
     d = report.to_dict()
     status = "[green]done[/]" if d["passed"] else "[red]FAILED[/]"

@@ -120,3 +120,25 @@ def prose(
         for line in lines or [first.rstrip()]:
             console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
         first = rest
+
+
+def render_bisect_verdict(b: dict[str, Any], console: Console) -> None:
+    """A build's bisection verdict (`BisectReport.to_dict()`) in one line, red when it names
+    a guilty pass."""
+    guilty = b.get("reproduced") and b.get("guilty_pass")
+    text = f"bisect ({b['trials']} rebuilds): {b['message']}"
+    prose(console, text, style="red" if guilty else None)
+
+
+def render_refusals(refusals: list[dict[str, str]], console: Console) -> None:
+    """--explain's table of refused rewrites (`Refusal.to_dict()` rows), optimize's and
+    calibrate --int4's."""
+    if not refusals:
+        console.print("no rewrite was refused")
+        return
+    t = table("refused rewrites")
+    for col in ("pass", "node", "op", "reason", "failed at"):
+        text_column(t, col)
+    for r in refusals:
+        t.add_row(r["pass"], r["node"], r["op"], r["reason"], r.get("at", ""))
+    console.print(t)
