@@ -17,10 +17,10 @@ from tests.decoders import tiny_decoder
 PIPELINE = (*DEFAULT_PIPELINE, "fuse-decoder-attention")
 
 
-def fused(proto, **ctx):
+def fused(proto, pipeline=PIPELINE, **ctx):
     model = import_model(proto)
     context = PassContext(verify=True, **ctx)
-    report = run_passes(model, context, PIPELINE)
+    report = run_passes(model, context, pipeline)
     out = export_model(model)
     onnx.checker.check_model(out)
     return out, report, context
@@ -47,6 +47,14 @@ def run(proto, f):
     return dict(zip(names, sess.run(names, f), strict=True))
 
 
+def assert_same(proto, out, all_feeds):
+    """Every output of `out` equals `proto`'s under onnxruntime, at each of the feeds."""
+    for f in all_feeds:
+        want, got = run(proto, f), run(out, f)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 def test_fuses_every_layer_and_matches():
     proto = tiny_decoder(layers=2, attention="bias")
     out, report, _ = fused(proto)
@@ -54,11 +62,7 @@ def test_fuses_every_layer_and_matches():
     ops = Counter(n.op_type for n in out.graph.node)
     assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0
     assert [o.name for o in out.graph.output] == [o.name for o in proto.graph.output]
-    for batch, past, new in [(1, 0, 5), (2, 7, 1), (1, 3, 4)]:
-        f = feeds(batch, past, new)
-        want, got = run(proto, f), run(out, f)
-        for name, value in want.items():
-            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
+    assert_same(proto, out, [feeds(*shape) for shape in [(1, 0, 5), (2, 7, 1), (1, 3, 4)]])
 
 
 def test_refuses_with_reasons():
@@ -86,11 +90,7 @@ def test_gpt2s_conv1d_rows_read_the_fused_output(rows):
     assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == 2
     ops = Counter(n.op_type for n in out.graph.node)
     assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == ops["Transpose"] == 0
-    for batch, past, new in [(1, 0, 5), (2, 7, 1), (3, 3, 4)]:
-        f = feeds(batch, past, new)
-        want, got = run(proto, f), run(out, f)
-        for name, value in want.items():
-            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
+    assert_same(proto, out, [feeds(*shape) for shape in [(1, 0, 5), (2, 7, 1), (3, 3, 4)]])
 
 
 def test_rows_of_another_width_are_refused():
@@ -121,15 +121,9 @@ def test_sdpa_exports_split_scale_and_dynamo_keys_fuse_exactly(name):
 
     export = {e.name: e for e in exports()}[name]
     proto = onnx.load(export.path)
-    model = import_model(proto)  # calibrate --int4's passes: MultiHeadAttention before GQA
-    stated = frozenset({"nonempty-sequences"})
-    report = run_passes(model, PassContext(verify=True, assumptions=stated), CALIBRATE_INT4.passes)
-    out = export_model(model)
+    stated = frozenset({"nonempty-sequences"})  # calibrate --int4's passes: MHA before GQA
+    out, report, _ = fused(proto, CALIBRATE_INT4.passes, assumptions=stated)
     assert report.passes["fuse-decoder-attention"].counts.get("fused", 0) == export.layers
     ops = Counter(n.op_type for n in out.graph.node)
     assert ops["MultiHeadAttention"] == export.layers and ops["Softmax"] == 0
-    for shape in DECODER_SHAPES:
-        f = cache_feeds(proto, *shape)
-        want, got = run(proto, f), run(out, f)
-        for key, value in want.items():
-            np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-4, err_msg=key)
+    assert_same(proto, out, [cache_feeds(proto, *shape) for shape in DECODER_SHAPES])

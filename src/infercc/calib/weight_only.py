@@ -658,23 +658,8 @@ class Int4Flow:
         request = self.job
         assert self.quantized is not None
         quality = self.evaluate(self.stage / INT4_FILE)
-        result = Int4CalibrationReport(
-            str(self.src),
-            str(self.dest),
-            request.method,
-            "MatMulNBits" if request.form == "nbits" else "DequantizeLinear",
-            request.block_size,
-            request.symmetric,
-            {},
-            quality,
-            self.quantized,
-            True,
-            "",
-            decoder=None if self.sig is None else self.sig.to_dict(),
-        )
+        result = self._report({}, quality, self.quantized, True, "")
         self.report = result
-        result.fusions, result.assumptions = self.fusions, self.assumed
-        result.refusals, result.bisect = self.refusals, self.bisected
         if request.method != "rtn":
             result.versus_rtn = self.versus_rtn(quality)
         result.accuracy_level = self.choose_level(quality, result)
@@ -758,25 +743,44 @@ class Int4Flow:
         self.bisected = result.to_dict()
         if not result.reproduced:
             return True
-        request = self.job
-        self.report = Int4CalibrationReport(
-            str(self.src),
-            str(self.dest),
-            request.method,
-            "MatMulNBits" if request.form == "nbits" else "DequantizeLinear",
-            request.block_size,
-            request.symmetric,
+        self.report = self._report(
             {"evaluation": len(feeds), "evaluated_on": self.evaluated_on},
             Quality({}),
             Int4Report(),
             False,
             f"the {pipeline.name} passes change the original's outputs before any weight is "
             f"quantized ({result.message}); nothing written",
+        )
+        return False
+
+    def _report(
+        self,
+        samples: dict[str, Any],
+        quality: Quality,
+        quantized: Int4Report,
+        passed: bool,
+        message: str,
+    ) -> Int4CalibrationReport:
+        """This build's report: the request's settings, the decoder's signature, the fusions,
+        assumptions, refusals and bisection so far, with these figures and verdict."""
+        request = self.job
+        report = Int4CalibrationReport(
+            str(self.src),
+            str(self.dest),
+            request.method,
+            "MatMulNBits" if request.form == "nbits" else "DequantizeLinear",
+            request.block_size,
+            request.symmetric,
+            samples,
+            quality,
+            quantized,
+            passed,
+            message,
             decoder=None if self.sig is None else self.sig.to_dict(),
         )
-        self.report.refusals, self.report.bisect = self.refusals, self.bisected
-        self.report.fusions, self.report.assumptions = self.fusions, self.assumed
-        return False
+        report.fusions, report.assumptions = self.fusions, self.assumed
+        report.refusals, report.bisect = self.refusals, self.bisected
+        return report
 
     # -- methods ----------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -242,35 +243,24 @@ def _bench_generate(
     prompt = gen.read_prompt(prompt_file) if prompt_file is not None else None
     warmup = gen.DEFAULT_WARMUP if warmup is None else warmup
     runs = gen.DEFAULT_RUNS if iters is None else iters
+    # the two differ in their models and in spinning (compare's races never spin)
+    run = (
+        functools.partial(gen.compare_generation, model, other)
+        if other is not None
+        else functools.partial(gen.generate, model, spinning=spin)
+    )
     with Progress(as_json, "generate") as progress:
-        if other is not None:
-            report = gen.compare_generation(
-                model,
-                other,
-                new_tokens,
-                prompt_len=prompt_len,
-                batch=batch,
-                prompt=prompt,
-                warmup=warmup,
-                runs=runs,
-                seed=seed,
-                memory=memory,
-                on_progress=progress.tick,
-            )
-        else:
-            report = gen.generate(
-                model,
-                new_tokens,
-                prompt_len=prompt_len,
-                batch=batch,
-                prompt=prompt,
-                warmup=warmup,
-                runs=runs,
-                seed=seed,
-                memory=memory,
-                on_progress=progress.tick,
-                spinning=spin,
-            )
+        report = run(
+            new_tokens,
+            prompt_len=prompt_len,
+            batch=batch,
+            prompt=prompt,
+            warmup=warmup,
+            runs=runs,
+            seed=seed,
+            memory=memory,
+            on_progress=progress.tick,
+        )
     finish(report, as_json, render_generate_compare if other is not None else render_generate)
 
 
