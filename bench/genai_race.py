@@ -33,6 +33,10 @@ Prints a Markdown table and writes `bench/.cache/genai_race.json`.
     python bench/genai_race.py --kinds qwen2 phi3 gemma llama --size issue
     python bench/genai_race.py --kinds qwen2 --size small --runs 1 --new-tokens 16   # a check
     python bench/genai_race.py --kinds qwen2 --trained
+    python bench/genai_race.py --kinds qwen2 --build "sym=--assume nonempty-sequences --symmetric"
+
+`--build NAME=ARGS` (repeatable) races another infercc build beside the two above, with those
+`calibrate` flags.
 """
 
 from __future__ import annotations
@@ -109,11 +113,21 @@ def pinned_genai(folder: Path) -> Path:
     return path
 
 
-def build_infercc(export: Path, out: Path, assume: bool) -> tuple[Path, float]:
+def builds(extra: list[str]) -> dict[str, list[str]]:
+    """infercc's builds raced: its defaults, with the assumption, and each `--build NAME=ARGS`."""
+    out = {"infercc": [], "infercc --assume": ["--assume", NONEMPTY]}
+    for text in extra:
+        name, sep, flags = text.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"--build {text!r}: write NAME=ARGS, e.g. 'sym=--symmetric'")
+        out[f"infercc {name.strip()}"] = flags.split()
+    return out
+
+
+def build_infercc(export: Path, out: Path, flags: list[str]) -> tuple[Path, float]:
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [shutil.which("infercc") or "infercc", "calibrate", str(export), "--int4", "-o", str(out)]
-    if assume:
-        cmd += ["--assume", NONEMPTY]
+    cmd = [shutil.which("infercc") or "infercc", "calibrate", str(export), "--int4", "-o", str(out),
+           *flags]
     t0 = time.perf_counter()
     _run(cmd, out.with_suffix(".log"))
     return out / "model_int4.onnx", time.perf_counter() - t0
@@ -208,12 +222,12 @@ def bench_one(kind: str, args) -> dict:
     print(f"[{tag}] building", flush=True)
     genai = build_genai(hf, work / "genai")
     genai_model = pinned_genai(genai)
-    row: dict = {"model": tag, "genai_build_s": float((genai / "seconds.txt").read_text())}
+    row: dict = {"model": tag, "genai_build_s": float((genai / "seconds.txt").read_text()),
+                 "builds": builds(args.build)}
     ours: dict[str, Path] = {}
-    for assume in (False, True):
-        name = "infercc --assume" if assume else "infercc"
-        path, seconds = build_infercc(export, work / ("infercc_assumed" if assume else "infercc"),
-                                      assume)
+    for name, flags in builds(args.build).items():
+        folder = "infercc_" + "".join(c if c.isalnum() else "_" for c in name[8:]).strip("_")
+        path, seconds = build_infercc(export, work / folder.rstrip("_"), flags)
         ours[name] = path
         row[f"{name} build_s"] = seconds
     row["ops"] = {"export": fused_ops(export), "genai": fused_ops(genai_model),
@@ -252,7 +266,7 @@ def table(rows: list[dict]) -> str:
             f"{g_ops['GroupQueryAttention']}/{g_ops['RotaryEmbedding']}/"
             f"{g_ops['SkipSimplifiedLayerNormalization']}/{g_ops['MatMulNBits']} |"
         )
-        for name in ("infercc", "infercc --assume"):
+        for name in r["builds"]:
             s, o = r[name], r["ops"][name]
             ttft = next(v for k, v in s.items() if k.startswith("ttft_ratio_prompt"))
             lines.append(
@@ -279,6 +293,9 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--ttft-prompt", type=int, default=512)
+    p.add_argument("--build", action="append", default=[], metavar="NAME=ARGS",
+                   help="another infercc build to race, with these calibrate flags "
+                        "(e.g. 'sym=--assume nonempty-sequences --symmetric'); repeatable")
     args = p.parse_args()
     print(host_line(), flush=True)
     rows = [bench_one(k, args) for k in args.kinds]
