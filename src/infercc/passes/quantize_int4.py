@@ -375,6 +375,8 @@ def _find_weight(node: Node) -> tuple[np.ndarray, bool]:
     if const_array(x) is not None:
         raise NoMatch("its A input is a constant, not an activation", at=x)
     w = const_array(w_value)
+    if w is None and node.op_type == "MatMul":
+        w = _transposed_constant(w_value)
     if w is None:
         raise NoMatch("its weight is not a constant (a MatMul of two activations)", at=w_value)
     if w.dtype not in WEIGHT_DTYPES:
@@ -391,6 +393,26 @@ def _find_weight(node: Node) -> tuple[np.ndarray, bool]:
         raise NoMatch(problem, at=c if problem.startswith("Gemm whose C") and c else None)
     transposed = bool(node.attr("transB", 0))
     return (np.asarray(w).T if transposed else np.asarray(w)), transposed
+
+
+def transposed_source(value: Value | None) -> Value | None:
+    """The constant E of a weight written `Transpose(E)` (rank 2, perm [1, 0]): the torch
+    dynamo exporter's tied LM head, MatMul(x, Transpose(embed)), which fold-constants leaves
+    unfolded when the table is past its fold limit."""
+    node = None if value is None else value.producer
+    if node is None or not node.is_standard or node.op_type != "Transpose":
+        return None
+    source = node.input(0)
+    data = const_array(source)
+    if data is None or data.ndim != 2 or list(node.attr("perm", [1, 0])) != [1, 0]:
+        return None
+    return source
+
+
+def _transposed_constant(value: Value | None) -> np.ndarray | None:
+    """W = E.T (a view: no copy of the table) where the weight is `Transpose(E)`."""
+    source = transposed_source(value)
+    return None if source is None else np.asarray(const_array(source)).T
 
 
 def _gemm_problem(node: Node) -> str | None:
@@ -781,6 +803,13 @@ class _Int4Rewriter:
         self.report.embeddings.append(label)
 
     def _drop_if_unread(self, value: Value | None) -> None:
+        source = transposed_source(value)
+        transpose = None if value is None else value.producer
+        if source is not None and transpose is not None and value is not None:
+            if value.uses() or value.is_graph_output:
+                return
+            self.graph.remove(transpose)  # Transpose(E) nobody reads now, then E if unread
+            value = source
         if value is None or value.const is None or value.uses() or value.is_graph_output:
             return
         if self.graph.initializers.get(value.name) is value:
