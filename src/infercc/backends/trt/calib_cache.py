@@ -121,6 +121,16 @@ def write_calibration_cache(
         )
     lines = [f"TRT-{trt_version_tag(trt_version)}-{_WRITE_NAMES[method]}"]
     lines.extend(_line(name, scales[name]) for name in sorted(scales))
+    colons = sorted(name for name in scales if ":" in name)
+    if colons:  # one line for them all: a TensorFlow export names every tensor 'x:0'
+        logger.warning(
+            "%d tensor name(s) in %s hold ':' (%r%s); onnxruntime's TensorRT provider misreads "
+            "such cache lines",
+            len(colons),
+            path,
+            colons[0],
+            ", ..." if len(colons) > 1 else "",
+        )
     _write_atomic(Path(fspath(path)), "\n".join(lines) + "\n")
     logger.info("wrote %d scale(s) to %s", len(scales), path)
 
@@ -130,10 +140,6 @@ def _line(name: str, scale: float) -> str:
         raise InferccError(
             f"tensor name {name!r} cannot be written to a calibration cache",
             "names must be non-empty and on one line",
-        )
-    if ":" in name:
-        logger.warning(
-            "tensor %r has ':' in its name; onnxruntime's TensorRT provider misreads it", name
         )
     return f"{name}: {scale_to_hex(scale)}"
 
