@@ -88,6 +88,10 @@ def test_catalog_lists_every_pipeline_and_every_pass_once() -> None:
     assert by_name["eliminate-dead-code"]["pipelines"] == list(PIPELINES)
     int8 = next(p for p in listed["pipelines"] if p["name"] == "int8")
     assert int8["stages"] == [["split-outlier-channels"], ["quantize-qdq", "eliminate-dead-code"]]
+    for entry in listed["passes"]:  # whole sentences: a docstring's first line may stop short
+        assert entry["doc"].endswith(".") and "\n" not in entry["doc"], entry["name"]
+    rotary = by_name["fuse-rotary-embedding"]["doc"]
+    assert rotary.endswith("one RotaryEmbedding with rotary_embedding_dim.")
 
 
 def test_check_disabled_refuses_a_pass_the_command_does_not_run() -> None:

@@ -378,7 +378,7 @@ def register_pass(
         condition(cond)
 
     def deco(fn: PassFn) -> PassFn:
-        doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        doc = _summary(fn.__doc__)
         REGISTRY[name] = PassInfo(
             name,
             fn,
@@ -393,6 +393,13 @@ def register_pass(
         return fn
 
     return deco
+
+
+def _summary(doc: str | None) -> str:
+    """A pass's description: its docstring's first paragraph on one line (a first line alone
+    may stop mid-sentence)."""
+    paragraph = (doc or "").strip().split("\n\n")[0]
+    return " ".join(paragraph.split())
 
 
 DEFAULT_PIPELINE = OPTIMIZE.passes  # every pipeline is named in infercc.passes.pipelines
