@@ -97,6 +97,23 @@ def test_each_rule_refuses_its_case_naming_the_flag(rule) -> None:
     assert exc.value.hint
 
 
+def test_option_rules_follow_the_passes_declarations(monkeypatch) -> None:
+    """--fold-limit's and --fp16's "no effect" rules name no pass themselves: they read who
+    declares the option (register_pass(reads=...)) and which passes only --fp16 runs."""
+    from infercc.config import fp16_passes, option_passes
+    from infercc.passes.manager import REGISTRY, PassInfo
+
+    assert option_passes("fold_limit") == ("fold-constants",)
+    assert fp16_passes() == ("convert-fp16",)
+    config = BuildConfig(fold_limit="1MiB", disable_passes=("fold-constants",))
+    with pytest.raises(InferccError, match="--disable-pass fold-constants"):
+        config.check()
+    info = PassInfo("fold-more", REGISTRY["fold-constants"].fn, "", reads=("fold_limit",))
+    monkeypatch.setitem(REGISTRY, "fold-more", info)  # a second reader: the limit still acts
+    assert option_passes("fold_limit") == ("fold-constants", "fold-more")
+    config.check()
+
+
 @pytest.mark.parametrize(
     "config",
     [

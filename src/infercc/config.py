@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from infercc import options as _options
+from infercc.analysis.memory import ALIGNMENT
 from infercc.assumptions import check_assumptions
 from infercc.data.loader import is_loader_spec, join_loader_spec, split_loader_spec
 from infercc.data.profiles import ShapeProfile, as_shapes, parse_profiles
@@ -59,13 +60,9 @@ from infercc.options import (
 from infercc.precisions import BUILD_PRECISIONS, TOLERANCES, defaults_text, figure
 from infercc.util import first_line, parse_size
 
-DEFAULT_ALIGNMENT = 64
 # TensorRT's HardwareCompatibilityLevel, as --hw-compat spells it; builder optimization levels.
 HW_COMPAT = ("none", "ampere+", "same-cc")
 OPT_LEVELS = range(0, 6)
-# Passes named in rules below.
-FOLD_PASS = "fold-constants"
-FP16_PASS = "convert-fp16"
 
 Range = tuple[str, float, float]  # tensor name, min, max
 OutputTolerance = tuple[str, float, float]  # output name, atol, rtol
@@ -660,7 +657,7 @@ class BuildConfig:
         api=bool,
     )
     alignment: int = option(
-        DEFAULT_ALIGNMENT,
+        ALIGNMENT,
         Flag("--align", "Byte alignment of tensors in the memory plan.", int, metavar="N", min=1),
         types=(int,),
         panel=OUTPUT,
@@ -1088,6 +1085,7 @@ def default_backend(target: str) -> str:
 Broken = tuple[str, str] | None  # (message naming the flag, hint)
 Rule = Callable[[BuildConfig], Broken]
 
+
 def _backend_words(c: BuildConfig) -> str:
     if c.backend == "none":
         return "no backend (an .onnx output, or --backend none)"
@@ -1108,15 +1106,31 @@ def _fp16_options_need_fp16(c: BuildConfig) -> Broken:
     return None
 
 
+def fp16_passes() -> tuple[str, ...]:
+    """The passes only `--fp16` runs (the fp16 pipeline's, less optimize's): the float16
+    rewrite itself (convert-fp16)."""
+    from infercc.passes.pipelines import FP16, OPTIMIZE
+
+    return tuple(n for n in FP16.passes if n not in OPTIMIZE.passes)
+
+
+def option_passes(option: str) -> tuple[str, ...]:
+    """The passes that read `PassContext` option `option`: those that declare it at
+    registration (`register_pass(..., reads=...)`)."""
+    import infercc.passes  # noqa: F401  (registers the passes)
+    from infercc.passes.manager import REGISTRY
+
+    return tuple(p for p, info in REGISTRY.items() if option in info.reads)
+
+
 def _fp16_needs_convert_pass(c: BuildConfig) -> Broken:
-    """--fp16 with convert-fp16 disabled would build an fp32 model labelled fp16."""
-    if FP16_PASS in c.disable_passes and c.precision == "fp16":
-        return (
-            f"--fp16 has no effect with --disable-pass {FP16_PASS}",
-            "drop one of them",
-        )
-    if FP16_PASS in c.disable_passes:
-        return (f"--disable-pass {FP16_PASS} has no effect without --fp16", "drop it")
+    """--fp16 with its rewrite (convert-fp16) disabled would build an fp32 model labelled
+    fp16; that pass disabled without --fp16 changes nothing."""
+    for name in fp16_passes():
+        if name in c.disable_passes and c.precision == "fp16":
+            return (f"--fp16 has no effect with --disable-pass {name}", "drop one of them")
+        if name in c.disable_passes:
+            return (f"--disable-pass {name} has no effect without --fp16", "drop it")
     return None
 
 
@@ -1230,9 +1244,11 @@ def _input_ranges_need_generated_inputs(c: BuildConfig) -> Broken:
 
 
 def _fold_limit_needs_folding(c: BuildConfig) -> Broken:
-    if c.fold_limit is not None and FOLD_PASS in c.disable_passes:
+    """--fold-limit with every pass that reads it (fold-constants) disabled."""
+    readers = option_passes("fold_limit")
+    if c.fold_limit is not None and all(p in c.disable_passes for p in readers):
         return (
-            f"--fold-limit has no effect with --disable-pass {FOLD_PASS}",
+            f"--fold-limit has no effect with --disable-pass {' '.join(readers)}",
             "drop one of them",
         )
     return None
@@ -1293,12 +1309,13 @@ def _disabled_passes_run(c: BuildConfig) -> Broken:
     from infercc.passes.manager import REGISTRY
     from infercc.passes.pipelines import optimize_stages
 
-    runs = {name for stage in optimize_stages(c.precision) for name in stage} | {FP16_PASS}
+    fp16 = set(fp16_passes())  # without --fp16: _fp16_needs_convert_pass says why
+    runs = {name for stage in optimize_stages(c.precision) for name in stage} | fp16
     for name in c.disable_passes:
         if name in REGISTRY and name not in runs:
             return (
                 f"--disable-pass {name} has no effect: optimize does not run it",
-                "optimize runs: " + ", ".join(sorted(runs - {FP16_PASS})),
+                "optimize runs: " + ", ".join(sorted(runs - fp16)),
             )
     return None
 

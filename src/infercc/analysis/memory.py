@@ -50,6 +50,7 @@ SCHEMA = "infercc.memory_plan/1"
 BY_SIZE = "greedy_by_size"
 BY_BREADTH = "greedy_by_breadth"
 HEURISTICS = (BY_SIZE, BY_BREADTH)
+ALIGNMENT = 64  # bytes: every size rounded up to it (the default of --align)
 
 
 class Interval(NamedTuple):
@@ -78,7 +79,7 @@ class MemoryPlan:
     naive_bytes: int
     lower_bound_bytes: int
     weights_bytes: int = 0
-    alignment: int = 64
+    alignment: int = ALIGNMENT
     heuristic: str = BY_SIZE
     shape_profile: dict[str, list[int]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
@@ -118,7 +119,7 @@ class MemoryPlan:
 # --------------------------------------------------------------------------- sizes
 
 
-def align(n: int, alignment: int = 64) -> int:
+def align(n: int, alignment: int = ALIGNMENT) -> int:
     """`n` rounded up to a multiple of `alignment`."""
     return -(-n // alignment) * alignment
 
@@ -201,12 +202,12 @@ def live_profile(intervals: Iterable[Interval], alignment: int = 1) -> list[int]
     return profile
 
 
-def lower_bound(intervals: Iterable[Interval], alignment: int = 64) -> int:
+def lower_bound(intervals: Iterable[Interval], alignment: int = ALIGNMENT) -> int:
     """The largest sum of aligned sizes live at one step: no arena can be smaller."""
     return max(live_profile(intervals, alignment), default=0)
 
 
-def naive(intervals: Iterable[Interval], alignment: int = 64) -> int:
+def naive(intervals: Iterable[Interval], alignment: int = ALIGNMENT) -> int:
     """Every tensor in its own buffer: the sum of aligned sizes."""
     return sum(align(iv.size, alignment) for iv in intervals)
 
@@ -302,7 +303,7 @@ def _by_size_key(intervals: list[Interval]):
     return lambda i: (-intervals[i].size, intervals[i].first, intervals[i].name)
 
 
-def greedy_by_size(intervals: list[Interval], alignment: int = 64) -> tuple[list[int], int]:
+def greedy_by_size(intervals: list[Interval], alignment: int = ALIGNMENT) -> tuple[list[int], int]:
     """Offsets (in the order of `intervals`) and the arena size, greedy by size."""
     arena = _Arena(intervals, alignment)
     for i in sorted(range(len(intervals)), key=_by_size_key(intervals)):
@@ -310,7 +311,9 @@ def greedy_by_size(intervals: list[Interval], alignment: int = 64) -> tuple[list
     return arena.offsets, arena.top  # type: ignore[return-value]
 
 
-def greedy_by_breadth(intervals: list[Interval], alignment: int = 64) -> tuple[list[int], int]:
+def greedy_by_breadth(
+    intervals: list[Interval], alignment: int = ALIGNMENT
+) -> tuple[list[int], int]:
     """Offsets (in the order of `intervals`) and the arena size, greedy by breadth."""
     arena = _Arena(intervals, alignment)
     profile = live_profile(intervals, alignment)
@@ -330,7 +333,7 @@ _PLACERS = {BY_SIZE: greedy_by_size, BY_BREADTH: greedy_by_breadth}
 
 
 def plan_intervals(
-    intervals: list[Interval], alignment: int = 64, heuristics: Iterable[str] = HEURISTICS
+    intervals: list[Interval], alignment: int = ALIGNMENT, heuristics: Iterable[str] = HEURISTICS
 ) -> MemoryPlan:
     """Place `intervals` with each heuristic and keep the smallest arena (first one on ties)."""
     if alignment < 1:
@@ -365,7 +368,7 @@ def node_labels(order: list[Node]) -> list[str]:
 def plan_memory(
     model: Model,
     input_shapes: dict[str, tuple[int, ...]],
-    alignment: int = 64,
+    alignment: int = ALIGNMENT,
     order: list[Node] | None = None,
 ) -> MemoryPlan:
     """Plan the arena of `model`'s intermediate tensors at `input_shapes`.
