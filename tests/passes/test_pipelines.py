@@ -101,3 +101,19 @@ def test_check_disabled_refuses_a_pass_the_command_does_not_run() -> None:
     message = "--disable-pass convert-fp16 has no effect: optimize does not run it"
     assert info.value.message == message
     assert "fold-constants" in info.value.hint
+
+
+def test_every_pass_module_is_registered_by_importing_the_package() -> None:
+    """A new pass is its own module and a pipeline line: the package imports every module, so
+    no list of modules has to name it."""
+    import re
+    from pathlib import Path
+
+    import infercc.passes
+
+    declared = set()
+    for path in Path(infercc.passes.__file__).parent.glob("*.py"):
+        declared |= set(re.findall(r'@register_pass\(\s*"([^"]+)"', path.read_text()))
+    assert declared and declared <= set(REGISTRY)  # (tests register passes of their own)
+    in_pipelines = {n for p in PIPELINES.values() for n in p.passes}
+    assert in_pipelines == declared  # every pass runs somewhere, and only real ones

@@ -1,31 +1,14 @@
-"""The pass library. Importing this package registers every pass; `infercc.passes.pipelines`
-names every pipeline, `infercc.passes.rules` is the rewrite-rule contract and
-`infercc.passes.match` the helpers rules match with."""
+"""The pass library. Importing this package registers every pass: it imports each of its
+modules, so a new pass is its own module (`@register_pass`) and one line in a pipeline of
+`infercc.passes.pipelines`, which names every pipeline; `infercc.passes.rules` is the
+rewrite-rule contract and `infercc.passes.match` the helpers rules match with."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
-from infercc.passes import (  # noqa: F401  (importing registers the passes)
-    attention,
-    cse,
-    dce,
-    fold_constants,
-    fp16,
-    fuse_attention,
-    fuse_conv_bn_relu,
-    fuse_gemm,
-    fuse_gqa,
-    fuse_qkv,
-    fuse_rms_norm,
-    fuse_rotary,
-    no_ops,
-    quantize_int4,
-    quantize_qdq,
-    schedule,
-    shape_fold,
-    split_outliers,
-)
 from infercc.passes.manager import (
     DEFAULT_PIPELINE,
     OPTIONS,
@@ -41,6 +24,9 @@ from infercc.passes.manager import (
     run_passes,
 )
 from infercc.passes.pipelines import PIPELINES, Pipeline, pipelines_of
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")  # registers the passes it defines
 
 __all__ = [
     "DEFAULT_PIPELINE",
