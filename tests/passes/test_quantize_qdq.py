@@ -575,3 +575,127 @@ def test_a_second_run_changes_nothing() -> None:
 def test_the_pass_without_settings_says_what_it_needs() -> None:
     with pytest.raises(InferccError, match="quantize-qdq needs calibrated ranges"):
         run_passes(import_model(mlp()), PassContext(), ["quantize-qdq"])
+
+
+# --------------------------------------------------------------------------- residual blocks
+
+
+def residual_net() -> onnx.ModelProto:
+    """A ResNet's shape: conv1 -> Relu, three blocks [conv -> Relu -> conv] + shortcut -> Relu,
+    then pooling and a Gemm. A block's shortcut after the first is the Relu output of the block
+    before, which only its Conv reader quantizes; the last block's sum is not quantized (the
+    pooling reads it)."""
+    rng = np.random.default_rng(RNG_SEED + 2)
+    weights = {f"w{i}": _normal(rng, (8, 8 if i > 1 else 3, 3, 3), 0.25) for i in range(1, 8)}
+    weights |= {f"b{i}": _normal(rng, (8,), 0.1) for i in range(1, 8)}
+    weights |= {"wf": _normal(rng, (10, 8), 0.3), "bf": _normal(rng, (10,), 0.1)}
+    pads = [1, 1, 1, 1]
+    nodes = [
+        oh.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=pads),
+        oh.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+    ]
+    block_in = "r1"
+    for k, (a, b) in enumerate([(2, 3), (4, 5), (6, 7)], start=1):
+        nodes += [
+            oh.make_node(
+                "Conv", [block_in, f"w{a}", f"b{a}"], [f"c{a}"], name=f"conv{a}", pads=pads
+            ),
+            oh.make_node("Relu", [f"c{a}"], [f"r{a}"], name=f"relu{a}"),
+            oh.make_node(
+                "Conv", [f"r{a}", f"w{b}", f"b{b}"], [f"c{b}"], name=f"conv{b}", pads=pads
+            ),
+            oh.make_node("Add", [f"c{b}", block_in], [f"s{k}"], name=f"residual{k}"),
+            oh.make_node("Relu", [f"s{k}"], [f"r{b}"], name=f"relu{b}"),
+        ]
+        block_in = f"r{b}"
+    nodes += [
+        oh.make_node("GlobalAveragePool", ["r7"], ["p"], name="pool"),
+        oh.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        oh.make_node("Gemm", ["f", "wf", "bf"], ["logits"], name="fc", transB=1),
+    ]
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])
+    y = oh.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])
+    return _model(nodes, [x], [y], weights)
+
+
+@pytest.fixture(scope="module")
+def residual_case(tmp_path_factory):
+    proto = residual_net()
+    ranges = _calibrate(proto, tmp_path_factory.mktemp("residual"))
+    return proto, ranges
+
+
+def _reader_ops(proto: onnx.ModelProto, tensor: str) -> list[str]:
+    return [n.op_type for n in proto.graph.node if tensor in n.input]
+
+
+def test_uint8_output_pairs_go_after_a_sole_relu_and_the_residual_add_reads_dqs(
+    residual_case, tmp_path
+):
+    """uint8 (onnxruntime's form): a Conv whose only reader is a Relu gets its output pair on
+    the Relu's output (zero point 0: Q(Relu(y)) = Q(y)), and the residual Add reads the DQs of
+    its inputs: onnxruntime then runs every Conv as QLinearConv and the Add as QLinearAdd,
+    with no Relu and no float Conv left."""
+    proto, ranges = residual_case
+    out, report = _quantized(proto, ranges, activations="uint8")
+    assert report.quantized == [f"conv{i}" for i in range(1, 8)] + ["fc"]
+    # block 1's shortcut r1 is read through the pair put after relu1 already; blocks 2 and 3
+    # move theirs (r3, r5) to their DQs, block 3 though its sum is not quantized
+    assert report.adds == ["residual2", "residual3"]
+    relus = ("r1", "r2", "r3", "r4", "r5", "r6")
+    for relu in relus:  # each Relu's output is quantized, read by its Q alone
+        assert _reader_ops(out, relu) == ["QuantizeLinear"]
+    for conv in ("c1", "c2", "c4", "c6"):  # the Conv before a sole Relu: no pair of its own
+        assert _reader_ops(out, conv) == ["Relu"]
+    producers = {o: n.op_type for n in out.graph.node for o in n.output}
+    for name in ("residual1", "residual2", "residual3"):
+        add = next(n for n in out.graph.node if n.name == name)
+        assert [producers[i] for i in add.input] == ["DequantizeLinear"] * 2
+    zero_points = {
+        n.input[0]: numpy_helper.to_array(_init(out, n.input[2]))
+        for n in out.graph.node
+        if n.op_type == "QuantizeLinear"
+    }
+    assert all(zero_points[r] == 0 for r in relus)
+    fused = _ort_optimized_ops(out, tmp_path)
+    assert fused["QLinearConv"] == 7 and fused["QLinearAdd"] == 2
+    assert fused["Conv"] == 0 and fused["Add"] == 1  # the last sum, read by the pooling
+    feeds = _samples(proto, 3, seed=5)
+    for feed in feeds:  # the fused kernels compute what the Q/DQ graph means, and near fp32
+        unfused = _run(out, feed)
+        fused_out = _run(out, feed, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        assert np.abs(fused_out - unfused).max() <= 0.02 * np.abs(unfused).max()
+        assert _cosine(unfused, _run(proto, feed)) > 0.99
+
+
+def test_int8_activations_keep_the_pair_on_the_conv_and_the_add_float(residual_case):
+    """The symmetric form (TensorRT's) is unchanged: Q(Relu(y)) != Q(y) with an int8 zero
+    point of 0, so the pair stays on the Conv's output, and no Add is touched."""
+    proto, ranges = residual_case
+    out, report = _quantized(proto, ranges, activations="int8")
+    assert report.adds == []
+    assert _reader_ops(out, "c1") == ["QuantizeLinear"]
+    residual = next(n for n in out.graph.node if n.name == "residual2")
+    producers = {o: n.op_type for n in out.graph.node for o in n.output}
+    assert producers[residual.input[1]] == "Relu"  # the shortcut stays float
+
+
+def test_an_add_whose_input_has_no_pair_before_it_is_refused(residual_case):
+    """conv5 kept float: its output has no pair, so the second residual Add cannot read int8
+    values for it and keeps reading float, with the reason --explain shows (an Add with no
+    int8 input at all, a transformer's residual, is not explained)."""
+    proto, ranges = residual_case
+    model = import_model(proto)
+    ctx = PassContext(quantize=_settings_of(ranges, exclude=("conv5",), activations="uint8"))
+    report = run_passes(model, ctx, ["quantize-qdq"]).details("quantize-qdq")
+    assert report.adds == ["residual3"]
+    refused = [(r.node, r.reason, r.at) for r in ctx.refusals if r.op_type == "Add"]
+    assert refused == [("residual2", "input 'c5' has no Q/DQ pair before the Add", "tensor 'c5'")]
+    block = import_model(transformer_block())  # residual Adds of float projections: no word
+    ctx = PassContext(quantize=_settings_of(_fixed_ranges(block), activations="uint8"))
+    assert run_passes(block, ctx, ["quantize-qdq"]).details("quantize-qdq").adds == []
+    assert not [r for r in ctx.refusals if r.op_type == "Add"]
+
+
+def _settings_of(ranges, **kwargs) -> QuantizeSettings:
+    return QuantizeSettings(ranges=ranges, **kwargs)

@@ -120,12 +120,17 @@ def _cut(
 ) -> tuple[list[onnx.NodeProto], list[str], str]:
     """The nodes of the cut, the float tensors it takes and the tensor it gives."""
     parts, inputs = _input_side(node, producer)
+    parts.append(node)
     output = node.output[0]
-    after = readers.get(output, [])
-    if len(after) == 1 and after[0].op_type == _Q and output not in _graph_outputs(model):
+    for via in ("Relu", _Q):  # quantize-qdq puts a uint8 output pair after a sole Relu
+        after = readers.get(output, [])
+        if len(after) != 1 or after[0].op_type != via or output in _graph_outputs(model):
+            continue
         parts.append(after[0])
         output = after[0].output[0]
-    parts.append(node)
+    if parts[-1].op_type != _Q and parts[-1] is not node:  # a Relu with no Q after it
+        parts.pop()
+        output = node.output[0]
     return parts, inputs, output
 
 
