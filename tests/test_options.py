@@ -340,3 +340,18 @@ def test_tolerance_help_reads_the_table(monkeypatch) -> None:
     monkeypatch.setattr(precisions, "TOLERANCES", table)
     assert precisions.defaults_text("atol").startswith("2e-5 for fp32;")
     assert precisions.defaults_text("min_cosine").startswith("0.99995 for fp32;")
+
+
+def test_calibrate_takes_the_build_options_it_shares_as_declared() -> None:
+    """calibrate's --target, --assume, --portable, --shape, --disable-pass (and the others it
+    shares) are the declarations' flags: name, metavar and repeatability; only the help says
+    what calibrate means by them."""
+    command = typer.main.get_command(app).commands["calibrate"]  # type: ignore[attr-defined]
+    params = {p.name: p for p in command.params}
+    flags = flags_by_name(BuildConfig)
+    shared = ["--target", "--assume", "--portable", "--shape", "--disable-pass", "--verify"]
+    for name in shared:
+        flag, p = flags[name], params[flags[name].param]
+        assert p.opts == [flag.name] and p.metavar == flag.metavar
+        assert p.multiple == flag.many and p.is_flag == (flag.takes is None)
+    assert params["target"].default == "cpu"

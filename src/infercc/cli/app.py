@@ -325,8 +325,7 @@ def main_options(
         typer.Option(
             "-q",
             "--quiet",
-            help="No progress display and no warnings; a report says only its summary and "
-            "verdict.",
+            help="No progress display and no warnings; a report says only its summary and verdict.",
         ),
     ] = False,
     verbose: Annotated[

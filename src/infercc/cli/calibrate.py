@@ -8,9 +8,51 @@ from typing import Annotated
 import typer
 
 from infercc.cli.app import app
-from infercc.cli.common import CustomOpLibOpt, JsonOpt, Progress, VerifyOpt, finish
+from infercc.cli.common import (
+    CustomOpLibOpt,
+    JsonOpt,
+    Progress,
+    VerifyOpt,
+    finish,
+    shared_option,
+)
 from infercc.errors import InferccError
 from infercc.precisions import INT8_COSINE_FLOOR
+
+# The build options calibrate shares with optimize: each declaration's flag (name, value type,
+# metavar), with what calibrate means by it.
+PortableOpt = shared_option(
+    "--portable",
+    "--int4: standard ONNX (int4 DequantizeLinear, opset 21) instead of onnxruntime's MatMulNBits.",
+)
+AssumeOpt = shared_option(
+    "--assume",
+    "--int4 MatMulNBits: state an assumption about the inputs (repeatable). "
+    "nonempty-sequences: no sequence is all padding and no prompt is padded on the "
+    "left, under which a decoder's attention becomes onnxruntime's GroupQueryAttention "
+    "(listed in the report).",
+)
+CalibrateShapeOpt = shared_option(
+    "--shape",
+    "--int4 without --data: pin an input's shape in the random inputs, e.g. "
+    "--shape input_ids=1x128 (repeatable; parsed and checked as optimize's --shape, "
+    "one shape, no range). A decoder's --shape pins one call: its batch and new "
+    "tokens (a prompt is fed in calls of that many), or its cache length.",
+)
+TargetOpt = shared_option(
+    "--target",
+    "Where the model will run: cpu (this host), a CPU row such as x86-avx2 or "
+    "x86-avx512-vnni (its int8 and int4 forms; `infercc targets` lists them), or a GPU. "
+    "A target that is not this host is evaluated as its Q/DQ graph, without the kernel "
+    "check and the speed race.",
+    default="cpu",
+)
+DisablePassOpt = shared_option(
+    "--disable-pass",
+    "Skip a pass of the calibrate-fp32 or int8 pipeline (with --int4: of "
+    "calibrate-int4, or calibrate-fp32 with --portable) by name (repeatable); "
+    "`infercc passes` lists them.",
+)
 
 
 @app.command(short_help="Quantize a model: int8 (QDQ) from real samples, or int4 weights.")
@@ -87,14 +129,7 @@ def calibrate(
             show_default=False,
         ),
     ] = None,
-    portable: Annotated[
-        bool,
-        typer.Option(
-            "--portable",
-            help="--int4: standard ONNX (int4 DequantizeLinear, opset 21) instead of "
-            "onnxruntime's MatMulNBits.",
-        ),
-    ] = False,
+    portable: PortableOpt = False,
     accuracy_level: Annotated[
         str | None,
         typer.Option(
@@ -122,28 +157,8 @@ def calibrate(
             show_default=False,
         ),
     ] = None,
-    assume: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--assume",
-            metavar="NAME",
-            help="--int4 MatMulNBits: state an assumption about the inputs (repeatable). "
-            "nonempty-sequences: no sequence is all padding and no prompt is padded on the "
-            "left, under which a decoder's attention becomes onnxruntime's GroupQueryAttention "
-            "(listed in the report).",
-        ),
-    ] = None,
-    shape: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--shape",
-            metavar="NAME=SHAPE",
-            help="--int4 without --data: pin an input's shape in the random inputs, e.g. "
-            "--shape input_ids=1x128 (repeatable; parsed and checked as optimize's --shape, "
-            "one shape, no range). A decoder's --shape pins one call: its batch and new "
-            "tokens (a prompt is fed in calls of that many), or its cache length.",
-        ),
-    ] = None,
+    assume: AssumeOpt = None,
+    shape: CalibrateShapeOpt = None,
     percentile: Annotated[
         float | None,
         typer.Option(
@@ -219,16 +234,7 @@ def calibrate(
             'E.g. "imagenet,order=bgr". Needs Pillow: pip install "infercc[images]".',
         ),
     ] = None,
-    target: Annotated[
-        str,
-        typer.Option(
-            metavar="NAME",
-            help="Where the model will run: cpu (this host), a CPU row such as x86-avx2 or "
-            "x86-avx512-vnni (its int8 and int4 forms; `infercc targets` lists them), or a GPU. "
-            "A target that is not this host is evaluated as its Q/DQ graph, without the kernel "
-            "check and the speed race.",
-        ),
-    ] = "cpu",
+    target: TargetOpt = "cpu",
     activations: Annotated[
         str,
         typer.Option(
@@ -283,16 +289,7 @@ def calibrate(
             "On by default.",
         ),
     ] = True,
-    disable_pass: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--disable-pass",
-            metavar="PASS",
-            help="Skip a pass of the calibrate-fp32 or int8 pipeline (with --int4: of "
-            "calibrate-int4, or calibrate-fp32 with --portable) by name (repeatable); "
-            "`infercc passes` lists them.",
-        ),
-    ] = None,
+    disable_pass: DisablePassOpt = None,
     verify: VerifyOpt = False,
     explain: Annotated[
         bool,

@@ -59,9 +59,7 @@ def ci(
     ] = None,
     out_dir: Annotated[
         Path | None,
-        typer.Option(
-            metavar="DIR", help="Where artifacts go [default: the manifest's out_dir]."
-        ),
+        typer.Option(metavar="DIR", help="Where artifacts go [default: the manifest's out_dir]."),
     ] = None,
     only: Annotated[
         list[str] | None,

@@ -11,6 +11,7 @@ what ran (`infercc optimize --config REPORT.json` replays an optimize)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Mapping
@@ -122,14 +123,17 @@ def _panel(p: inspect.Parameter) -> str | None:
 FLAGS = flags_by_name(BuildConfig)
 
 
-def _shared(name: str) -> Any:
-    """A build option's flag as other commands take it (same name and help, no panel)."""
-    flag = FLAGS[name]
-    return flag_type(flag, False if flag.takes is None else None)
+def shared_option(name: str, help: str | None = None, default: Any = None) -> Any:
+    """A build option's flag as other commands take it: its declaration's name, value type,
+    metavar and bounds (no panel), with `help` where that command means more by it than
+    optimize does (calibrate's --shape pins its random inputs); not given: `default` (off,
+    for an on/off flag), which the command gives its parameter too."""
+    flag = FLAGS[name] if help is None else dataclasses.replace(FLAGS[name], help=help)
+    return flag_type(flag, False if flag.takes is None else default)
 
 
-ShapeOpt = _shared("--shape")
-CustomOpLibOpt = _shared("--ort-custom-op-lib")
+ShapeOpt = shared_option("--shape")
+CustomOpLibOpt = shared_option("--ort-custom-op-lib")
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")
 ]
@@ -146,14 +150,14 @@ def cache_dir_option(panel: str | None = None) -> Any:
 
 CacheDirOpt = Annotated[Path | None, cache_dir_option()]
 SeedOpt = Annotated[int, typer.Option(metavar="N", help="Seed of the random inputs.")]
-VerifyOpt = _shared("--verify")
+VerifyOpt = shared_option("--verify")
 
 # Tolerances: optimize's validation and `infercc validate` (defaults: infercc.precisions).
-AtolOpt = _shared("--atol")
-RtolOpt = _shared("--rtol")
-MinCosineOpt = _shared("--min-cosine")
-StrictCoverageOpt = _shared("--strict-coverage")
-TolOpt = _shared("--tol")
+AtolOpt = shared_option("--atol")
+RtolOpt = shared_option("--rtol")
+MinCosineOpt = shared_option("--min-cosine")
+StrictCoverageOpt = shared_option("--strict-coverage")
+TolOpt = shared_option("--tol")
 
 
 # --------------------------------------------------------------------------- progress
@@ -293,8 +297,8 @@ def _plain(value: Any) -> Any:
 
 # --------------------------------------------------------------------------- validation inputs
 
-InputRangeOpt = _shared("--input-range")
-DataLoaderOpt = _shared("--data-loader")
+InputRangeOpt = shared_option("--input-range")
+DataLoaderOpt = shared_option("--data-loader")
 
 
 def data_source(data: str | Path | None, data_loader: str | None) -> str | None:

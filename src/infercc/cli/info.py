@@ -21,7 +21,7 @@ def inspect(
         typer.Option(
             metavar="NAME",
             help="Add the roofline analysis and memory budget on this target "
-            "(`infercc targets` lists them)."
+            "(`infercc targets` lists them).",
         ),
     ] = None,
     plot: Annotated[
@@ -29,7 +29,7 @@ def inspect(
         typer.Option(
             metavar="FILE",
             help="With --target: draw every node on the target's roofline into this "
-            "PNG (needs matplotlib: pip install 'infercc[plot]')."
+            "PNG (needs matplotlib: pip install 'infercc[plot]').",
         ),
     ] = None,
     as_json: JsonOpt = False,

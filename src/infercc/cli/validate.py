@@ -36,7 +36,7 @@ def validate(
             metavar="CANDIDATE",
             show_default=False,
             help="The optimized .onnx model, or an artifact directory (run through its "
-            "backend). Omit it with --save-golden to only write goldens."
+            "backend). Omit it with --save-golden to only write goldens.",
         ),
     ] = None,
     reference: Annotated[
@@ -87,7 +87,7 @@ def validate(
             metavar="NAME",
             help="With --bisect and a plain .onnx candidate: the target it was built for (an "
             "artifact records its whole build in manifest.json; a plain model is rebuilt with "
-            "the default options)."
+            "the default options).",
         ),
     ] = None,
     as_json: JsonOpt = False,
