@@ -7,10 +7,11 @@ on the held-out samples:
 * cosine of the sentence embedding, int8 against fp32, per sample (minimum, 1st percentile,
   median), for infercc and, for context, onnxruntime's own ``quantize_dynamic`` and
   ``quantize_static`` (QDQ, per-channel, MinMax, the defaults a user reaches for);
-* latency against fp32 under onnxruntime's default session options, raced interleaved
-  (fp32, int8, fp32, int8, ...; each pair on the same held-out sample, rotating over them),
-  with no intra-op spinning so neither session steals the cores from the other; the ratio is
-  int8 time / fp32 time per pair (median and p10..p90).
+* latency against fp32 under onnxruntime's default session options, every candidate in one
+  interleaved loop (each round runs fp32 and every candidate once on the same held-out
+  sample, in an order that rotates round by round), with no intra-op spinning so no session
+  steals the cores from another; the ratio is int8 time / fp32 time in the same round
+  (median and p10..p90).
 
 Usage::
 
@@ -71,30 +72,39 @@ def cosines(ref: list[np.ndarray], got: list[np.ndarray]) -> np.ndarray:
     return np.array(values)
 
 
-def race(fp32: Path, int8: Path | str, feeds: list[dict[str, np.ndarray]], iters: int) -> dict:
-    a, b = session(fp32), session(int8)
-    names = [i.name for i in a.get_inputs()]
-    ta, tb = [], []
-    for i in range(iters + 20):
-        f = {n: feeds[i % len(feeds)][n] for n in names}
-        t0 = time.perf_counter_ns()
-        a.run(None, f)
-        t1 = time.perf_counter_ns()
-        b.run(None, f)
-        t2 = time.perf_counter_ns()
-        if i >= 20:  # warm-up pairs
-            ta.append((t1 - t0) / 1e6)
-            tb.append((t2 - t1) / 1e6)
-    ratio = np.array(tb) / np.array(ta)
-    p10, med, p90 = np.percentile(ratio, [10, 50, 90])
-    return {
-        "fp32_ms": float(np.median(ta)),
-        "int8_ms": float(np.median(tb)),
-        "ratio_median": float(med),
-        "ratio_p10": float(p10),
-        "ratio_p90": float(p90),
-        "pairs": iters,
-    }
+def race_all(
+    fp32: Path, candidates: dict[str, Path | str], feeds: list[dict[str, np.ndarray]], iters: int
+) -> dict[str, dict]:
+    """Every candidate raced against fp32 in one loop: each round runs fp32 and every
+    candidate once on the same feed, in an order that rotates round by round, so a slow spell
+    of the machine falls on all of them; a candidate's ratio is its time / fp32's time in the
+    same round (median, p10..p90 over `iters` rounds, after 10 warm-up rounds)."""
+    names = ["fp32", *candidates]
+    sessions = [session(fp32), *(session(p) for p in candidates.values())]
+    inputs = [i.name for i in sessions[0].get_inputs()]
+    times: list[list[float]] = [[] for _ in names]
+    for r in range(iters + 10):
+        f = {n: feeds[r % len(feeds)][n] for n in inputs}
+        for k in range(len(names)):
+            i = (k + r) % len(names)
+            t0 = time.perf_counter_ns()
+            sessions[i].run(None, f)
+            if r >= 10:
+                times[i].append((time.perf_counter_ns() - t0) / 1e6)
+    base = np.array(times[0])
+    out = {}
+    for name, t in zip(names[1:], times[1:], strict=True):
+        ratio = np.array(t) / base
+        p10, med, p90 = np.percentile(ratio, [10, 50, 90])
+        out[name] = {
+            "fp32_ms": float(np.median(base)),
+            "int8_ms": float(np.median(t)),
+            "ratio_median": float(med),
+            "ratio_p10": float(p10),
+            "ratio_p90": float(p90),
+            "pairs": iters,
+        }
+    return out
 
 
 def summary(c: np.ndarray) -> dict:
@@ -206,12 +216,14 @@ def main(argv: list[str] | None = None) -> int:
             calibrate_into(plain, outlier_channels=False, speed_check=False)
             candidates["infercc --no-outlier-channels"] = plain / INT8_FILE
             candidates.update(ort_baselines(model, calib, tmp))
-        results = {}
-        for name, path in candidates.items():
-            results[name] = {
+        speeds = race_all(model, candidates, held, args.iters)
+        results = {
+            name: {
                 "cosine": summary(cosines(reference, embed(session(path), held))),
-                "speed": race(model, path, held, args.iters),
+                "speed": speeds[name],
             }
+            for name, path in candidates.items()
+        }
         data_out = {
             "host": host,
             "int8": report.int8.to_dict() if report.int8 else None,
