@@ -859,7 +859,7 @@ class BuildConfig:
     def pass_context(self, profile: Mapping[str, tuple[int, ...]] | None = None) -> Any:
         """The `PassContext` a build with this config runs its passes in (the same for
         `optimize` and `validate --bisect`); `profile` is the input shapes passes size for."""
-        from infercc.passes.manager import PassContext
+        from infercc.passes.manager import Fp16Settings, PassContext
 
         ctx = PassContext(
             target="cpu" if is_cpu(self.target) else self.target,  # CPU rows rewrite alike
@@ -871,8 +871,7 @@ class BuildConfig:
         ctx.shapes = profile
         ctx.assumptions = frozenset(self.assume)
         if self.precision == "fp16":
-            ctx.fp16_io, ctx.keep_fp32 = self.fp16_io, tuple(self.keep_fp32)
-            ctx.ranges = self.range_map or None
+            ctx.fp16 = Fp16Settings(self.fp16_io, tuple(self.keep_fp32), self.range_map or None)
         return ctx
 
     # -- the backend --------------------------------------------------------------------------

@@ -111,8 +111,8 @@ def test_a_pass_reading_the_assumptions_directly_fails(temporary_pass) -> None:
 
 
 def test_declaring_what_is_no_option_or_condition_is_refused_at_registration() -> None:
-    with pytest.raises(InferccError, match="reads 'fp16', which is no PassContext option"):
-        register_pass("test-bad-option", reads=("fp16",))
+    with pytest.raises(InferccError, match="reads 'fp16_io', which is no PassContext option"):
+        register_pass("test-bad-option", reads=("fp16_io",))  # now a field of the fp16 record
     with pytest.raises(InferccError, match="declares it reads 'target', which is no"):
         register_pass("test-bad-option", reads=("target",))  # shared: never declared
     with pytest.raises(InferccError, match="unknown pass condition 'shapes-ok'"):
@@ -223,7 +223,7 @@ def test_infercc_passes_lists_every_declaration() -> None:
             list(info.requires),
             list(info.ensures),
         )
-    assert listed["convert-fp16"]["reads"] == ["fp16_io", "keep_fp32", "ranges"]
+    assert listed["convert-fp16"]["reads"] == ["fp16"]
     options = {o["name"]: o for o in data["options"]}
     assert options["fold_limit"]["type"] == "int" and options["target"]["kind"] == "shared"
     assert {c["name"] for c in data["conditions"]} == {"lint", "no-dead-nodes", "opset>=13"}

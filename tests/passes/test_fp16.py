@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import infercc.passes.fp16  # noqa: F401  (registers convert-fp16)
-from infercc.passes import DEFAULT_PIPELINE, PassContext
+from infercc.passes import DEFAULT_PIPELINE, Fp16Settings, PassContext
 from tests.helpers import op_counts, optimize_proto, parse, random_feeds, run_ort
 from tests.zoo import image, light_path, randomize
 
@@ -36,7 +36,10 @@ def _w(*shape: int, seed: int = 0, scale: float | None = None) -> np.ndarray:
 
 
 def _convert(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, object, PassContext]:
-    ctx = PassContext(**options)
+    """convert-fp16 with its options (`fp16_io` is Fp16Settings.io)."""
+    if "fp16_io" in options:
+        options["io"] = options.pop("fp16_io")
+    ctx = PassContext(fp16=Fp16Settings(**options))
     out, report = optimize_proto(proto, PASSES, ctx)
     return out, report, ctx
 

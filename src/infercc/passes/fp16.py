@@ -14,7 +14,7 @@ take float16 at that input (a float32 node, a control-flow subgraph reading an o
 graph output) reads a Cast(to=FLOAT) of it instead (one per value, shared). A converted graph
 output is renamed and the Cast back takes its name, so outputs keep their names and types.
 
-With ctx.fp16_io True, float32 graph inputs and outputs become float16 too (their
+With ctx.fp16.io True, float32 graph inputs and outputs become float16 too (their
 declared type_proto is updated, keeping dimension names): the model's interface changes, on
 request only.
 
@@ -50,9 +50,9 @@ rounding, or keep float32 where float16 is unsafe:
   inf: its reader keeps float32 ("weight 'w' overflows fp16 (max ...)"). Clip's bounds are the
   exception: a bound beyond the float16 range saturates to +-inf, which clips a float16 value
   exactly as the float32 bound did.
-- With ctx.ranges (tensor name -> (min, max), from calibration), a node that produces
+- With ctx.fp16.ranges (tensor name -> (min, max), from calibration), a node that produces
   or reads a tensor whose range exceeds 65504 in magnitude keeps float32.
-- ctx.keep_fp32 lists op types or node names that keep float32.
+- ctx.fp16.keep_fp32 lists op types or node names that keep float32.
 - Weights below float16's smallest subnormal (6e-8) flush to zero; no check is made for that.
 
 Every node kept in float32 is recorded with its reason through ctx.refuse, and in the
@@ -170,11 +170,11 @@ class _State:
         _convert_node(self, node, plan)
 
 
-@register_pass("convert-fp16", reads=("fp16_io", "keep_fp32", "ranges"))
+@register_pass("convert-fp16", reads=("fp16",))
 def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     """Convert float32 weights and compute to float16, keeping risky ops in float32."""
     st = _State(graph, ctx, default_opset(graph))
-    fp16_io = bool(ctx.fp16_io)
+    fp16_io = bool(ctx.fp16.io)
     if fp16_io:
         _convert_inputs(st)
     rule = Rule("nodes_fp16", None, st.check, st.convert, standard_only=False)
@@ -212,7 +212,7 @@ def _decide(st: _State, node: Node) -> _Plan:
 def _exclusion(st: _State, node: Node) -> str | None:
     """Why a node touching float32 data keeps float32 whatever its types (None if it may not)."""
     op = node.op_type
-    keep = st.ctx.keep_fp32 or ()
+    keep = st.ctx.fp16.keep_fp32 or ()
     if not node.is_standard:
         return f"non-standard domain '{node.domain}' (its kernels run float32 only)"
     if node.subgraphs():
@@ -340,7 +340,7 @@ def _attr_overflow_reason(node: Node) -> str | None:
 
 
 def _range_reason(st: _State, values: list[Value]) -> str | None:
-    ranges = st.ctx.ranges or {}
+    ranges = st.ctx.fp16.ranges or {}
     for v in values:
         r = ranges.get(v.name)
         if r is not None and max(abs(float(r[0])), abs(float(r[1]))) > FP16_MAX:

@@ -86,6 +86,17 @@ class QuantizeSettings:
 
 
 @dataclass(frozen=True)
+class Fp16Settings:
+    """What convert-fp16 reads (`infercc.passes.fp16`): float16 graph inputs and outputs too
+    (`io`), the op types or node names kept in float32, and calibrated ranges (tensor name ->
+    (min, max)) that keep a node whose output would overflow float16 in float32."""
+
+    io: bool = False
+    keep_fp32: Sequence[str] = ()
+    ranges: Mapping[str, tuple[float, float]] | None = None
+
+
+@dataclass(frozen=True)
 class Int4Settings:
     """What quantize-int4 reads (`infercc.passes.quantize_int4`): its `Int4Options`, the
     method that gives each weight's blocks (`(node name, W [K, N]) -> Blocks`; None: round to
@@ -130,10 +141,10 @@ class PassContext:
     shapes: Mapping[str, tuple[int, ...]] | None = _option(
         "the input shapes tensors are sized at (None: resolve_shapes' defaults)", None
     )
-    fp16_io: bool = _option("graph inputs and outputs in float16 too", False)
-    keep_fp32: Sequence[str] = _option("op types or node names kept in float32", ())
-    ranges: Mapping[str, tuple[float, float]] | None = _option(
-        "tensor name -> calibrated (min, max), for float16 overflow", None
+    fp16: Fp16Settings = _option(
+        "the float16 rewrite's options: float16 inputs and outputs, ops kept in float32, "
+        "calibrated ranges",
+        factory=Fp16Settings,
     )
     outlier_channels: Mapping[str, Sequence[int]] = _option(
         "MatMul name -> input channels kept float", factory=dict
