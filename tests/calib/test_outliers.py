@@ -109,8 +109,15 @@ def test_calibrate_splits_and_keeps_the_outliers_float(tmp_path):
     # the split keeps int8's error on the other channels small
     assert split.outputs["y"].cosine > plain.outputs["y"].cosine
     assert split.outputs["y"].max_abs < plain.outputs["y"].max_abs
-    ops = Counter(n.op_type for n in onnx.load(tmp_path / "split" / INT8_FILE).graph.node)
+    int8 = onnx.load(tmp_path / "split" / INT8_FILE)
+    ops = Counter(n.op_type for n in int8.graph.node)
     assert ops["Gather"] == 1 and ops["QuantizeLinear"] == 1
+    assert ops["Mul"] == 1  # the model's own gain: the split's mask is gone, its Q reads h
+    (q,) = [n for n in int8.graph.node if n.op_type == "QuantizeLinear"]
+    assert q.input[0] == "h"
+    inits = {t.name: numpy_helper.to_array(t) for t in int8.graph.initializer}
+    weight = next(a for a in inits.values() if a.dtype == np.int8 and a.shape == (K, N))
+    assert not weight[OUTLIER].any() and weight.any()  # the outlier row zero, in int8 too
 
 
 def test_a_2d_matmul_is_not_a_candidate():

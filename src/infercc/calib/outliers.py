@@ -15,7 +15,9 @@ A channel is an outlier when its absolute maximum over the calibration samples e
 `MAX_CHANNELS` (8) channels can be outliers and a tensor with many large channels has none;
 only projections with at least `MIN_K` (64) input channels are considered. On all-MiniLM-L6-v2
 it split 11 of 24 projections (1 to 3 channels each) and raised the held-out minimum cosine,
-every projection in int8, from 0.9909 to 0.9948, for 0.54x instead of 0.50x the fp32 time.
+every projection in int8, from 0.9909 to 0.9948, for 0.54x instead of 0.50x the fp32 time
+(AMD Zen 4); with the split's int8 weight rows zeroed and its mask dropped, 0.9954 for 0.57x
+instead of 0.52x on an AMX host (docs/benchmarks.md).
 """
 
 from __future__ import annotations

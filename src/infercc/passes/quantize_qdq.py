@@ -159,6 +159,7 @@ class _Operand:
     zero_point: int = 0
     array: np.ndarray | None = None
     axis: int | None = None
+    source: Value | None = None  # what the activation's Q reads, when not `value` (a mask's X)
 
 
 # --------------------------------------------------------------------------- weights
@@ -402,6 +403,28 @@ def _label(node: Node, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
+def _unmasked(node: Node, value: Value) -> Value | None:
+    """X, where a MatMul's input `value` is Mul(X, m) by a 0/1 mask along the last axis that
+    this MatMul alone reads, and the MatMul's constant weight is zero on every row where m is 0
+    (split-outlier-channels writes both): quantizing X itself computes the same product, the
+    channels the mask zeroes meeting zero weights however they round or saturate, and the Mul
+    goes (one pass over the activation less)."""
+    mul = value.producer
+    if node.op_type != "MatMul" or mul is None or mul.op_type != "Mul" or not mul.is_standard:
+        return None
+    if len(value.uses()) != 1 or value.is_graph_output:
+        return None
+    x, mask = mul.input(0), const_value(mul.input(1))
+    weight = const_value(node.input(1))
+    if x is None or x.dtype != TensorProto.FLOAT or mask is None or weight is None:
+        return None
+    if mask.ndim != 1 or weight.ndim != 2 or weight.shape[0] != mask.size:
+        return None
+    if not np.isin(mask, (0.0, 1.0)).all() or np.any(weight[mask == 0.0]):
+        return None
+    return x
+
+
 def _is_dq_output(value: Value) -> bool:
     producer = value.producer
     return producer is not None and producer.op_type == "DequantizeLinear"
@@ -497,7 +520,8 @@ class _Rewriter:
         if problem:
             return problem
         scale, zero_point = activation_params(self.ranges[v.name], self.activations)
-        return _Operand(i, v, "activation", scale=scale, zero_point=zero_point)
+        source = _unmasked(node, v)
+        return _Operand(i, v, "activation", scale=scale, zero_point=zero_point, source=source)
 
     def _weight_operand(self, node: Node, i: int, v: Value, array: np.ndarray) -> _Operand | str:
         if array.dtype != np.float32:
@@ -518,6 +542,8 @@ class _Rewriter:
         value = operand.value
         if value not in self.shared:
             q, dq = self._qdq_nodes(value, operand.scale, operand.zero_point)
+            if operand.source is not None:  # the mask's X: the Mul is left to DCE
+                q.set_input(0, operand.source)
             self.graph.insert_before(before, [q, dq])
             self.shared[value] = dq.output
         return self.shared[value]

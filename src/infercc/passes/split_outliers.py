@@ -8,12 +8,15 @@ So, for a MatMul `X @ W` with a constant float32 weight W [K, N] and an activati
 >= 3 (a transformer's [batch, sequence, K] projections) whose calibrated channel maxima have
 outliers, the MatMul is split exactly:
 
-    X @ W  =  (X * m) @ W  +  X[..., idx] @ W[idx, :]
+    X @ W  =  (X * m) @ W0  +  X[..., idx] @ W[idx, :]
 
-where `idx` are the outlier channels and `m` is 1 everywhere but 0 there. The first MatMul is
-quantized as usual, and its input's range no longer holds the outliers; the second (k <= 8
-channels) stays float. The cost is a Mul by a constant mask, a Gather of k channels, a
-[..., k] x [k, N] MatMul and an Add per split projection. (LLM.int8() decomposes the same way,
+where `idx` are the outlier channels, `m` is 1 everywhere but 0 there, and W0 is W with the
+`idx` rows zeroed (they meet only zeros in X * m). The first MatMul is quantized as usual: its
+input's range no longer holds the outliers, and its weight's per-column scales are set by the
+channels it computes with; the second (k <= 8 channels) stays float. The cost is a Gather of
+k channels, a [..., k] x [k, N] MatMul and an Add per split projection, and the Mul by the
+mask, which quantize-qdq then drops (its Q reads X: the masked channels meet zero weights
+whatever they round to). (LLM.int8() decomposes the same way,
 choosing the channels per batch at run time; here they are fixed by calibration, so the graph
 stays static ONNX that onnxruntime and TensorRT run.) Exact: the mask zeroes exactly the
 channels the Gather picks, so the two products add up to X @ W (up to summation order).
@@ -136,6 +139,9 @@ def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
     mask_c = graph.make_constant(mask, f"{base}_outlier_mask")
     idx_c = graph.make_constant(idx, f"{base}_outlier_channels")
     w_out = graph.make_constant(weight[idx, :].copy(), f"{base}_outlier_weight")
+    inliers = weight.copy()
+    inliers[idx, :] = 0.0
+    w_in = graph.make_constant(inliers, f"{base}_inlier_weight")
     masked = graph.make_node("Mul", [x, mask_c], before=node, name=f"{base}_mask")
     picked = graph.make_node(
         "Gather", [x, idx_c], before=node, name=f"{base}_outlier_gather", attributes={"axis": -1}
@@ -147,6 +153,10 @@ def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
         made.output.dtype = TensorProto.FLOAT
     masked.output.shape = x.shape
     node.set_input(0, masked.output)
+    node.set_input(1, w_in)
+    if w.const is not None and not w.uses() and not w.is_graph_output:
+        if graph.initializers.get(w.name) is w:
+            graph.remove_initializer(w)
     out = node.output
     total_out = Value(graph.fresh_name(f"{base}_sum_out"), out.dtype, out.shape)
     total = Node(
