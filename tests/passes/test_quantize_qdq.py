@@ -699,3 +699,35 @@ def test_an_add_whose_input_has_no_pair_before_it_is_refused(residual_case):
 
 def _settings_of(ranges, **kwargs) -> QuantizeSettings:
     return QuantizeSettings(ranges=ranges, **kwargs)
+
+
+@pytest.mark.parametrize("rows_zero", [True, False])
+def test_a_mask_is_dropped_only_where_the_weight_rows_it_zeroes_are_zero(rows_zero) -> None:
+    """Mul(X, m) by a 0/1 mask read by one MatMul: its Q reads X when the weight rows where m
+    is 0 are zero (the outlier split's form: the masked channels meet zero weights), never
+    otherwise (they would meet real weights)."""
+    rng = np.random.default_rng(7)
+    mask = np.ones(16, np.float32)
+    mask[[2, 9]] = 0.0
+    w = _normal(rng, (16, 8), 0.3)
+    if rows_zero:
+        w[[2, 9]] = 0.0
+    nodes = [
+        oh.make_node("Mul", ["x", "m"], ["xm"], name="mask"),
+        oh.make_node("MatMul", ["xm", "w"], ["y"], name="proj"),
+    ]
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])
+    proto = _model(nodes, [x], [y], {"m": mask, "w": w})
+    model = import_model(proto)
+    ranges = {"xm": TensorRange("xm", -2.0, 2.0, 2.0 / 127, "minmax")}
+    ctx = PassContext(quantize=_settings_of(ranges, activations="uint8"))
+    run_passes(model, ctx, INT8.stages[1])  # quantize-qdq, then DCE
+    out = export_model(model)
+    (q,) = [n for n in out.graph.node if n.op_type == "QuantizeLinear"]
+    assert q.input[0] == ("x" if rows_zero else "xm")
+    assert ("Mul" in _ops(out)) is not rows_zero
+    x_in = rng.uniform(-1.9, 1.9, (2, 3, 16)).astype(np.float32)  # inside the range
+    x_in[..., [2, 9]] = [40.0, -40.0]  # the masked channels saturate where Q reads x
+    reference = (x_in * mask) @ w
+    assert np.abs(_run(out, {"x": x_in}) - reference).max() < 0.05
