@@ -9,50 +9,19 @@ import typer
 
 from infercc.cli.app import app
 from infercc.cli.common import (
+    AssumeOpt,
+    CalibrateShapeOpt,
     CustomOpLibOpt,
+    DisablePassOpt,
     JsonOpt,
+    PortableOpt,
     Progress,
+    TargetOpt,
     VerifyOpt,
     finish,
-    shared_option,
 )
 from infercc.errors import InferccError
 from infercc.precisions import INT8_COSINE_FLOOR
-
-# The build options calibrate shares with optimize: each declaration's flag (name, value type,
-# metavar), with what calibrate means by it.
-PortableOpt = shared_option(
-    "--portable",
-    "--int4: standard ONNX (int4 DequantizeLinear, opset 21) instead of onnxruntime's MatMulNBits.",
-)
-AssumeOpt = shared_option(
-    "--assume",
-    "--int4 MatMulNBits: state an assumption about the inputs (repeatable). "
-    "nonempty-sequences: no sequence is all padding and no prompt is padded on the "
-    "left, under which a decoder's attention becomes onnxruntime's GroupQueryAttention "
-    "(listed in the report).",
-)
-CalibrateShapeOpt = shared_option(
-    "--shape",
-    "--int4 without --data: pin an input's shape in the random inputs, e.g. "
-    "--shape input_ids=1x128 (repeatable; parsed and checked as optimize's --shape, "
-    "one shape, no range). A decoder's --shape pins one call: its batch and new "
-    "tokens (a prompt is fed in calls of that many), or its cache length.",
-)
-TargetOpt = shared_option(
-    "--target",
-    "Where the model will run: cpu (this host), a CPU row such as x86-avx2 or "
-    "x86-avx512-vnni (its int8 and int4 forms; `infercc targets` lists them), or a GPU. "
-    "A target that is not this host is evaluated as its Q/DQ graph, without the kernel "
-    "check and the speed race.",
-    default="cpu",
-)
-DisablePassOpt = shared_option(
-    "--disable-pass",
-    "Skip a pass of the calibrate-fp32 or int8 pipeline (with --int4: of "
-    "calibrate-int4, or calibrate-fp32 with --portable) by name (repeatable); "
-    "`infercc passes` lists them.",
-)
 
 
 @app.command(short_help="Quantize a model: int8 (QDQ) from real samples, or int4 weights.")
