@@ -16,6 +16,7 @@ from onnx import numpy_helper
 
 import infercc
 import infercc.calib.job as job_module
+from infercc.calib import forms
 from infercc.calib.calibrate import INT8_FILE, calibrate
 from infercc.calib.forms import (
     Int4Row,
@@ -80,6 +81,7 @@ def test_a_form_the_target_cannot_run_is_refused(target, bits, message):
 
 
 def test_the_kernel_check_names_the_cause(monkeypatch):
+    monkeypatch.setattr(forms, "_hardware_row", lambda: "x86-avx512-vnni")
     monkeypatch.setenv("INFERCC_CPU_CLASS", "x86-amx")
     plan = plan_int8("cpu")
     assert "onnxruntime#26324" in kernel_cause(plan, "1.23.2")
@@ -87,6 +89,10 @@ def test_the_kernel_check_names_the_cause(monkeypatch):
     assert "no known cause in onnxruntime 1.25.0 on x86-amx" in kernel_cause(plan, "1.25.0")
     monkeypatch.setenv("INFERCC_CPU_CLASS", "x86-avx2")
     assert "no known cause" in kernel_cause(plan_int8("cpu"), "1.23.2")
+    # a stated row decides the form, not the instructions onnxruntime runs: AMX hardware
+    # under a stated x86-avx2 row still has the bug
+    monkeypatch.setattr(forms, "_hardware_row", lambda: "x86-amx")
+    assert "onnxruntime#26324" in kernel_cause(plan_int8("cpu"), "1.23.2")
 
 
 def test_a_stated_row_that_does_not_exist_is_refused(monkeypatch):

@@ -10,8 +10,25 @@ import onnxruntime as ort
 import pytest
 from onnx import version_converter
 
+from infercc.analysis.cpu_classes import classify
+from infercc.analysis.targets import host_cpu_info
+from infercc.calib import kernels
 from infercc.calib.calibrate import INT8_FILE, calibrate
+from infercc.calib.forms import amx_bug
 from tests import zoo
+
+
+def _host_row() -> str | None:
+    info, _cores = host_cpu_info()
+    row = classify(info.arch, info.features)
+    return row.name if row else None
+
+
+# onnxruntime#26324 here: onnxruntime 1.21 to 1.24 on an AMX-INT8 host get some u8 x s8 Conv
+# shapes wrong (shufflenet's 3 -> 24 and 24-channel Convs; cosine 0.34 against fp32). Where so,
+# these tests run the real kernel check instead of the fixed answer tests/conftest.py gives,
+# and hold it to keeping those Convs float: the model infercc writes is then right here too.
+AMX_BUG = amx_bug(_host_row())
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +43,10 @@ def shufflenet_int8(tmp_path_factory):
     samples.mkdir()
     for i in range(6):
         np.savez(samples / f"{i}.npz", **zoo.image(model, seed=10 + i))
-    report = calibrate(path, samples, tmp / "int8", holdout=0.34, speed_check=False)
+    with pytest.MonkeyPatch.context() as mp:
+        if AMX_BUG:  # the real check (module comment)
+            mp.setattr("infercc.calib.job.broken_kernels", kernels.broken_kernels)
+        report = calibrate(path, samples, tmp / "int8", holdout=0.34, speed_check=False)
     return model, report, tmp / "int8" / INT8_FILE
 
 
@@ -42,8 +62,12 @@ def test_shufflenet_batchnorm_is_folded_and_convs_quantized(shufflenet_int8):
     ops = Counter(n.op_type for n in onnx.load(int8).graph.node)
     assert ops["BatchNormalization"] == 0  # every BN follows a Conv: folded before quantizing
     convs = sum(n.op_type == "Conv" for n in original.graph.node)
-    assert _runtime_kept(report) == []  # the kernel check's answer is fixed (tests/conftest.py)
-    assert ops["Conv"] == convs and report.quantized_nodes >= convs
+    runtime = _runtime_kept(report)
+    if AMX_BUG:  # the real check found the Convs this onnxruntime gets wrong, kept them float
+        assert runtime and all("26324" in k.reason for k in report.kept_float if k.node in runtime)
+    else:
+        assert runtime == []  # the kernel check's answer is fixed (tests/conftest.py)
+    assert ops["Conv"] == convs and report.quantized_nodes >= convs - len(runtime)
     # 7-bit weights (the x86-avx2 form every host builds in tests): 0.976 here; 8-bit: 0.98+
     assert report.outputs[original.graph.output[0].name].cosine > 0.97
     assert report.int8.weight_bits == 7 and report.int8.on_host

@@ -183,7 +183,7 @@ def kernel_cause(plan: Int8Plan, version: str | None = None) -> str:
     """Why onnxruntime's fused int8 kernel on this host can disagree with its Q/DQ graph, and
     what to do: the remedy the report names beside a node kept in float."""
     version = version or ort.__version__
-    if amx_bug(plan.host_row, version):
+    if amx_bug(plan.host_row, version) or amx_bug(_hardware_row(), version):
         return (
             f"onnxruntime {version} computes some u8 x s8 products wrong on AMX-INT8 CPUs "
             "(onnxruntime#26324, fixed in 1.25): kept in float; upgrade onnxruntime to 1.25 or "
@@ -193,6 +193,17 @@ def kernel_cause(plan: Int8Plan, version: str | None = None) -> str:
         f"no known cause in onnxruntime {version} on {plan.host_row or 'this CPU'}: kept in "
         "float, so the model computes what its Q/DQ graph means"
     )
+
+
+def _hardware_row() -> str | None:
+    """The row this host's CPU flags give, whatever row INFERCC_CPU_CLASS states: onnxruntime's
+    kernels pick their instructions from the hardware, not from the stated row."""
+    from infercc.analysis.cpu_classes import classify
+    from infercc.analysis.targets import host_cpu_info
+
+    info = host_cpu_info()[0]
+    row = classify(info.arch, info.features)
+    return None if row is None else row.name
 
 
 def amx_bug(host_row: str | None, version: str | None = None) -> bool:
