@@ -59,11 +59,10 @@ def host_facts() -> dict:
     """The host's CPU, row, cores, GEMM rate (GFLOP/s) and copy bandwidth (GB/s), as data."""
     import onnxruntime as ort
 
-    from infercc.analysis.cpu_classes import classify
     from infercc.analysis.targets import CPU_CLASS_ENV, host_cpu_info, measure_copy_bandwidth
 
     info, cores = host_cpu_info()
-    detected = classify(info.arch, info.features)
+    detected = info.detected_row
     return {
         "cpu": info.model,
         "cpu_class": None if detected is None else detected.name,  # detected, never stated

@@ -48,11 +48,10 @@ TEST_CPU_CLASS = "x86-avx2"
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """The host first: its CPU and CPU row (what int8 speed and kernels depend on), and the
     row the tests' int8 builds take on every host."""
-    from infercc.analysis.cpu_classes import classify
     from infercc.analysis.targets import host_cpu_info
 
     info, cores = host_cpu_info()
-    detected = classify(info.arch, info.features)
+    detected = info.detected_row
     row = detected.name if detected else "no CPU row"
     stated = os.environ.get(CPU_CLASS_ENV) or TEST_CPU_CLASS
     return [

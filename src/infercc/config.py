@@ -1116,10 +1116,16 @@ def fp16_passes() -> tuple[str, ...]:
 def option_passes(option: str) -> tuple[str, ...]:
     """The passes that read `PassContext` option `option`: those that declare it at
     registration (`register_pass(..., reads=...)`)."""
+    return _declaring("reads", option)
+
+
+def _declaring(declaration: str, name: str) -> tuple[str, ...]:
+    """The registered passes whose declaration `declaration` (a `PassInfo` field: reads,
+    assumptions) names `name`."""
     import infercc.passes  # noqa: F401  (registers the passes)
     from infercc.passes.manager import REGISTRY
 
-    return tuple(p for p, info in REGISTRY.items() if option in info.reads)
+    return tuple(p for p, info in REGISTRY.items() if name in getattr(info, declaration))
 
 
 def _fp16_needs_convert_pass(c: BuildConfig) -> Broken:
@@ -1272,10 +1278,7 @@ def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
 def assumption_passes(name: str) -> tuple[str, ...]:
     """The passes whose rewrites assumption `name` can enable: those that declare it at
     registration (`register_pass(..., assumptions=...)`)."""
-    import infercc.passes  # noqa: F401  (registers the passes)
-    from infercc.passes.manager import REGISTRY
-
-    return tuple(p for p, info in REGISTRY.items() if name in info.assumptions)
+    return _declaring("assumptions", name)
 
 
 def _assumptions_need_their_passes(c: BuildConfig) -> Broken:

@@ -10,25 +10,15 @@ import onnxruntime as ort
 import pytest
 from onnx import version_converter
 
-from infercc.analysis.cpu_classes import classify
-from infercc.analysis.targets import host_cpu_info
-from infercc.calib import kernels
+from infercc.calib import forms, kernels
 from infercc.calib.calibrate import INT8_FILE, calibrate
-from infercc.calib.forms import amx_bug
 from tests import zoo
-
-
-def _host_row() -> str | None:
-    info, _cores = host_cpu_info()
-    row = classify(info.arch, info.features)
-    return row.name if row else None
-
 
 # onnxruntime#26324 here: onnxruntime 1.21 to 1.24 on an AMX-INT8 host get some u8 x s8 Conv
 # shapes wrong (shufflenet's 3 -> 24 and 24-channel Convs; cosine 0.34 against fp32). Where so,
 # these tests run the real kernel check instead of the fixed answer tests/conftest.py gives,
 # and hold it to keeping those Convs float: the model infercc writes is then right here too.
-AMX_BUG = amx_bug(_host_row())
+AMX_BUG = forms.amx_bug(forms._hardware_row())
 
 
 @pytest.fixture(scope="module")

@@ -686,19 +686,15 @@ def test_an_add_whose_input_has_no_pair_before_it_is_refused(residual_case):
     int8 input at all, a transformer's residual, is not explained)."""
     proto, ranges = residual_case
     model = import_model(proto)
-    ctx = PassContext(quantize=_settings_of(ranges, exclude=("conv5",), activations="uint8"))
+    ctx = PassContext(quantize=QuantizeSettings(ranges, exclude=("conv5",), activations="uint8"))
     report = run_passes(model, ctx, ["quantize-qdq"]).details("quantize-qdq")
     assert report.adds == ["residual3"]
     refused = [(r.node, r.reason, r.at) for r in ctx.refusals if r.op_type == "Add"]
     assert refused == [("residual2", "input 'c5' has no Q/DQ pair before the Add", "tensor 'c5'")]
     block = import_model(transformer_block())  # residual Adds of float projections: no word
-    ctx = PassContext(quantize=_settings_of(_fixed_ranges(block), activations="uint8"))
+    ctx = PassContext(quantize=_settings(block, activations="uint8"))
     assert run_passes(block, ctx, ["quantize-qdq"]).details("quantize-qdq").adds == []
     assert not [r for r in ctx.refusals if r.op_type == "Add"]
-
-
-def _settings_of(ranges, **kwargs) -> QuantizeSettings:
-    return QuantizeSettings(ranges=ranges, **kwargs)
 
 
 @pytest.mark.parametrize("rows_zero", [True, False])
@@ -721,7 +717,7 @@ def test_a_mask_is_dropped_only_where_the_weight_rows_it_zeroes_are_zero(rows_ze
     proto = _model(nodes, [x], [y], {"m": mask, "w": w})
     model = import_model(proto)
     ranges = {"xm": TensorRange("xm", -2.0, 2.0, 2.0 / 127, "minmax")}
-    ctx = PassContext(quantize=_settings_of(ranges, activations="uint8"))
+    ctx = PassContext(quantize=QuantizeSettings(ranges, activations="uint8"))
     run_passes(model, ctx, INT8.stages[1])  # quantize-qdq, then DCE
     out = export_model(model)
     (q,) = [n for n in out.graph.node if n.op_type == "QuantizeLinear"]

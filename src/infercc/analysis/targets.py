@@ -297,6 +297,12 @@ class CpuInfo:
         architecture)."""
         if self.row_name is not None:
             return cpu_classes.get_class(self.row_name)
+        return self.detected_row
+
+    @property
+    def detected_row(self) -> cpu_classes.CpuClass | None:
+        """The row these flags put the CPU in, whatever row is stated: the instructions
+        onnxruntime's kernels pick (None: another architecture)."""
         return cpu_classes.classify(self.arch, self.features)
 
 
@@ -380,7 +386,7 @@ def cpu_target(
     if row is not None:
         description += f"; CPU class {row.name}"
     if info.row_name is not None:
-        detected = cpu_classes.classify(info.arch, info.features)
+        detected = info.detected_row
         description += f" (from {CPU_CLASS_ENV}; detected {detected.name if detected else 'none'})"
     return Target(
         "cpu",

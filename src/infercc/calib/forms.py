@@ -198,11 +198,9 @@ def kernel_cause(plan: Int8Plan, version: str | None = None) -> str:
 def _hardware_row() -> str | None:
     """The row this host's CPU flags give, whatever row INFERCC_CPU_CLASS states: onnxruntime's
     kernels pick their instructions from the hardware, not from the stated row."""
-    from infercc.analysis.cpu_classes import classify
     from infercc.analysis.targets import host_cpu_info
 
-    info = host_cpu_info()[0]
-    row = classify(info.arch, info.features)
+    row = host_cpu_info()[0].detected_row
     return None if row is None else row.name
 
 
