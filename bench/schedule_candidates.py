@@ -116,7 +116,7 @@ REJECTED = [("regions", _regions), ("generations", _generations)]
 
 def measure(name: str, proto: onnx.ModelProto) -> dict:
     model = import_model(proto)
-    run_passes(model, PassContext(fold_limit=FOLD_LIMIT), disabled=["schedule-memory"])
+    run_passes(model, PassContext(options={"fold_limit": FOLD_LIMIT}), disabled=["schedule-memory"])
     shapes = resolve_shapes(export_model(model, with_weights=False), None)
     sizes, _ = value_sizes(model, shapes)
     deps = schedule.Dependencies.of(model.graph)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -209,14 +209,12 @@ def _run_stage(job: Job, stage: Stage, bodies: BodyTracker) -> PipelineReport:
 def stage_context(
     config: BuildConfig, profile: Mapping[str, tuple[int, ...]] | None = None, **inputs: Any
 ) -> PassContext:
-    """`config.pass_context(profile)` with a stage's own inputs set (`quantize` settings,
-    `outlier_channels`): the one way a build makes a PassContext."""
+    """`config.pass_context(profile)` with a stage's own options set (`quantize` settings,
+    `outlier_channels`: registered context options, checked against their types): the one way
+    a build makes a PassContext."""
     ctx = config.pass_context(profile)
-    unknown = sorted(set(inputs) - {f.name for f in fields(ctx)})
-    if unknown:
-        raise TypeError(f"PassContext has no field {unknown[0]!r}")
     for name, value in inputs.items():
-        setattr(ctx, name, value)
+        ctx.set_option(name, value)
     return ctx
 
 

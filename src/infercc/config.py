@@ -827,7 +827,7 @@ class BuildConfig:
 
     @property
     def fold_limit_bytes(self) -> int:
-        from infercc.passes.manager import DEFAULT_FOLD_LIMIT
+        from infercc.passes.fold_constants import DEFAULT_FOLD_LIMIT
 
         return self.fold_limit if self.fold_limit is not None else DEFAULT_FOLD_LIMIT
 
@@ -859,20 +859,21 @@ class BuildConfig:
     def pass_context(self, profile: Mapping[str, tuple[int, ...]] | None = None) -> Any:
         """The `PassContext` a build with this config runs its passes in (the same for
         `optimize` and `validate --bisect`); `profile` is the input shapes passes size for."""
-        from infercc.passes.manager import Fp16Settings, PassContext
+        from infercc.passes.fp16 import Fp16Settings
+        from infercc.passes.manager import PassContext
 
-        ctx = PassContext(
-            target="cpu" if is_cpu(self.target) else self.target,  # CPU rows rewrite alike
-            portable=self.portable,
-            fold_limit=self.fold_limit_bytes,
-            verify=self.verify,
-        )
-        ctx.backend = self.backend if self.backend in ("ort", "tensorrt") else "ort"
-        ctx.shapes = profile
-        ctx.assumptions = frozenset(self.assume)
+        options: dict[str, Any] = {"fold_limit": self.fold_limit_bytes, "shapes": profile}
         if self.precision == "fp16":
-            ctx.fp16 = Fp16Settings(self.fp16_io, tuple(self.keep_fp32), self.range_map or None)
-        return ctx
+            keep = tuple(self.keep_fp32)
+            options["fp16"] = Fp16Settings(self.fp16_io, keep, self.range_map or None)
+        return PassContext(
+            target="cpu" if is_cpu(self.target) else self.target,  # CPU rows rewrite alike
+            backend=self.backend if self.backend in ("ort", "tensorrt") else "ort",
+            portable=self.portable,
+            options=options,
+            verify=self.verify,
+            assumptions=frozenset(self.assume),
+        )
 
     # -- the backend --------------------------------------------------------------------------
 

@@ -284,7 +284,7 @@ def test_quantize_int4_is_a_pass_whose_float_nodes_are_refusals():
     from infercc.passes.pipelines import INT4
 
     ir = import_model(_three_projections())
-    ctx = PassContext(int4=Int4Settings(Int4Options(exclude=("p1",))), verify=True)
+    ctx = PassContext(options={"int4": Int4Settings(Int4Options(exclude=("p1",)))}, verify=True)
     report = run_passes(ir, ctx, INT4.passes)
     assert report.passes["quantize-int4"].counts == {
         "quantized": 2,
@@ -304,7 +304,8 @@ def test_quantize_int4_honours_a_rewrite_limit():
     from infercc.passes import Int4Settings, PassContext, run_passes
 
     ir = import_model(_three_projections())
-    ctx = PassContext(int4=Int4Settings(Int4Options()), rewrite_limits={"quantize-int4": 1})
+    settings = Int4Settings(Int4Options())
+    ctx = PassContext(options={"int4": settings}, rewrite_limits={"quantize-int4": 1})
     details = run_passes(ir, ctx, ["quantize-int4"]).details("quantize-int4")
     assert details.quantized == ["p0"]
     assert set(details.kept_float) == {"p1", "p2"}
@@ -341,7 +342,7 @@ def test_refusals_name_the_input_where_the_weight_failed():
         "batched": rng.standard_normal((2, 32, 32)).astype(np.float32),
     }
     ir = import_model(_model(nodes, [x], [y], weights))
-    ctx = PassContext(int4=Int4Settings(Int4Options()))
+    ctx = PassContext(options={"int4": Int4Settings(Int4Options())})
     details = run_passes(ir, ctx, ["quantize-int4"]).details("quantize-int4")
     assert details.quantized == []
     got = {r.node: (r.reason, r.at) for r in ctx.refusals}

@@ -338,8 +338,8 @@ def test_every_rebuild_gets_the_recorded_pass_context(tmp_path: Path, monkeypatc
     )
     assert not report.passed and report.bisect.trials == len(seen) > 1
     for ctx in seen:
-        assert (ctx.portable, ctx.fold_limit, ctx.backend) == (True, 2**20, "ort")
-        assert ctx.fp16.keep_fp32 == ("Softmax",)
+        assert (ctx.portable, ctx.option("fold_limit"), ctx.backend) == (True, 2**20, "ort")
+        assert ctx.option("fp16").keep_fp32 == ("Softmax",)
 
 
 def test_validate_target_without_effect_is_refused(reference: Path, tmp_path: Path) -> None:

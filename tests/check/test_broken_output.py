@@ -45,8 +45,9 @@ def _bake_shape(graph, ctx):
     """Bakes Shape(a) at the profile's shape: the Reshape then fails at another batch."""
     n = 0
     for node in list(graph.nodes):
-        if node.op_type == "Shape" and ctx.shapes and ctx.allow_rewrite(node):
-            const = graph.make_constant(np.array(ctx.shapes["x"], np.int64), "baked")
+        shapes = ctx.option("shapes")
+        if node.op_type == "Shape" and shapes and ctx.allow_rewrite(node):
+            const = graph.make_constant(np.array(shapes["x"], np.int64), "baked")
             graph.replace_all_uses_with(node.output, const)
             graph.remove(node)
             n += 1

@@ -124,8 +124,9 @@ def _bake_batch(graph, ctx):
     baking the symbolic batch into a constant."""
     n = 0
     for node in list(graph.nodes):
-        if node.op_type == "Shape" and ctx.shapes and ctx.allow_rewrite(node):
-            dims = ctx.shapes[node.input(0).name]
+        shapes = ctx.option("shapes")
+        if node.op_type == "Shape" and shapes and ctx.allow_rewrite(node):
+            dims = shapes[node.input(0).name]
             const = graph.make_constant(np.array(dims, np.int64), "baked_shape")
             graph.replace_all_uses_with(node.output, const)
             graph.remove(node)

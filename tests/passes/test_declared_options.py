@@ -17,9 +17,10 @@ from infercc.config import BuildConfig
 from infercc.errors import InferccError, PassError
 from infercc.ir import import_model
 from infercc.passes import OPTIONS, REGISTRY, PassContext, declarations_table, run_passes
-from infercc.passes.manager import Int4Settings, PassResult, register_pass
+from infercc.passes.fp16 import Fp16Settings
+from infercc.passes.manager import PassResult, register_option, register_pass
 from infercc.passes.pipelines import CALIBRATE_INT4, FP16, INT4, INT8, OPTIMIZE
-from infercc.passes.quantize_int4 import Int4Options
+from infercc.passes.quantize_int4 import Int4Options, Int4Settings
 from tests.decoders import tiny_decoder
 from tests.helpers import make_model, run_cli
 
@@ -56,7 +57,7 @@ def temporary_pass():
 
 def _reads(option: str):
     def reader(graph, ctx):
-        getattr(ctx, option)
+        ctx.option(option) if option in OPTIONS else getattr(ctx, option)
         return PassResult(False)
 
     return reader
@@ -77,7 +78,7 @@ def test_a_pass_reading_an_undeclared_option_fails(temporary_pass) -> None:
 def test_a_pass_that_catches_the_error_still_fails(temporary_pass) -> None:
     def swallows(graph, ctx):
         try:
-            assert ctx.shapes is None
+            assert ctx.option("shapes") is None
         except InferccError:
             pass
         return PassResult(False)
@@ -98,7 +99,7 @@ def test_shared_facts_need_no_declaration_and_outside_a_pass_nothing_is_enforced
     ctx = PassContext()
     run_passes(relu_model(), ctx, [name])
     assert ctx.options_read[name] == {"target", "backend", "portable", "fused_ops_allowed"}
-    assert ctx.fold_limit > 0 and ctx.quantize is None  # the caller reads what it likes
+    assert ctx.option("fold_limit") > 0 and ctx.option("quantize") is None  # outside: no rule
 
 
 def test_a_pass_reading_the_assumptions_directly_fails(temporary_pass) -> None:
@@ -110,8 +111,48 @@ def test_a_pass_reading_the_assumptions_directly_fails(temporary_pass) -> None:
         run_passes(relu_model(), ctx, [name])
 
 
+def test_each_option_is_registered_by_the_module_of_the_pass_that_reads_it() -> None:
+    """An option belongs to its pass's module (TVM's pass-config keys): it is registered there
+    with its type and default, and every pass that declares it is defined in that module or
+    reads it through that module's handle."""
+    owners = {name: option.owner for name, option in OPTIONS.items()}
+    assert owners == {
+        "fold_limit": "infercc.passes.fold_constants",
+        "fp16": "infercc.passes.fp16",
+        "int4": "infercc.passes.quantize_int4",
+        "outlier_channels": "infercc.passes.split_outliers",
+        "quantize": "infercc.passes.quantize_qdq",
+        "shapes": "infercc.passes.schedule",
+    }
+    for info in REGISTRY.values():
+        for name in info.reads:
+            assert info.fn.__module__ == owners[name], (info.name, name)
+    assert PassContext().option("fp16") == Fp16Settings()  # its record's defaults
+    with pytest.raises(InferccError, match="'fold_limit' is registered twice"):
+        register_option("fold_limit", int, "a second owner", 1)
+
+
+def test_an_option_of_the_wrong_type_or_name_is_refused() -> None:
+    with pytest.raises(InferccError, match="'fold_limit' takes int, not str"):
+        PassContext(options={"fold_limit": "1MiB"})
+    with pytest.raises(InferccError, match="'quantise' is no pass context option"):
+        PassContext(options={"quantise": None})
+    with pytest.raises(InferccError, match=r"'int4' takes Int4Settings \| None, not dict"):
+        PassContext().set_option("int4", {"block_size": 32})
+
+
+def test_a_pass_reading_the_options_directly_fails(temporary_pass) -> None:
+    def peeks(graph, ctx):
+        ctx.options.get("fold_limit")
+        return PassResult(False)
+
+    name = temporary_pass("test-peeks", peeks, reads=("fold_limit",))
+    with pytest.raises(InferccError, match="reads the context's options directly"):
+        run_passes(relu_model(), PassContext(), [name])
+
+
 def test_declaring_what_is_no_option_or_condition_is_refused_at_registration() -> None:
-    with pytest.raises(InferccError, match="reads 'fp16_io', which is no PassContext option"):
+    with pytest.raises(InferccError, match="reads 'fp16_io', which is no registered context"):
         register_pass("test-bad-option", reads=("fp16_io",))  # now a field of the fp16 record
     with pytest.raises(InferccError, match="declares it reads 'target', which is no"):
         register_pass("test-bad-option", reads=("target",))  # shared: never declared
@@ -157,12 +198,12 @@ def observed(tmp_path_factory) -> dict[str, set[str]]:
     config = BuildConfig(verify=True, assume=(NONEMPTY_SEQUENCES,))
     run(config.pass_context(None), decoder, [CALIBRATE_INT4.passes])
     int4 = Int4Settings(Int4Options(block_size=16))
-    run(PassContext(int4=int4, verify=True), decoder, INT4.stages)
+    run(PassContext(options={"int4": int4}, verify=True), decoder, INT4.stages)
     _, proto = projection(tmp_path_factory.mktemp("projection"))
-    run(PassContext(outlier_channels={"proj": [OUTLIER]}, verify=True), import_model(proto),
-        INT8.stages[:1])
+    split = PassContext(options={"outlier_channels": {"proj": [OUTLIER]}}, verify=True)
+    run(split, import_model(proto), INT8.stages[:1])
     cnn = import_model(conv_net())
-    run(PassContext(quantize=_settings(cnn), verify=True), cnn, INT8.stages[1:])
+    run(PassContext(options={"quantize": _settings(cnn)}, verify=True), cnn, INT8.stages[1:])
     assert ran == set(REGISTRY), f"not exercised: {sorted(set(REGISTRY) - ran)}"
     return seen
 
@@ -226,6 +267,7 @@ def test_infercc_passes_lists_every_declaration() -> None:
     assert listed["convert-fp16"]["reads"] == ["fp16"]
     options = {o["name"]: o for o in data["options"]}
     assert options["fold_limit"]["type"] == "int" and options["target"]["kind"] == "shared"
+    assert options["quantize"]["owner"] == "infercc.passes.quantize_qdq"
     assert {c["name"] for c in data["conditions"]} == {"lint", "no-dead-nodes", "opset>=13"}
     text = run_cli("passes").stdout
     assert "reads quantize; requires opset>=13; ensures lint" in text

@@ -184,7 +184,7 @@ def test_random_normal_stays():
 
 
 def test_constant_of_shape_over_the_fold_limit_stays():
-    ctx = PassContext(fold_limit=1024)
+    ctx = PassContext(options={"fold_limit": 1024})
     original, out, report = _fold(
         """
         g (float[64,64] x) => (float[64,64] y) <int64[2] shp = {64, 64}> {
@@ -229,7 +229,7 @@ def test_balloon_size_is_predicted_before_evaluating(node, nbytes, monkeypatch):
     model.graph.outputs.append(next(n for n in model.graph if n.op_type != "Identity").output)
     monkeypatch.setattr(evaluate.Evaluator, "_session", boom)
     monkeypatch.setattr(evaluate, "reference", boom)
-    ctx = PassContext(fold_limit=1 << 20)
+    ctx = PassContext(options={"fold_limit": 1 << 20})
     run_passes(model, ctx, ["fold-constants"])
     assert any("fold limit" in why for _, why in _reasons(ctx))
 

@@ -39,7 +39,7 @@ def _convert(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, object
     """convert-fp16 with its options (`fp16_io` is Fp16Settings.io)."""
     if "fp16_io" in options:
         options["io"] = options.pop("fp16_io")
-    ctx = PassContext(fp16=Fp16Settings(**options))
+    ctx = PassContext(options={"fp16": Fp16Settings(**options)})
     out, report = optimize_proto(proto, PASSES, ctx)
     return out, report, ctx
 

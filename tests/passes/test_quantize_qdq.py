@@ -525,7 +525,7 @@ def _settings(model, **kwargs) -> QuantizeSettings:
 
 def test_the_pass_runs_in_the_int8_pipeline_with_lint_after_each_pass() -> None:
     model = import_model(conv_net())
-    ctx = PassContext(quantize=_settings(model), verify=True)
+    ctx = PassContext(options={"quantize": _settings(model)}, verify=True)
     report = run_passes(model, ctx, INT8.stages[1])
     model.graph.lint()
     details = report.details("quantize-qdq")
@@ -540,7 +540,7 @@ def test_kept_float_nodes_are_refusals_that_explain_shows() -> None:
     model = import_model(mlp())
     ranges = _fixed_ranges(model)
     del ranges["r"]  # mm2's input has no range
-    ctx = PassContext(quantize=QuantizeSettings(ranges, exclude=("mm1",)))
+    ctx = PassContext(options={"quantize": QuantizeSettings(ranges, exclude=("mm1",))})
     report = run_passes(model, ctx, ["quantize-qdq"])
     kept = report.details("quantize-qdq").kept_float
     assert kept == {"mm1": "excluded by name", "mm2": "no calibrated range for input 'r'"}
@@ -552,7 +552,8 @@ def test_a_rewrite_limit_quantizes_exactly_the_first_nodes() -> None:
     """Bisection over quantize-qdq: with a limit of k the first k targets are quantized."""
     for k in range(4):
         model = import_model(conv_net())
-        ctx = PassContext(quantize=_settings(model), rewrite_limits={"quantize-qdq": k})
+        limits = {"quantize-qdq": k}
+        ctx = PassContext(options={"quantize": _settings(model)}, rewrite_limits=limits)
         report = run_passes(model, ctx, ["quantize-qdq"], max_iterations=1)
         model.graph.lint()
         assert report.details("quantize-qdq").quantized == ["conv1", "conv2", "fc"][:k]
@@ -564,7 +565,7 @@ def test_a_second_run_changes_nothing() -> None:
     model = import_model(mlp())
     quantize_qdq(model, _fixed_ranges(import_model(mlp())))
     before = export_model(model).SerializeToString()
-    again = run_passes(model, PassContext(quantize=_settings(model)), ["quantize-qdq"])
+    again = run_passes(model, PassContext(options={"quantize": _settings(model)}), ["quantize-qdq"])
     assert not again.passes["quantize-qdq"].changed
     assert set(again.details("quantize-qdq").kept_float.values()) == {
         "already quantized (its inputs come from DQ nodes)"
@@ -686,13 +687,14 @@ def test_an_add_whose_input_has_no_pair_before_it_is_refused(residual_case):
     int8 input at all, a transformer's residual, is not explained)."""
     proto, ranges = residual_case
     model = import_model(proto)
-    ctx = PassContext(quantize=QuantizeSettings(ranges, exclude=("conv5",), activations="uint8"))
+    settings = QuantizeSettings(ranges, exclude=("conv5",), activations="uint8")
+    ctx = PassContext(options={"quantize": settings})
     report = run_passes(model, ctx, ["quantize-qdq"]).details("quantize-qdq")
     assert report.adds == ["residual3"]
     refused = [(r.node, r.reason, r.at) for r in ctx.refusals if r.op_type == "Add"]
     assert refused == [("residual2", "input 'c5' has no Q/DQ pair before the Add", "tensor 'c5'")]
     block = import_model(transformer_block())  # residual Adds of float projections: no word
-    ctx = PassContext(quantize=_settings(block, activations="uint8"))
+    ctx = PassContext(options={"quantize": _settings(block, activations="uint8")})
     assert run_passes(block, ctx, ["quantize-qdq"]).details("quantize-qdq").adds == []
     assert not [r for r in ctx.refusals if r.op_type == "Add"]
 
@@ -717,7 +719,7 @@ def test_a_mask_is_dropped_only_where_the_weight_rows_it_zeroes_are_zero(rows_ze
     proto = _model(nodes, [x], [y], {"m": mask, "w": w})
     model = import_model(proto)
     ranges = {"xm": TensorRange("xm", -2.0, 2.0, 2.0 / 127, "minmax")}
-    ctx = PassContext(quantize=QuantizeSettings(ranges, activations="uint8"))
+    ctx = PassContext(options={"quantize": QuantizeSettings(ranges, activations="uint8")})
     run_passes(model, ctx, INT8.stages[1])  # quantize-qdq, then DCE
     out = export_model(model)
     (q,) = [n for n in out.graph.node if n.op_type == "QuantizeLinear"]

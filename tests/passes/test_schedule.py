@@ -30,7 +30,7 @@ BIG = 64 * 64 * 4
 
 def run(proto: onnx.ModelProto, shapes: dict | None = None):
     model = import_model(proto)
-    ctx = PassContext(shapes=shapes)
+    ctx = PassContext(options={"shapes": shapes})
     result = schedule_memory(model.graph, ctx)
     model.graph.lint()
     return model, result, ctx
@@ -53,7 +53,7 @@ def test_greedy_order_lowers_the_peak_and_keeps_outputs():
     out = export_model(model)
     onnx.checker.check_model(out, full_check=True)
     assert_same_outputs(proto, out)
-    ctx2 = PassContext(shapes={"x": (64, 1)})
+    ctx2 = PassContext(options={"shapes": {"x": (64, 1)}})
     again = schedule_memory(model.graph, ctx2)
     assert not again.changed and again.stats["reordered"] == 0
     assert again.details == SchedulePeaks(256 + BIG + 4, 256 + BIG + 4)
@@ -69,7 +69,7 @@ def test_default_shapes_when_none_are_given():
 
 def test_pipeline_reaches_a_fixpoint():
     proto = parse(TWO_BRANCHES)
-    ctx = PassContext(shapes={"x": (64, 1)})
+    ctx = PassContext(options={"shapes": {"x": (64, 1)}})
     out, report = optimize_proto(proto, ["schedule-memory"], ctx)
     # a reordering pass runs once, after the fixpoint: no second round, no re-inference
     assert report.reached_fixpoint and report.iterations == 1

@@ -28,7 +28,7 @@ def _model(tmp_path):
 
 def test_the_split_in_the_int8_pipeline_is_exact_and_lints(tmp_path) -> None:
     model, proto = _model(tmp_path)
-    ctx = PassContext(outlier_channels={"proj": [OUTLIER]}, verify=True)
+    ctx = PassContext(options={"outlier_channels": {"proj": [OUTLIER]}}, verify=True)
     report = run_passes(model, ctx, INT8.stages[0])
     model.graph.lint()
     assert report.passes["split-outlier-channels"].runs == 1
@@ -54,7 +54,7 @@ def test_without_channels_the_pass_changes_nothing(tmp_path) -> None:
 )
 def test_channels_outside_the_input_are_refused(tmp_path, channels, reason) -> None:
     model, _ = _model(tmp_path)
-    ctx = PassContext(outlier_channels={"proj": channels})
+    ctx = PassContext(options={"outlier_channels": {"proj": channels}})
     report = run_passes(model, ctx, ["split-outlier-channels"])
     assert not report.passes["split-outlier-channels"].changed
     assert [r.node for r in report.refusals] == ["proj"] and reason in report.refusals[0].reason
@@ -70,7 +70,7 @@ def test_a_matmul_that_is_no_candidate_is_refused() -> None:
         [w],
     )
     model = import_model(make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
-    ctx = PassContext(outlier_channels={"mm": [OUTLIER]})
+    ctx = PassContext(options={"outlier_channels": {"mm": [OUTLIER]}})
     report = run_passes(model, ctx, ["split-outlier-channels"])
     assert candidates(model) == {} and not report.passes["split-outlier-channels"].changed
     assert [r.node for r in report.refusals] == ["mm"]
@@ -80,15 +80,15 @@ def test_a_matmul_that_is_no_candidate_is_refused() -> None:
 def test_a_name_not_in_the_graph_is_an_error(tmp_path) -> None:
     model, _ = _model(tmp_path)
     with pytest.raises(InferccError, match="not in the main graph: nope"):
-        run_passes(model, PassContext(outlier_channels={"nope": [1]}), ["split-outlier-channels"])
+        ctx = PassContext(options={"outlier_channels": {"nope": [1]}})
+        run_passes(model, ctx, ["split-outlier-channels"])
 
 
 def test_a_rewrite_limit_of_zero_splits_nothing(tmp_path) -> None:
     model, _ = _model(tmp_path)
     before = export_model(model).SerializeToString()
-    ctx = PassContext(
-        outlier_channels={"proj": [OUTLIER]}, rewrite_limits={"split-outlier-channels": 0}
-    )
+    limits = {"split-outlier-channels": 0}
+    ctx = PassContext(options={"outlier_channels": {"proj": [OUTLIER]}}, rewrite_limits=limits)
     report = run_passes(model, ctx, ["split-outlier-channels"])
     assert report.details("split-outlier-channels") == {} and report.refusals == []
     assert export_model(model).SerializeToString() == before

@@ -82,11 +82,12 @@ from infercc.data.samples import iter_samples
 from infercc.errors import InferccError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.outputs import Staging
-from infercc.passes.manager import QuantizeSettings, run_passes
+from infercc.passes.manager import run_passes
 from infercc.passes.pipelines import CALIBRATE_FP32, INT8
 from infercc.passes.quantize_qdq import (
     MIN_OPSET,
     QuantizeReport,
+    QuantizeSettings,
     activation_params,
     calibration_tensors,
     check_opset,

@@ -102,7 +102,6 @@ from infercc.ir import Model, export_model, load_model, save_model
 from infercc.outputs import Staging
 from infercc.passes.manager import (
     REGISTRY,
-    Int4Settings,
     Refusal,
     check_pass_names,
     run_passes,
@@ -123,6 +122,7 @@ from infercc.passes.quantize_int4 import (
     Blocks,
     Int4Options,
     Int4Report,
+    Int4Settings,
     check_block_size,
     check_symmetry,
     embedding_gathers,

@@ -13,14 +13,13 @@ from infercc.passes.manager import (
     DEFAULT_PIPELINE,
     OPTIONS,
     REGISTRY,
-    Fp16Settings,
-    Int4Settings,
     PassContext,
+    PassOption,
     PassResult,
     PipelineReport,
-    QuantizeSettings,
     condition,
     option_fields,
+    register_option,
     register_pass,
     run_passes,
 )
@@ -28,6 +27,10 @@ from infercc.passes.pipelines import PIPELINES, Pipeline, pipelines_of
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")  # registers the passes it defines
+
+from infercc.passes.fp16 import Fp16Settings  # noqa: E402  (each option's record, from its owner)
+from infercc.passes.quantize_int4 import Int4Settings  # noqa: E402
+from infercc.passes.quantize_qdq import QuantizeSettings  # noqa: E402
 
 __all__ = [
     "DEFAULT_PIPELINE",
@@ -37,12 +40,14 @@ __all__ = [
     "Fp16Settings",
     "Int4Settings",
     "PassContext",
+    "PassOption",
     "PassResult",
     "Pipeline",
     "PipelineReport",
     "QuantizeSettings",
     "catalog",
     "declarations_table",
+    "register_option",
     "register_pass",
     "run_passes",
 ]

@@ -20,7 +20,7 @@ condition is a constant always runs the same branch, and the branch's nodes alre
 outer-scope values directly. Never folded: quantization nodes (the backend needs them), random
 ops and Dropout in training mode with a non-zero ratio (folding would freeze one sample), nodes
 of other domains, Loop/Scan and other subgraph-holding nodes, nodes whose output is a sequence,
-map or optional (a constant is a tensor), and any result over `ctx.fold_limit` bytes (checked
+map or optional (a constant is a tensor), and any result over its option `fold_limit` bytes (checked
 before evaluating where the size is predictable). Graph outputs keep their names; no existing
 initializer is modified.
 
@@ -48,11 +48,23 @@ from infercc.passes.evaluate import (
     ir_version_for,
     predicted_nbytes,
 )
-from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.manager import (
+    PassContext,
+    PassOption,
+    PassResult,
+    register_option,
+    register_pass,
+)
 from infercc.passes.match import constant_node_tensor, default_opset, is_live
 from infercc.passes.rules import NoMatch, Rule, apply_rules, require
 
 log = logging.getLogger(__name__)
+
+DEFAULT_FOLD_LIMIT = 16 * 2**20
+
+FOLD_LIMIT: PassOption[int] = register_option(
+    "fold_limit", int, "the largest constant folding may create, bytes", DEFAULT_FOLD_LIMIT
+)
 
 NEVER_FOLD = {
     **dict.fromkeys(QUANTIZATION_OPS, "quantization node: kept for the backend"),
@@ -66,7 +78,7 @@ def fold_constants(graph: Graph, ctx: PassContext) -> PassResult:
     """Turn Constant nodes into initializers and evaluate what depends only on constants."""
     model = graph.model
     assert model is not None
-    folder = _Folder(model, ctx.fold_limit)
+    folder = _Folder(model, FOLD_LIMIT.read(ctx))
     run = apply_rules(graph, ctx, [Rule("folded", None, folder.check, _rewrite, False)])
     stats = {**dict.fromkeys(_KINDS, 0), **run.counts, "refused": len(run.refused)}
     evaluated = folder.evaluator.stats

@@ -14,9 +14,9 @@ take float16 at that input (a float32 node, a control-flow subgraph reading an o
 graph output) reads a Cast(to=FLOAT) of it instead (one per value, shared). A converted graph
 output is renamed and the Cast back takes its name, so outputs keep their names and types.
 
-With ctx.fp16.io True, float32 graph inputs and outputs become float16 too (their
-declared type_proto is updated, keeping dimension names): the model's interface changes, on
-request only.
+With `io` True in its option `fp16` (an `Fp16Settings`), float32 graph inputs and outputs
+become float16 too (their declared type_proto is updated, keeping dimension names): the
+model's interface changes, on request only.
 
 What it computes is not exact, by design: every converted tensor is rounded to float16 (11
 significant bits, finite range +-65504). These are the choices that keep the error at that
@@ -50,9 +50,9 @@ rounding, or keep float32 where float16 is unsafe:
   inf: its reader keeps float32 ("weight 'w' overflows fp16 (max ...)"). Clip's bounds are the
   exception: a bound beyond the float16 range saturates to +-inf, which clips a float16 value
   exactly as the float32 bound did.
-- With ctx.fp16.ranges (tensor name -> (min, max), from calibration), a node that produces
+- With `fp16.ranges` (tensor name -> (min, max), from calibration), a node that produces
   or reads a tensor whose range exceeds 65504 in magnitude keeps float32.
-- ctx.fp16.keep_fp32 lists op types or node names that keep float32.
+- `fp16.keep_fp32` lists op types or node names that keep float32.
 - Weights below float16's smallest subnormal (6e-8) flush to zero; no check is made for that.
 
 Every node kept in float32 is recorded with its reason through ctx.refuse, and in the
@@ -72,7 +72,7 @@ the conversions, and the fp16_io interface change is made whatever the limit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -83,7 +83,13 @@ from onnx import TensorProto
 
 from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import QUANTIZATION_OPS, RANDOM_OPS
-from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.manager import (
+    PassContext,
+    PassOption,
+    PassResult,
+    register_option,
+    register_pass,
+)
 from infercc.passes.match import const_value, default_opset
 from infercc.passes.rules import NoMatch, Rule, apply_rules
 
@@ -92,6 +98,26 @@ log = logging.getLogger(__name__)
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = 65504.0
 STAT_KEYS = ("nodes_fp16", "nodes_fp32_kept", "casts", "weights_converted")
+
+
+@dataclass(frozen=True)
+class Fp16Settings:
+    """What convert-fp16 reads (its option `fp16`): float16 graph inputs and outputs too
+    (`io`), the op types or node names kept in float32, and calibrated ranges (tensor name ->
+    (min, max)) that keep a node whose output would overflow float16 in float32."""
+
+    io: bool = False
+    keep_fp32: Sequence[str] = ()
+    ranges: Mapping[str, tuple[float, float]] | None = None
+
+
+FP16: PassOption[Fp16Settings] = register_option(
+    "fp16",
+    Fp16Settings,
+    "the float16 rewrite's options: float16 inputs and outputs, ops kept in float32, "
+    "calibrated ranges",
+    factory=Fp16Settings,
+)
 
 _ACCUMULATING = {
     "ReduceSum",
@@ -151,6 +177,7 @@ class _State:
     graph: Graph
     ctx: PassContext
     opset: int
+    settings: Fp16Settings
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STAT_KEYS, 0))
     plans: dict[Node, _Plan] = field(default_factory=dict)
     converted: dict[Value, int] = field(default_factory=dict)  # value -> original dtype
@@ -173,8 +200,8 @@ class _State:
 @register_pass("convert-fp16", reads=("fp16",))
 def convert_fp16(graph: Graph, ctx: PassContext) -> PassResult:
     """Convert float32 weights and compute to float16, keeping risky ops in float32."""
-    st = _State(graph, ctx, default_opset(graph))
-    fp16_io = bool(ctx.fp16.io)
+    st = _State(graph, ctx, default_opset(graph), FP16.read(ctx))
+    fp16_io = bool(st.settings.io)
     if fp16_io:
         _convert_inputs(st)
     rule = Rule("nodes_fp16", None, st.check, st.convert, standard_only=False)
@@ -212,7 +239,7 @@ def _decide(st: _State, node: Node) -> _Plan:
 def _exclusion(st: _State, node: Node) -> str | None:
     """Why a node touching float32 data keeps float32 whatever its types (None if it may not)."""
     op = node.op_type
-    keep = st.ctx.fp16.keep_fp32 or ()
+    keep = st.settings.keep_fp32 or ()
     if not node.is_standard:
         return f"non-standard domain '{node.domain}' (its kernels run float32 only)"
     if node.subgraphs():
@@ -340,7 +367,7 @@ def _attr_overflow_reason(node: Node) -> str | None:
 
 
 def _range_reason(st: _State, values: list[Value]) -> str | None:
-    ranges = st.ctx.fp16.ranges or {}
+    ranges = st.settings.ranges or {}
     for v in values:
         r = ranges.get(v.name)
         if r is not None and max(abs(float(r[0])), abs(float(r[1]))) > FP16_MAX:

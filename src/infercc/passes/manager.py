@@ -12,10 +12,12 @@ after the first `ctx.rewrite_limits[name]` of them; any pass can be cut off afte
 `ctx.run_limits[name]` runs. Without limits both hooks change nothing. Rules applied by
 `infercc.passes.rules` get both hooks from the driver.
 
-What a pass reads is in typed fields of `PassContext`: the facts every pass may read (target,
-backend, portable) and the options (the shape profile, fp16 and int8 settings, ...), each read
-only by the passes that declare it at registration (`register_pass(..., reads=...)`); reading
-an undeclared option inside a pass raises, as asking an undeclared assumption does. A pass also
+What a pass reads is in `PassContext`: the facts every pass may read (target, backend,
+portable) are its typed fields; the options (the shape profile, fp16 and int8 settings, ...)
+are registered, each with its type and default, by the module of the pass that owns it
+(`register_option`, as TVM registers pass-config keys), and read only by the passes that
+declare them at registration (`register_pass(..., reads=...)`); reading an undeclared option
+inside a pass raises, as asking an undeclared assumption does. A pass also
 declares what it requires of the graph it is given and what it ensures of its result
 (`CONDITIONS`, and `opset>=N` / `opset<=N`); the manager checks both under `verify`, where it
 lints after every pass. What a pass finds that is not a count (memory peaks, the nodes kept
@@ -28,10 +30,11 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infercc.errors import InferccError, PassError
 from infercc.ir.graph import Graph, IRError, Model, Node, Value, node_label
@@ -39,8 +42,6 @@ from infercc.ir.shapes import infer_shapes
 from infercc.passes.pipelines import OPTIMIZE
 
 log = logging.getLogger(__name__)
-
-DEFAULT_FOLD_LIMIT = 16 * 2**20
 
 
 @dataclass
@@ -69,54 +70,74 @@ def where(at: Node | Value) -> str:
     return node_label(at) if isinstance(at, Node) else f"tensor {at.name!r}"
 
 
-@dataclass(frozen=True)
-class QuantizeSettings:
-    """What quantize-qdq reads (`infercc.passes.quantize_qdq`): a calibrated range per
-    activation (an object with `min`, `max` and `scale`, as `infercc.calib.TensorRange`), the
-    node names kept float, and the form of the quantization."""
-
-    ranges: Mapping[str, Any]
-    exclude: tuple[str, ...] = ()
-    per_channel: bool = True
-    output_qdq: bool = True
-    activations: str = "int8"
-    activation_matmuls: bool = True
-    weight_bits: int = 8  # 7: weights within +-64, for CPUs whose int8 kernels sum pairs in int16
-
-
-
-@dataclass(frozen=True)
-class Fp16Settings:
-    """What convert-fp16 reads (`infercc.passes.fp16`): float16 graph inputs and outputs too
-    (`io`), the op types or node names kept in float32, and calibrated ranges (tensor name ->
-    (min, max)) that keep a node whose output would overflow float16 in float32."""
-
-    io: bool = False
-    keep_fp32: Sequence[str] = ()
-    ranges: Mapping[str, tuple[float, float]] | None = None
-
-
-@dataclass(frozen=True)
-class Int4Settings:
-    """What quantize-int4 reads (`infercc.passes.quantize_int4`): its `Int4Options`, the
-    method that gives each weight's blocks (`(node name, W [K, N]) -> Blocks`; None: round to
-    nearest) and AWQ's per-input-channel scales by node name."""
-
-    options: Any
-    method: Callable[[str, Any], Any] | None = None
-    input_scales: Mapping[str, Any] = field(default_factory=dict)
-
 SHARED = "shared"  # a fact every pass may read
 OPTION = "option"  # read only by the passes that declare it: register_pass(..., reads=...)
 ASSUMPTIONS = "assumptions"  # asked only through PassContext.stated / assumes
+OPTIONS_FIELD = "options"  # read only through PassContext.option / PassOption.read
 
 
 def _shared(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"kind": SHARED, "doc": doc})
 
 
-def _option(doc: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
-    return field(default=default, default_factory=factory, metadata={"kind": OPTION, "doc": doc})
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PassOption(Generic[T]):
+    """An option of the pass context, registered by the module of the pass that reads it (as
+    TVM registers a pass-config key with its type): its name, its type (`kind`, what a value
+    set for it must be an instance of), what it is, its default and the module that owns it.
+    A pass reads it with `OPTION.read(ctx)` (the typed form of `ctx.option(name)`), after
+    declaring it with `register_pass(..., reads=(name,))`."""
+
+    name: str
+    kind: Any
+    doc: str
+    default: Callable[[], T]
+    owner: str
+
+    def read(self, ctx: PassContext) -> T:
+        value: T = ctx.option(self.name)
+        return value
+
+    @property
+    def type_name(self) -> str:
+        """`int`, `QuantizeSettings | None`: the kind as one writes it."""
+        args = getattr(self.kind, "__args__", None)
+        if args is not None and getattr(self.kind, "__origin__", None) is None:  # a union
+            return " | ".join("None" if a is type(None) else a.__name__ for a in args)
+        return getattr(self.kind, "__name__", str(self.kind))
+
+
+OPTIONS: dict[str, PassOption[Any]] = {}
+
+
+def register_option(
+    name: str,
+    kind: Any,
+    doc: str,
+    default: Any = None,
+    factory: Callable[[], Any] | None = None,
+) -> PassOption[Any]:
+    """Register context option `name` (called at the top of the module of the pass that reads
+    it, before that pass's `register_pass`): a value set for it must be an instance of `kind`
+    (a class, or a union such as `QuantizeSettings | None`); unset, it is `factory()` or
+    `default`. Annotate the result where it is kept (`QUANTIZE: PassOption[QuantizeSettings |
+    None] = register_option(...)`) so that `read` is typed."""
+    caller = sys._getframe(1).f_globals.get("__name__", "?")
+    known = OPTIONS.get(name)
+    if known is not None and known.owner != caller:
+        raise InferccError(
+            f"context option {name!r} is registered twice ({known.owner} and {caller})",
+            "an option has one owner: read it from there",
+        )
+    if name in _KINDS:
+        raise InferccError(f"context option {name!r} would hide PassContext.{name}", "rename it")
+    make = factory if factory is not None else (lambda: default)
+    option: PassOption[Any] = PassOption(name, kind, doc, make, caller)
+    OPTIONS[name] = option
+    return option
 
 
 @dataclass
@@ -124,35 +145,24 @@ class PassContext:
     """What passes may know about the job (target, inputs of the passes that need them) and a
     log of refusals and rewrites.
 
-    The shared facts (`target`, `backend`, `portable`, `fused_ops_allowed`) every pass may
-    read; an option only the passes that declare it (`register_pass(..., reads=(name,))`),
-    else reading it inside the pass raises. `assumptions`: what the user stated about the
+    The shared facts (`target`, `backend`, `portable`, `fused_ops_allowed`) every pass may read. The
+    options (`options`: name -> value) are registered by the modules of the passes that read them
+    (`register_option`, each with its type and default); a pass reads one (`OPTION.read(ctx)`) only
+    when it declares it (`register_pass(..., reads=(name,))`), else the read raises, as does reading
+    `options` directly. `verify` is the manager's. `assumptions`: what the user stated about the
     inputs (`infercc.assumptions`); a rewrite exact only under one asks `assumes(name)`, which
-    records the use (`assumed`: assumption -> pass -> rewrites) for the report. Every read
-    of a shared fact or option inside a pass is recorded in `options_read` (pass -> names).
+    records the use (`assumed`: assumption -> pass -> rewrites) for the report. Every read of a
+    shared fact or option inside a pass is recorded in `options_read` (pass -> names).
     `BuildConfig.pass_context` fills it for a build.
     """
 
     target: str = _shared("cpu", "the target rewrites are for ('cpu' for every CPU row)")
     backend: str = _shared("ort", "the runtime the output is for: ort or tensorrt")
     portable: bool = _shared(False, "standard ONNX only: no onnxruntime contrib op")
-    fold_limit: int = _option("the largest constant folding may create, bytes", DEFAULT_FOLD_LIMIT)
-    verify: bool = _option("lint and check declared conditions after every pass", False)
-    shapes: Mapping[str, tuple[int, ...]] | None = _option(
-        "the input shapes tensors are sized at (None: resolve_shapes' defaults)", None
+    options: dict[str, Any] = field(
+        default_factory=dict, metadata={"kind": OPTIONS_FIELD, "doc": "the registered options set"}
     )
-    fp16: Fp16Settings = _option(
-        "the float16 rewrite's options: float16 inputs and outputs, ops kept in float32, "
-        "calibrated ranges",
-        factory=Fp16Settings,
-    )
-    outlier_channels: Mapping[str, Sequence[int]] = _option(
-        "MatMul name -> input channels kept float", factory=dict
-    )
-    quantize: QuantizeSettings | None = _option("the ranges and form of int8 quantization", None)
-    int4: Int4Settings | None = _option(
-        "the options, method and input scales of int4 weight quantization", None
-    )
+    verify: bool = False  # the manager's: lint and check declared conditions after every pass
     assumptions: frozenset[str] = field(
         default=frozenset(), metadata={"kind": ASSUMPTIONS, "doc": "the user's --assume"}
     )
@@ -176,6 +186,28 @@ class PassContext:
                 if reader:
                     _check_read(self, reader, name, kind)
             return object.__getattribute__(self, name)
+
+    def __post_init__(self) -> None:
+        for name, value in self.options.items():
+            _check_option(name, value)
+
+    def option(self, name: str) -> Any:
+        """The value of context option `name` (its default when unset). Inside a pass, only
+        an option the pass declared (`register_pass(..., reads=...)`); the read is recorded
+        in `options_read`. Passes read through the option's typed handle: `OPTION.read(ctx)`."""
+        if name not in OPTIONS:
+            _check_option(name, None)
+        reader = self._reader
+        if reader:
+            _check_read(self, reader, name, OPTION)
+        given = object.__getattribute__(self, "options")
+        return given[name] if name in given else OPTIONS[name].default()
+
+    def set_option(self, name: str, value: Any) -> None:
+        """Set context option `name` (a registered `PassOption`; the value must be of its
+        kind)."""
+        _check_option(name, value)
+        self.options[name] = value
 
     def refuse(self, node: Node, reason: str, at: Node | Value | None = None) -> None:
         """Record that a rewrite at `node` did not fire, matching having failed `at` a node or
@@ -242,16 +274,36 @@ PassFn = Callable[[Graph, PassContext], PassResult]
 
 _KINDS: dict[str, str] = {f.name: f.metadata["kind"] for f in fields(PassContext) if f.metadata}
 _KINDS["fused_ops_allowed"] = SHARED
-OPTIONS: dict[str, str] = {n: k for n, k in _KINDS.items() if k == OPTION}
 
 
 def option_fields() -> list[dict[str, Any]]:
-    """The shared facts and options of `PassContext`: name, kind, type, what it is."""
-    return [
-        {"name": f.name, "kind": f.metadata["kind"], "type": str(f.type), "doc": f.metadata["doc"]}
+    """The shared facts of `PassContext` and the options the passes registered: name, kind,
+    type, what it is, and (an option) the module that owns it."""
+    shared = [
+        {"name": f.name, "kind": SHARED, "type": str(f.type), "doc": f.metadata["doc"]}
         for f in fields(PassContext)
-        if f.metadata.get("kind") in (SHARED, OPTION)
+        if f.metadata.get("kind") == SHARED
     ]
+    return shared + [
+        {"name": o.name, "kind": OPTION, "type": o.type_name, "doc": o.doc, "owner": o.owner}
+        for o in OPTIONS.values()
+    ]
+
+
+def _check_option(name: str, value: Any) -> None:
+    """Raise InferccError for an unregistered option name or a value not of its kind."""
+    option = OPTIONS.get(name)
+    if option is None:
+        raise InferccError(
+            f"{name!r} is no pass context option",
+            "options (registered by their passes): " + ", ".join(sorted(OPTIONS)),
+        )
+    kind = getattr(option.kind, "__origin__", option.kind)  # Mapping[str, X] -> Mapping
+    if value is not None and not isinstance(value, kind):
+        raise InferccError(
+            f"context option {name!r} takes {option.type_name}, not {type(value).__name__}",
+            f"see {option.owner}",
+        )
 
 
 def _check_read(ctx: PassContext, reader: str, name: str, kind: str) -> None:
@@ -265,6 +317,13 @@ def _check_read(ctx: PassContext, reader: str, name: str, kind: str) -> None:
             ctx,
             f"pass {reader!r} reads option {name!r} of its context, which it does not declare",
             f"register it with @register_pass({reader!r}, reads=({name!r},))",
+        )
+    if kind == OPTIONS_FIELD:
+        raise _undeclared(
+            ctx,
+            f"pass {reader!r} reads the context's options directly",
+            "read an option through its handle (OPTION.read(ctx)), and declare it with "
+            f"@register_pass({reader!r}, reads=(name,))",
         )
     if kind == ASSUMPTIONS:
         raise _undeclared(
@@ -382,8 +441,10 @@ def register_pass(
     unknown = [n for n in reads if n not in OPTIONS]
     if unknown:
         raise InferccError(
-            f"pass {name!r} declares it reads {unknown[0]!r}, which is no PassContext option",
-            "options: " + ", ".join(OPTIONS),
+            f"pass {name!r} declares it reads {unknown[0]!r}, which is no registered context "
+            "option",
+            "register it first, in the pass's module: register_option(name, type, doc, default)"
+            "; registered: " + ", ".join(OPTIONS),
         )
     for cond in (*requires, *ensures):
         condition(cond)

@@ -62,9 +62,10 @@ from onnx import TensorProto
 from infercc.errors import InferccError
 from infercc.ir import Graph, Model, Node, Tensor, Value
 from infercc.passes.manager import (
-    Int4Settings,
     PassContext,
+    PassOption,
     PassResult,
+    register_option,
     register_pass,
     run_passes,
 )
@@ -322,6 +323,22 @@ class Int4Options:
     exclude: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Int4Settings:
+    """What quantize-int4 reads (its option `int4`): its `Int4Options`, the method that gives
+    each weight's blocks (`(node name, W [K, N]) -> Blocks`; None: round to nearest) and AWQ's
+    per-input-channel scales by node name."""
+
+    options: Int4Options
+    method: Method | None = None
+    input_scales: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+
+INT4: PassOption[Int4Settings | None] = register_option(
+    "int4", Int4Settings | None, "the options, method and input scales of int4 weight quantization"
+)
+
+
 @dataclass
 class Int4Report:
     """What `quantize_int4` did: nodes quantized, kept float (with reasons), bytes."""
@@ -514,7 +531,7 @@ def quantize_int4(
     so its input is divided by s first (one shared Mul per input tensor).
     """
     settings = Int4Settings(options, method, dict(input_scales or {}))
-    report = run_passes(model, PassContext(int4=settings), ["quantize-int4"])
+    report = run_passes(model, PassContext(options={"int4": settings}), ["quantize-int4"])
     return report.details("quantize-int4")
 
 
@@ -522,11 +539,11 @@ def quantize_int4(
 def quantize_int4_pass(graph: Graph, ctx: PassContext) -> PassResult:
     """MatMul/Gemm weights (and embedding tables) to int4: MatMulNBits, or blocked
     DequantizeLinear."""
-    settings = ctx.int4
+    settings = INT4.read(ctx)
     model = graph.model
     if settings is None or model is None or graph is not model.graph:
         raise InferccError(
-            "quantize-int4 needs its options (PassContext.int4) and a model's main graph",
+            "quantize-int4 needs its options (its option `int4`) and a model's main graph",
             "run it through `infercc calibrate --int4`, or `quantize_int4(model, options)`",
         )
     report = _rewrite(model, settings, ctx)

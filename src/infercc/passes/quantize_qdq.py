@@ -1,6 +1,6 @@
 """quantize-qdq: rewrite the IR into a static INT8 QDQ model from calibrated ranges.
 
-The pass (reading `ctx.quantize`, a `QuantizeSettings`; `quantize_qdq(model, ranges)` runs it
+The pass (reading its option `quantize`, a `QuantizeSettings`; `quantize_qdq(model, ranges)` runs it
 on one model) puts ONNX QuantizeLinear/DequantizeLinear (Q/DQ) pairs where onnxruntime's CPU
 provider and TensorRT turn them into int8 kernels, and nowhere else:
 
@@ -94,8 +94,9 @@ from infercc.errors import InferccError
 from infercc.ir import Graph, Model, Node, Value
 from infercc.passes.manager import (
     PassContext,
+    PassOption,
     PassResult,
-    QuantizeSettings,
+    register_option,
     register_pass,
     run_passes,
 )
@@ -124,6 +125,26 @@ _FLOAT32_TINY = np.finfo(np.float32).tiny
 # int8: symmetric, zero point 0 (TensorRT's only form); uint8: asymmetric, which onnxruntime's
 # CPU kernels (u8 x s8, the VNNI instruction's own form) run fastest.
 ACTIVATION_TYPES = ("int8", "uint8")
+
+
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """What quantize-qdq reads (its option `quantize`): a calibrated range per activation (an
+    object with `min`, `max` and `scale`, as `infercc.calib.TensorRange`), the node names kept
+    float, and the form of the quantization."""
+
+    ranges: Mapping[str, Any]
+    exclude: tuple[str, ...] = ()
+    per_channel: bool = True
+    output_qdq: bool = True
+    activations: str = "int8"
+    activation_matmuls: bool = True
+    weight_bits: int = 8  # 7: weights within +-64, for CPUs whose int8 kernels sum pairs in int16
+
+
+QUANTIZE: PassOption[QuantizeSettings | None] = register_option(
+    "quantize", QuantizeSettings | None, "the ranges and form of int8 quantization"
+)
 
 
 @dataclass
@@ -261,11 +282,11 @@ def _check_activations(activations: str) -> None:
 @register_pass("quantize-qdq", once=True, reads=("quantize",), requires=("opset>=13",))
 def quantize_qdq_pass(graph: Graph, ctx: PassContext) -> PassResult:
     """Put QuantizeLinear/DequantizeLinear pairs on Conv, MatMul and Gemm from calibrated ranges."""
-    settings = ctx.quantize
+    settings = QUANTIZE.read(ctx)
     model = graph.model
     if settings is None or model is None or graph is not model.graph:
         raise InferccError(
-            "quantize-qdq needs calibrated ranges (PassContext.quantize) and a model's main graph",
+            "quantize-qdq needs calibrated ranges (its option `quantize`) and a model's main graph",
             "run it through `infercc calibrate`, or `quantize_qdq(model, ranges)`",
         )
     check_opset(model)
@@ -318,7 +339,7 @@ def quantize_qdq(
         activation_matmuls=activation_matmuls,
         weight_bits=weight_bits,
     )
-    report = run_passes(model, PassContext(quantize=settings), ["quantize-qdq"])
+    report = run_passes(model, PassContext(options={"quantize": settings}), ["quantize-qdq"])
     return report.details("quantize-qdq")
 
 

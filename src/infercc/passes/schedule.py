@@ -37,7 +37,7 @@ post-dominator tree (`networkx.immediate_dominators`) scheduled as units, and br
 a ResNet-like tower, Inception-like blocks, a U-Net) neither beats the better of greedy and
 depth_first; the zoo models already peak at the floor or at greedy's order.
 
-Sizes come from `infercc.analysis.memory.value_sizes` at the shape profile `ctx.shapes`
+Sizes come from `infercc.analysis.memory.value_sizes` at the shape profile, its option `shapes`
 (defaults of `infercc.data.signature.resolve_shapes` for inputs it does not pin); a value of
 unknown size counts as 0 bytes. The peak figures are the result's details, a `SchedulePeaks`
 (byte figures are not counts the manager could sum).
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import networkx as nx
@@ -57,9 +57,21 @@ from infercc.data.signature import resolve_shapes
 from infercc.errors import InferccError
 from infercc.ir.exporter import export_model
 from infercc.ir.graph import Graph, IRError, Node, Value, _free_inputs, _local_producer, cycle_error
-from infercc.passes.manager import PassContext, PassResult, register_pass
+from infercc.passes.manager import (
+    PassContext,
+    PassOption,
+    PassResult,
+    register_option,
+    register_pass,
+)
 
 log = logging.getLogger(__name__)
+
+SHAPES: PassOption[Mapping[str, tuple[int, ...]] | None] = register_option(
+    "shapes",
+    Mapping | None,
+    "the input shapes tensors are sized at (None: resolve_shapes' defaults)",
+)
 
 
 @register_pass("schedule-memory", final=True, reads=("shapes",))
@@ -70,7 +82,8 @@ def schedule_memory(graph: Graph, ctx: PassContext) -> PassResult:
         return PassResult(changed=False, stats={"reordered": 0})
     try:
         skeleton = export_model(model, with_weights=False)
-        shapes = resolve_shapes(skeleton, dict(ctx.shapes) if ctx.shapes is not None else None)
+        profile = SHAPES.read(ctx)
+        shapes = resolve_shapes(skeleton, dict(profile) if profile is not None else None)
     except InferccError as e:  # an input it cannot size (a sequence, say): leave the order
         log.info("schedule-memory skipped: %s", e)
         return PassResult(changed=False, stats={"reordered": 0})

@@ -21,11 +21,11 @@ choosing the channels per batch at run time; here they are fixed by calibration,
 stays static ONNX that onnxruntime and TensorRT run.) Exact: the mask zeroes exactly the
 channels the Gather picks, so the two products add up to X @ W (up to summation order).
 
-The pass reads `ctx.outlier_channels` (MatMul name -> channels) and splits those MatMuls of the
-main graph, one rule (`infercc.passes.rules`) on MatMul: a named MatMul that is no candidate
-(`candidates`), or whose channels fall outside its K, is refused with the reason. It runs once
-per pipeline (`once`): the split MatMul keeps its name and would be split again. Its details
-map each new float MatMul's name to the name of the MatMul it was split from.
+The pass reads its option `outlier_channels` (MatMul name -> channels) and splits those MatMuls of
+the main graph, one rule (`infercc.passes.rules`) on MatMul: a named MatMul that is no candidate
+(`candidates`), or whose channels fall outside its K, is refused with the reason. It runs once per
+pipeline (`once`): the split MatMul keeps its name and would be split again. Its details map each
+new float MatMul's name to the name of the MatMul it was split from.
 """
 
 from __future__ import annotations
@@ -38,11 +38,22 @@ from onnx import TensorProto
 
 from infercc.errors import InferccError
 from infercc.ir import Graph, Model, Node, Value
-from infercc.passes.manager import PassContext, PassResult, register_pass, run_passes
+from infercc.passes.manager import (
+    PassContext,
+    PassOption,
+    PassResult,
+    register_option,
+    register_pass,
+    run_passes,
+)
 from infercc.passes.match import const_value
 from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
+
+OUTLIER_CHANNELS: PassOption[Mapping[str, Sequence[int]]] = register_option(
+    "outlier_channels", Mapping, "MatMul name -> input channels kept float", factory=dict
+)
 
 MIN_K = 64
 
@@ -50,7 +61,7 @@ MIN_K = 64
 @register_pass("split-outlier-channels", once=True, reads=("outlier_channels",))
 def split_outlier_channels(graph: Graph, ctx: PassContext) -> PassResult:
     """Split a MatMul over the input channels calibration found huge, which stay float."""
-    channels = ctx.outlier_channels
+    channels = OUTLIER_CHANNELS.read(ctx)
     model = graph.model
     if not channels or model is None or graph is not model.graph:
         return PassResult(changed=False, stats={"split": 0, "channels": 0}, details={})
@@ -72,7 +83,7 @@ def split(model: Model, channels: Mapping[str, Sequence[int]]) -> dict[str, str]
     """Split each named MatMul over its outlier channels (module docstring), in place: the
     pass alone, through the pass manager. Returns the new float MatMul's name -> the split
     MatMul's name."""
-    ctx = PassContext(outlier_channels=dict(channels))
+    ctx = PassContext(options={"outlier_channels": dict(channels)})
     report = run_passes(model, ctx, ["split-outlier-channels"])
     return report.details("split-outlier-channels") or {}
 
