@@ -584,8 +584,8 @@ def test_the_pass_without_settings_says_what_it_needs() -> None:
 def residual_net() -> onnx.ModelProto:
     """A ResNet's shape: conv1 -> Relu, three blocks [conv -> Relu -> conv] + shortcut -> Relu,
     then pooling and a Gemm. A block's shortcut after the first is the Relu output of the block
-    before, which only its Conv reader quantizes; the last block's sum is not quantized (the
-    pooling reads it)."""
+    before, which only its Conv reader quantizes; no target reads the last block's sum (the
+    pooling does)."""
     rng = np.random.default_rng(RNG_SEED + 2)
     weights = {f"w{i}": _normal(rng, (8, 8 if i > 1 else 3, 3, 3), 0.25) for i in range(1, 8)}
     weights |= {f"b{i}": _normal(rng, (8,), 0.1) for i in range(1, 8)}
@@ -635,15 +635,16 @@ def test_uint8_output_pairs_go_after_a_sole_relu_and_the_residual_add_reads_dqs(
 ):
     """uint8 (onnxruntime's form): a Conv whose only reader is a Relu gets its output pair on
     the Relu's output (zero point 0: Q(Relu(y)) = Q(y)), and the residual Add reads the DQs of
-    its inputs: onnxruntime then runs every Conv as QLinearConv and the Add as QLinearAdd,
-    with no Relu and no float Conv left."""
+    its inputs; the last block's sum, which no Conv quantizes, gets a pair after its Relu as
+    a Conv's would: onnxruntime then runs every Conv as QLinearConv and every Add as
+    QLinearAdd, with no Relu, no float Conv and no float Add left."""
     proto, ranges = residual_case
     out, report = _quantized(proto, ranges, activations="uint8")
     assert report.quantized == [f"conv{i}" for i in range(1, 8)] + ["fc"]
     # block 1's shortcut r1 is read through the pair put after relu1 already; blocks 2 and 3
-    # move theirs (r3, r5) to their DQs, block 3 though its sum is not quantized
+    # move theirs (r3, r5) to their DQs; block 3's sum gets its own pair, after relu7
     assert report.adds == ["residual2", "residual3"]
-    relus = ("r1", "r2", "r3", "r4", "r5", "r6")
+    relus = ("r1", "r2", "r3", "r4", "r5", "r6", "r7")
     for relu in relus:  # each Relu's output is quantized, read by its Q alone
         assert _reader_ops(out, relu) == ["QuantizeLinear"]
     for conv in ("c1", "c2", "c4", "c6"):  # the Conv before a sole Relu: no pair of its own
@@ -659,8 +660,8 @@ def test_uint8_output_pairs_go_after_a_sole_relu_and_the_residual_add_reads_dqs(
     }
     assert all(zero_points[r] == 0 for r in relus)
     fused = _ort_optimized_ops(out, tmp_path)
-    assert fused["QLinearConv"] == 7 and fused["QLinearAdd"] == 2
-    assert fused["Conv"] == 0 and fused["Add"] == 1  # the last sum, read by the pooling
+    assert fused["QLinearConv"] == 7 and fused["QLinearAdd"] == 3
+    assert fused["Conv"] == 0 and fused["Add"] == 0 and fused["Relu"] == 0
     feeds = _samples(proto, 3, seed=5)
     for feed in feeds:  # the fused kernels compute what the Q/DQ graph means, and near fp32
         unfused = _run(out, feed)

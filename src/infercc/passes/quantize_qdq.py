@@ -44,16 +44,18 @@ provider and TensorRT turn them into int8 kernels, and nowhere else:
   output pair after the Relu instead: that range starts at 0, so the zero point is 0 and
   Q(Relu(y)) = Q(y) exactly; onnxruntime drops such a Relu (ReluQuantFusion) and fuses
   DQ -> Conv -> Q, where a pair before the Relu left a float Relu between two pairs.
-- **Residual Adds** (uint8 activations, a second rule): an Add whose float inputs all have a
-  pair before it reads their DQs, the int8 values their quantized readers see. The values'
-  producers are then read by their Q alone and fuse, and where the Add's result is quantized
-  (a Q reads it, or a Relu's output that alone reads it) onnxruntime fuses DQ, DQ -> Add -> Q
-  into QLinearAdd. An Add with an input that has no pair (a transformer's residual stream,
-  whose projections' outputs are float) is left as it is. On
-  open_nsfw (a ResNet-50 of half width, real weights) the two together took the int8 model
-  from 0.89x to 0.54x the fp32 time on an AMX host (all 53 Convs QLinearConv, 15 of 16 Adds
-  QLinearAdd), beside 0.52x-0.53x for onnxruntime's quantize_static at about twice the error
-  (`bench/cnn_int8.py`).
+- **Residual Adds** (uint8 activations, a second rule): an Add whose float inputs all have a pair
+  before it reads their DQs, the int8 values their quantized readers see. The values' producers are
+  then read by their Q alone and fuse, and where the Add's result is quantized (a Q reads it, or a
+  Relu's output that alone reads it) onnxruntime fuses DQ, DQ -> Add -> Q into QLinearAdd. Where no
+  Q reads it (a ResNet's last sum, read by the pooling), it gets an output pair as a Conv's would
+  (after its sole Relu): onnxruntime then fuses the Add and the pooling after it
+  (QLinearAveragePool), and the NHWC int8 layout runs to the classifier with no Transpose back to
+  float NCHW. An Add with an input that has no pair (a transformer's residual stream, whose
+  projections' outputs are float) is left as it is. On open_nsfw (a ResNet-50 of half width, real
+  weights) the two together took the int8 model from 0.89x to 0.54x the fp32 time on an AMX host
+  (all 53 Convs QLinearConv, 15 of 16 Adds QLinearAdd), beside 0.52x-0.53x for onnxruntime's
+  quantize_static at about twice the error (`bench/cnn_int8.py`).
 
 The rewrite is exact in the sense of QDQ semantics: DequantizeLinear(QuantizeLinear(x)) is what
 the int8 kernel sees, so onnxruntime's un-fused graph computes what its fused kernels compute
@@ -351,18 +353,28 @@ def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
     """
     names: list[str] = []
     for node in model.graph:
-        if not _is_target(node):
+        if _is_target(node):
+            for i in TARGET_INPUTS[node.op_type]:
+                v = node.input(i)
+                if v is not None and const_value(v) is None and not _is_dq_output(v):
+                    names.append(v.name)
+        elif not _residual_add(node):
             continue
-        for i in TARGET_INPUTS[node.op_type]:
-            v = node.input(i)
-            if v is not None and const_value(v) is None and not _is_dq_output(v):
-                names.append(v.name)
-        if output_qdq and _wants_output_qdq(node):
+        if output_qdq and (_residual_add(node) or _wants_output_qdq(node)):
             names.append(node.output.name)
             relu = _sole_relu(node.output)
             if relu is not None:  # where a uint8 output pair goes (_Rewriter.output_site)
                 names.append(relu.output.name)
     return list(dict.fromkeys(names))
+
+
+def _residual_add(node: Node) -> bool:
+    """An Add of two activations: the residual Adds rule may give it an output pair."""
+    return (
+        node.op_type == "Add"
+        and node.is_standard
+        and all(v is not None and const_value(v) is None for v in node.inputs)
+    )
 
 
 def check_opset(model: Model) -> None:
@@ -655,9 +667,16 @@ class _Rewriter:
         return moves
 
     def rewrite_add(self, node: Node, moves: list[tuple[int, Value]], _ctx: PassContext) -> None:
+        """Read the DQs; where nothing quantizes the Add's result (the last block of a ResNet,
+        read by a pooling op), give it an output pair as a Conv's (after its sole Relu), so
+        that onnxruntime fuses QLinearAdd and its readers stay in the NHWC int8 form."""
         for i, dq in moves:
             node.set_input(i, dq)
-        self.report.adds.append(node.name or f"Add({node.output.name})")
+        label = node.name or f"Add({node.output.name})"
+        self.report.adds.append(label)
+        site = self.output_site(node)
+        if self.output_qdq and not any(u.op_type == "QuantizeLinear" for u in site.users()):
+            self._quantize_output(node, label)
 
     def _quantize_output(self, node: Node, label: str) -> None:
         out = self.output_site(node)
