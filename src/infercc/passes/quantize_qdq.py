@@ -53,9 +53,9 @@ provider and TensorRT turn them into int8 kernels, and nowhere else:
   (QLinearAveragePool), and the NHWC int8 layout runs to the classifier with no Transpose back to
   float NCHW. An Add with an input that has no pair (a transformer's residual stream, whose
   projections' outputs are float) is left as it is. On open_nsfw (a ResNet-50 of half width, real
-  weights) the two together took the int8 model from 0.89x to 0.54x the fp32 time on an AMX host
-  (all 53 Convs QLinearConv, 15 of 16 Adds QLinearAdd), beside 0.52x-0.53x for onnxruntime's
-  quantize_static at about twice the error (`bench/cnn_int8.py`).
+  weights) the two together took the int8 model from 0.89x to 0.50x the fp32 time on an AMX host
+  (all 53 Convs QLinearConv, all 16 Adds QLinearAdd, the pooling QLinearAveragePool), beside
+  0.49x for onnxruntime's quantize_static at 1.6x the probability error (`bench/cnn_int8.py`).
 
 The rewrite is exact in the sense of QDQ semantics: DequantizeLinear(QuantizeLinear(x)) is what
 the int8 kernel sees, so onnxruntime's un-fused graph computes what its fused kernels compute
