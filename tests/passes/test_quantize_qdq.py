@@ -670,6 +670,23 @@ def test_uint8_output_pairs_go_after_a_sole_relu_and_the_residual_add_reads_dqs(
         assert _cosine(unfused, _run(proto, feed)) > 0.99
 
 
+def test_an_integer_add_of_two_activations_is_not_observed(tmp_path):
+    """Position ids (int64 + int64, both computed) beside the residual Adds: calibration
+    observes float Adds only (observing the int64 sum was refused, and calibrate with it,
+    on every BERT-style export)."""
+    proto = transformer_block(batch=1, seq=8)
+    proto.graph.node.append(oh.make_node("Add", ["ids", "ids"], ["ids2"], name="positions"))
+    proto.graph.input.append(oh.make_tensor_value_info("ids", TensorProto.INT64, [1, 8]))
+    proto.graph.output.append(oh.make_tensor_value_info("ids2", TensorProto.INT64, [1, 8]))
+    tensors = calibration_tensors(import_model(proto))
+    assert "ids2" not in tensors and "ids" not in tensors
+    path = tmp_path / "fp32.onnx"
+    onnx.save(proto, path)
+    feeds = [{**feed, "ids": np.arange(8, dtype=np.int64)[None]} for feed in _samples(proto, 2)]
+    ranges = collect_ranges(path, feeds, tensors=tensors)
+    assert set(ranges) == set(tensors)
+
+
 def test_int8_activations_keep_the_pair_on_the_conv_and_the_add_float(residual_case):
     """The symmetric form (TensorRT's) is unchanged: Q(Relu(y)) != Q(y) with an int8 zero
     point of 0, so the pair stays on the Conv's output, and no Add is touched."""

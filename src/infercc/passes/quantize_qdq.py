@@ -369,11 +369,17 @@ def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
 
 
 def _residual_add(node: Node) -> bool:
-    """An Add of two activations: the residual Adds rule may give it an output pair."""
+    """A float Add of two activations: the residual Adds rule may give it an output pair.
+    (An integer Add of two activations, a transformer's position ids, has no range to
+    observe.)"""
     return (
         node.op_type == "Add"
         and node.is_standard
-        and all(v is not None and const_value(v) is None for v in node.inputs)
+        and all(
+            v is not None and const_value(v) is None and v.dtype in (None, TensorProto.FLOAT)
+            for v in node.inputs
+        )
+        and node.output.dtype in (None, TensorProto.FLOAT)
     )
 
 
