@@ -672,8 +672,8 @@ def test_uint8_output_pairs_go_after_a_sole_relu_and_the_residual_add_reads_dqs(
 
 def test_an_integer_add_of_two_activations_is_not_observed(tmp_path):
     """Position ids (int64 + int64, both computed) beside the residual Adds: calibration
-    observes float Adds only (observing the int64 sum was refused, and calibrate with it,
-    on every BERT-style export)."""
+    observes float Adds only (the int64 sum was asked for and refused by the observer, and
+    calibrate with it, on the BERT-style exports that compute their position ids)."""
     proto = transformer_block(batch=1, seq=8)
     proto.graph.node.append(oh.make_node("Add", ["ids", "ids"], ["ids2"], name="positions"))
     proto.graph.input.append(oh.make_tensor_value_info("ids", TensorProto.INT64, [1, 8]))
