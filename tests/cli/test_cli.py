@@ -493,3 +493,33 @@ def test_cache_ls_on_a_missing_directory_creates_nothing(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["exists"] is False
     assert run("cache", "clear", "--cache-dir", str(where)).returncode == 0
     assert not (tmp_path / "nonexistent").exists()
+
+
+def test_a_sample_onnxruntime_rejects_is_one_line_and_writes_nothing(tmp_path):
+    """A token id past the embedding table: onnxruntime fails on the sample while ranges are
+    collected. One line, infercc's (onnxruntime's own error log stays quiet), exit 2, no
+    output directory."""
+    table = numpy_helper.from_array(np.ones((10, 16), np.float32), "table")
+    weight = numpy_helper.from_array(np.ones((16, 16), np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["e"]),
+            helper.make_node("MatMul", ["e", "w"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3, 16])],
+        [table, weight],
+    )
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    for i in range(4):
+        np.savez(samples / f"s{i}.npz", ids=np.array([[1, 2, 50 + i]], np.int64))
+    out = tmp_path / "int8"
+    r = run("calibrate", str(model), "--data", str(samples), "-o", str(out))
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [r.stderr.strip()]
+    assert r.stderr.startswith("error: onnxruntime failed on a calibration sample")
+    assert not out.exists()
