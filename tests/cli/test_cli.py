@@ -512,7 +512,7 @@ def test_a_sample_onnxruntime_rejects_is_one_line_and_writes_nothing(tmp_path):
         [table, weight],
     )
     model = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    onnx.save(make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     samples = tmp_path / "samples"
     samples.mkdir()
     for i in range(4):
