@@ -804,25 +804,14 @@ def test_a_torchscript_decoder_export_with_computed_positions_calibrates(tmp_pat
     """transformers' TorchScript export computes its position ids (int64 Adds of two
     activations, as BERT's does): calibration observes float tensors only, and the int8 model
     passes. Before, the int64 sums were asked for and the observer refused them (exit 2)."""
+    from tests.decoders import cache_feeds
     from tests.exports import exports
 
     export = next(e for e in exports() if e.name == "llama-torchscript-sdpa")
     proto = onnx.load(export.path, load_external_data=False)
-    rng = np.random.default_rng(0)
-    seq, past = 8, 4
     data = tmp_path / "samples"
     data.mkdir()
-    for i in range(6):
-        sample = {}
-        for vi in proto.graph.input:
-            dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-            if vi.name == "input_ids":
-                sample[vi.name] = rng.integers(0, export.config["vocab"], (1, seq))
-            elif vi.name == "attention_mask":
-                sample[vi.name] = np.ones((1, seq + past), np.int64)
-            else:  # past_key_values.N.key / .value: [batch, kv heads, past, head size]
-                shape = (1, dims[1], past, dims[3])
-                sample[vi.name] = rng.standard_normal(shape).astype(np.float32)
-        np.savez(data / f"{i}.npz", **sample)
+    for i in range(6):  # batch 1, a past of 4, 8 new tokens
+        np.savez(data / f"{i}.npz", **cache_feeds(proto, 1, 4, 8, seed=i))
     report = calibrate(export.path, data, tmp_path / "out", speed_check=False)
     assert report.passed and len(report.quantized) > 0
