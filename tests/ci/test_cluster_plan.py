@@ -208,3 +208,26 @@ def test_ray_missing_is_a_one_line_error_with_the_install_hint(tmp_path: Path) -
         'error: --ray needs the ray package, which is not installed — pip install "infercc[ray]"'
     ]
     assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the sweep asks for a process with signal 0")
+def test_a_task_removes_the_scratch_directories_of_dead_workers_only(tmp_path: Path) -> None:
+    """A worker Ray kills (Ctrl-C's cancel, a lost worker) leaves its `infercc-ray-PID-*`
+    directory behind; the next task on the node removes it, and nothing of a live process or
+    of another name."""
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = tmp_path / f"{cluster.SCRATCH_PREFIX}{finished.stdout.strip()}-abc"
+    live = tmp_path / f"{cluster.SCRATCH_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{cluster.SCRATCH_PREFIX}x1-ghi"
+    for d in (dead, live, other):
+        (d / "in").mkdir(parents=True)
+        (d / "in" / "model.onnx").write_bytes(b"0" * 16)
+    assert cluster.sweep_scratch(tmp_path) == [dead]
+    assert not dead.exists() and live.is_dir() and other.is_dir()
+    with cluster.task_scratch() as scratch:
+        assert Path(scratch).name.startswith(f"{cluster.SCRATCH_PREFIX}{os.getpid()}-")

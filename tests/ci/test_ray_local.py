@@ -18,6 +18,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -27,6 +28,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the --ray tests need ray: pip install 'infercc[ray]'")
 
+from infercc.ci import cluster as cluster_mod  # noqa: E402
 from infercc.ci import runner  # noqa: E402
 from infercc.ci.runner import run_ci  # noqa: E402
 from infercc.errors import InferccError  # noqa: E402
@@ -326,10 +328,24 @@ path = "{ENCODER}"
 def test_a_killed_worker_is_rerun_by_ray(cluster, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(runner, "build_and_validate", ray_helpers.kill_worker_once_build)
     manifest = write(tmp_path / "m.toml", f'[[models]]\nname = "victim"\npath = "{CNN}"\n')
+    before = _scratch_dirs()
     report = run_ci(manifest, ray=True, out_dir=tmp_path / "out", step_summary=False)
     assert (cluster / "scratch" / "victim.killed").is_file()  # the first worker was killed
     assert report.passed, report.models[0].reason
     assert (tmp_path / "out" / "victim" / "model.onnx").is_file()
+    # the killed worker's scratch directory was removed by the task that ran after it: what
+    # is new belongs to a running worker (another test's task), none to a dead one
+    left = [d for d in _scratch_dirs() - before if not _running_owner(d)]
+    assert not left, left
+
+
+def _scratch_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob(f"{cluster_mod.SCRATCH_PREFIX}*"))
+
+
+def _running_owner(scratch: Path) -> bool:
+    pid = scratch.name[len(cluster_mod.SCRATCH_PREFIX) :].split("-", 1)[0]
+    return pid.isdigit() and cluster_mod._running(int(pid))
 
 
 def test_ctrl_c_cancels_and_still_writes_the_reports(cluster, tmp_path, monkeypatch) -> None:

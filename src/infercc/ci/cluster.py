@@ -23,7 +23,9 @@ benchmark the artifact and the baseline) goes to the worker through Ray's object
 artifact comes back the same way, to be written by the driver under the run's out_dir (under a
 temporary name, then renamed). A task that lands on the driver's own node reads and writes
 the paths directly, and on a cluster of that one node nothing is sent at all (a task that a
-node joining later takes asks for its inputs, and is sent again with them).
+node joining later takes asks for its inputs, and is sent again with them). A task works in
+a scratch directory named after its worker (`task_scratch`); a worker Ray kills leaves its
+directory behind, and the next task on that node removes it.
 
 The tuning cache. The driver's cache (`[ci] cache_dir`, else `$INFERCC_CACHE_DIR` or
 `~/.cache/infercc`) goes with every task; the worker merges it into its host's cache
@@ -442,7 +444,7 @@ def build_on_node(task: TaskSpec, entries: list[dict], *archives: bytes) -> tupl
     files = task.files(here["node_id"])
     if task.missing(here["node_id"]):
         return Outcome(None, **here, ended=time.time(), files=files, missing_inputs=True), None
-    with tempfile.TemporaryDirectory(prefix="infercc-ray-") as tmp:
+    with task_scratch() as tmp:
         spec, shown = task.spec, task.shown
         if files == SHIPPED:
             spec, shown = _localize(task, archives, Path(tmp))
@@ -466,7 +468,7 @@ def bench_on_node(task: TaskSpec, *archives: bytes) -> Outcome:
     files = task.files(here["node_id"])
     if task.missing(here["node_id"]):
         return Outcome(None, **here, ended=time.time(), files=files, missing_inputs=True)
-    with tempfile.TemporaryDirectory(prefix="infercc-ray-") as tmp:
+    with task_scratch() as tmp:
         spec, shown = task.spec, task.shown
         if files == SHIPPED:
             spec, shown = _localize(task, archives, Path(tmp))
@@ -474,6 +476,51 @@ def bench_on_node(task: TaskSpec, *archives: bytes) -> Outcome:
         if crashed is not None:
             latency = {"reason": f"the benchmark process died ({crashed})", "error": True}
     return Outcome(_show(latency, shown), **here, ended=time.time(), crashed=crashed, files=files)
+
+
+SCRATCH_PREFIX = "infercc-ray-"
+
+
+def task_scratch() -> tempfile.TemporaryDirectory[str]:
+    """A task's scratch directory (its shipped inputs, its artifact), named after the Ray
+    worker that runs it: `infercc-ray-PID-XXXX` in the node's temporary directory.
+
+    A worker that Ray kills (a Ctrl-C's `ray.cancel(force=True)`, a lost worker) never removes
+    its scratch directory, which may hold copies of models; so each task first removes the
+    ones this user's dead workers left on this node (`sweep_scratch`)."""
+    sweep_scratch(Path(tempfile.gettempdir()))
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+
+
+def sweep_scratch(root: Path) -> list[Path]:
+    """Remove the scratch directories under `root` whose worker process is gone: named
+    `infercc-ray-PID-...`, owned by this user, PID not running. Returns what was removed.
+    Only on POSIX (where signal 0 asks whether a process exists without touching it)."""
+    if os.name != "posix":
+        return []
+    removed = []
+    for path in root.glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = path.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.stat().st_uid != os.getuid() or _running(int(pid)):
+                continue
+        except OSError:  # removed meanwhile by another worker's sweep
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    if removed:
+        log.info("removed %d scratch directories of dead Ray workers", len(removed))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _failed_result(spec: ModelSpec, reason: str) -> ModelResult:
