@@ -495,10 +495,8 @@ def test_cache_ls_on_a_missing_directory_creates_nothing(tmp_path):
     assert not (tmp_path / "nonexistent").exists()
 
 
-def test_a_sample_onnxruntime_rejects_is_one_line_and_writes_nothing(tmp_path):
-    """A token id past the embedding table: onnxruntime fails on the sample while ranges are
-    collected. One line, infercc's (onnxruntime's own error log stays quiet), exit 2, no
-    output directory."""
+def _embedding_model(tmp_path: Path, ids: list[list[int]]) -> tuple[Path, Path]:
+    """A Gather from a 10-row table, then a MatMul; four samples of `ids` (the last id + i)."""
     table = numpy_helper.from_array(np.ones((10, 16), np.float32), "table")
     weight = numpy_helper.from_array(np.ones((16, 16), np.float32), "w")
     graph = helper.make_graph(
@@ -516,10 +514,55 @@ def test_a_sample_onnxruntime_rejects_is_one_line_and_writes_nothing(tmp_path):
     samples = tmp_path / "samples"
     samples.mkdir()
     for i in range(4):
-        np.savez(samples / f"s{i}.npz", ids=np.array([[1, 2, 50 + i]], np.int64))
+        row = np.array(ids, np.int64)
+        row[..., -1] += i
+        np.savez(samples / f"s{i}.npz", ids=row)
+    return model, samples
+
+
+def test_a_sample_onnxruntime_rejects_is_one_line_and_writes_nothing(tmp_path):
+    """A token id past the embedding table: onnxruntime fails on the sample while ranges are
+    collected. One line, infercc's (onnxruntime's own error log stays quiet), exit 2, no
+    output directory."""
+    model, samples = _embedding_model(tmp_path, [[1, 2, 50]])
     out = tmp_path / "int8"
     r = run("calibrate", str(model), "--data", str(samples), "-o", str(out))
     assert r.returncode == 2
     assert r.stderr.splitlines() == [r.stderr.strip()]
     assert r.stderr.startswith("error: onnxruntime failed on a calibration sample")
     assert not out.exists()
+
+
+def test_a_tensor_infercc_asks_for_and_cannot_observe_is_its_failure(tmp_path, monkeypatch):
+    """The tensors calibration observes are infercc's choice: one the observer refuses (here
+    the int64 token ids, as the residual-Add rule once asked for position ids) is infercc's
+    failure, exit 1, one line, nothing written; not a bad input."""
+    from infercc.calib import job
+
+    chosen = job.calibration_tensors
+    monkeypatch.setattr(job, "calibration_tensors", lambda ir: [*chosen(ir), "ids"])
+    model, samples = _embedding_model(tmp_path, [[1, 2, 3]])
+    out = tmp_path / "int8"
+    r = run("calibrate", str(model), "--data", str(samples), "-o", str(out))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == [r.stderr.strip()]
+    assert "calibration asked for a tensor it cannot observe: tensor 'ids' is int64" in r.stderr
+    assert "bug in infercc" in r.stderr
+    assert not out.exists()
+
+
+def test_an_unexpected_exception_is_an_internal_error_exit_1(tmp_path, monkeypatch):
+    """A bug (an exception infercc did not word) is infercc's failure: one line naming it,
+    exit 1, not exit 2 (bad input); --debug shows the traceback."""
+    import infercc.analysis.model_info as model_info
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(model_info, "inspect_model", broken)
+    r = run("inspect", str(EXAMPLE_CNN))
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [r.stderr.strip()]
+    assert "internal error" in r.stderr and "ZeroDivisionError: boom" in r.stderr
+    r = run("--debug", "inspect", str(EXAMPLE_CNN))
+    assert r.returncode == 1 and "Traceback" in r.stderr

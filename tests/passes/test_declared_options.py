@@ -234,15 +234,19 @@ def _leaves_a_dead_node(graph, ctx):
 def test_a_pass_that_breaks_what_it_ensures_fails_under_verify(temporary_pass) -> None:
     name = temporary_pass("test-dead-node", _leaves_a_dead_node, ensures=("no-dead-nodes",))
     assert REGISTRY[name].ensures == ("lint", "no-dead-nodes")
-    with pytest.raises(PassError, match="'test-dead-node' did not ensure no-dead-nodes: 'dead"):
+    broke = "'test-dead-node' did not ensure no-dead-nodes: 'dead"
+    with pytest.raises(PassError, match=broke) as e:
         run_passes(relu_model(), PassContext(verify=True), [name], max_iterations=1)
+    assert e.value.exit_code == 1  # infercc's pass broke its promise: infercc's failure
     run_passes(relu_model(), PassContext(), [name], max_iterations=1)  # unchecked without it
 
 
 def test_a_pass_given_a_graph_it_does_not_accept_fails_under_verify() -> None:
     assert REGISTRY["quantize-qdq"].requires == ("opset>=13",)
-    with pytest.raises(PassError, match="'quantize-qdq' requires opset>=13: the model has opset"):
+    lacks = "'quantize-qdq' requires opset>=13: the model has opset"
+    with pytest.raises(PassError, match=lacks) as e:
         run_passes(relu_model(opset=11), PassContext(verify=True), ["quantize-qdq"])
+    assert e.value.exit_code == 2  # the model lacks what the pass needs: bad input
     ctx = PassContext(verify=True)
     run_passes(relu_model(), ctx, ["eliminate-dead-code"])  # ensures no-dead-nodes: holds
 

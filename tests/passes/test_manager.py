@@ -117,6 +117,7 @@ def test_an_exception_in_a_pass_names_the_pass(model, registered) -> None:
         run_passes(model, PassContext(), [name])
     assert "pass 'test-crash' failed: ZeroDivisionError: boom" in info.value.message
     assert "--disable-pass test-crash" in info.value.hint
+    assert info.value.exit_code == 1  # infercc's failure, not bad input
 
 
 def test_a_pass_that_breaks_the_graph_is_named_under_verify(model, registered) -> None:

@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
 from os import PathLike
@@ -47,6 +48,7 @@ from infercc.calib.observers import (
     Method,
     ProgressFn,
     TensorRange,
+    UnobservableTensor,
     collect_ranges,
     tensor_values,
 )
@@ -79,7 +81,7 @@ from infercc.check.compare import run_model
 from infercc.check.tolerances import calibrated_criterion
 from infercc.config import BuildConfig
 from infercc.data.samples import iter_samples
-from infercc.errors import InferccError
+from infercc.errors import InferccError, InternalError
 from infercc.ir import Model, export_model, import_model, load_model, save_model
 from infercc.outputs import Staging
 from infercc.passes.manager import run_passes
@@ -296,7 +298,8 @@ class Int8Flow:
         probe = job.stage_dir / _PROBE_FILE
         files = save_model(job.ir, probe)
         try:
-            amax = outliers.channel_absmax(probe, self.calib, list(found.values()))
+            with _infercc_named_them():
+                amax = outliers.channel_absmax(probe, self.calib, list(found.values()))
         finally:
             for f in files:
                 f.unlink(missing_ok=True)
@@ -327,9 +330,15 @@ class Int8Flow:
 
     def calibrate(self, job: Job) -> None:
         job.step("calibrating")
-        self.ranges = collect_ranges(
-            self.fp32_path, self.calib, self.tensors, self.method, self.percentile, self.on_progress
-        )
+        with _infercc_named_them():
+            self.ranges = collect_ranges(
+                self.fp32_path,
+                self.calib,
+                self.tensors,
+                self.method,
+                self.percentile,
+                self.on_progress,
+            )
         self.calibration = self.calib[:SQNR_SAMPLES]
         job.step("running fp32 on the evaluation samples")
         # a converted model is judged against the original: the conversion is checked too
@@ -413,12 +422,14 @@ class Int8Flow:
         activations = self.request.activations
         noise = dict.fromkeys(names, 0.0)
         signal = dict.fromkeys(names, 0.0)
-        for values in tensor_values(self.fp32_path, self.calibration, names):
-            for name, x in values.items():
-                x = np.asarray(x, np.float64)
-                params = activation_params(self.ranges[name], activations)
-                noise[name] += float(np.sum((x - fake_quantize(x, *params, activations)) ** 2))
-                signal[name] += float(np.sum(x**2))
+        with _infercc_named_them():
+            for values in tensor_values(self.fp32_path, self.calibration, names):
+                for name, x in values.items():
+                    x = np.asarray(x, np.float64)
+                    params = activation_params(self.ranges[name], activations)
+                    q = fake_quantize(x, *params, activations)
+                    noise[name] += float(np.sum((x - q) ** 2))
+                    signal[name] += float(np.sum(x**2))
         return {name: db(signal[name], noise[name]) for name in names}
 
     def make_report(self, final: Trial) -> CalibrationReport:
@@ -498,6 +509,19 @@ class Int8Flow:
         names = [p.name for p in (*int8_files, *self.fp32_files)]
         names += [RANGES_FILE, CACHE_FILE, REPORT_FILE, MANIFEST]
         return [str(self.dest / name) for name in names]
+
+
+@contextmanager
+def _infercc_named_them() -> Iterator[None]:
+    """The tensors observed here were named by infercc, not the user: one it cannot observe is
+    infercc's failure (exit 1), not bad input."""
+    try:
+        yield
+    except UnobservableTensor as e:
+        raise InternalError(
+            f"calibration asked for a tensor it cannot observe: {e.message}",
+            "this is a bug in infercc; please report it with the model",
+        ) from e
 
 
 def _range_dict(r: TensorRange) -> dict[str, Any]:

@@ -462,6 +462,12 @@ def _exposed_model(model: onnx.ModelProto, tensors: Sequence[str] | None) -> lis
     return names
 
 
+class UnobservableTensor(InferccError):
+    """A tensor asked for that cannot be observed (not in the main graph, not float). Bad input
+    when the caller's user named it; a caller that built the list itself re-raises it as
+    infercc's own failure (`infercc.calib.job`)."""
+
+
 def _check_tensors(
     model: onnx.ModelProto, tensors: Sequence[str], types: Mapping[str, int]
 ) -> list[str]:
@@ -470,12 +476,12 @@ def _check_tensors(
     known.update(vi.name for vi in graph.input)
     for name in tensors:
         if name not in known:
-            raise InferccError(
+            raise UnobservableTensor(
                 f"tensor {name!r} is not a node output or input of the main graph",
                 "name values of the main graph (subgraph values cannot be observed)",
             )
         if name in types and types[name] not in FLOAT_TYPES:
-            raise InferccError(
+            raise UnobservableTensor(
                 f"tensor {name!r} is {TensorProto.DataType.Name(types[name]).lower()}, not float",
                 "INT8 ranges are collected for float tensors only",
             )

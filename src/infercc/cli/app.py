@@ -31,7 +31,7 @@ import typer.core
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
-from infercc.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InferccError
+from infercc.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, InferccError
 from infercc.version import __version__
 
 # --------------------------------------------------------------------------- consoles
@@ -577,7 +577,7 @@ def main() -> None:
         msg = str(e).splitlines()[0] if str(e) else ""
         hint = "rerun with --debug for the traceback and report it"
         _error(f"{type(e).__name__}: {escape(msg)} — {hint}", "internal error")
-        _fail(f"internal error: {type(e).__name__}: {msg}", hint, EXIT_BAD_INPUT)
+        _fail(f"internal error: {type(e).__name__}: {msg}", hint, EXIT_FAILED)
 
 
 @dataclass

@@ -636,6 +636,7 @@ def _check_conditions(name: str, model: Model, conditions: Sequence[str], verb: 
                 f"this is a bug in infercc; rerun with --disable-pass {name} to skip it"
                 if verb != "requires"
                 else f"run a pipeline that gives it {cond}, or --disable-pass {name}",
+                bad_input=verb == "requires",
             )
 
 
