@@ -353,14 +353,15 @@ def calibration_tensors(model: Model, *, output_qdq: bool = True) -> list[str]:
     """
     names: list[str] = []
     for node in model.graph:
+        residual = _residual_add(node)
         if _is_target(node):
             for i in TARGET_INPUTS[node.op_type]:
                 v = node.input(i)
                 if v is not None and const_value(v) is None and not _is_dq_output(v):
                     names.append(v.name)
-        elif not _residual_add(node):
+        elif not residual:
             continue
-        if output_qdq and (_residual_add(node) or _wants_output_qdq(node)):
+        if output_qdq and (residual or _wants_output_qdq(node)):
             names.append(node.output.name)
             relu = _sole_relu(node.output)
             if relu is not None:  # where a uint8 output pair goes (_Rewriter.output_site)
