@@ -330,3 +330,59 @@ def test_seven_bit_weights_are_exact_on_an_emulated_avx2_cpu():
 
     assert off(8) > kernels.MAX_STEPS
     assert off(7) <= kernels.MAX_STEPS
+
+
+def _projection_model(path: Path) -> Path:
+    """Two projections with biases (x [batch, 8, 64] -> 64 -> 32; a symbolic batch, so no
+    Gemm fusion): what fuse-int8-matmul takes into MatMulIntegerToFloat on the cpu target."""
+    rng = np.random.default_rng(3)
+    weights = {
+        "w1": rng.standard_normal((64, 64)) * 0.1,
+        "b1": rng.standard_normal(64) * 0.1,
+        "w2": rng.standard_normal((64, 32)) * 0.1,
+        "b2": rng.standard_normal(32) * 0.1,
+    }
+    nodes = [
+        oh.make_node("MatMul", ["x", "w1"], ["m1"], name="proj1"),
+        oh.make_node("Add", ["m1", "b1"], ["a1"]),
+        oh.make_node("Relu", ["a1"], ["r1"]),
+        oh.make_node("MatMul", ["r1", "w2"], ["m2"], name="proj2"),
+        oh.make_node("Add", ["m2", "b2"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in weights.items()]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, ["batch", 8, 64])],
+        [oh.make_tensor_value_info("y", FLOAT, ["batch", 8, 32])],
+        inits,
+    )
+    onnx.save(make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_fused_projections_kernel_is_checked_in_its_qdq_form(tmp_path, monkeypatch):
+    """The check cuts each quantized node out of the QDQ model, before fuse-int8-matmul makes a
+    projection and its bias one MatMulIntegerToFloat: a projection whose kernel is wrong is kept
+    float, the other ships fused, under its own name."""
+    model = _projection_model(tmp_path / "m.onnx")
+    data = tmp_path / "samples"
+    data.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(6):
+        np.savez(data / f"{i}.npz", x=rng.standard_normal((1, 8, 64)).astype(np.float32))
+    real, seen = kernels.compare_kernel, set()
+
+    def compare(cut, feeds):
+        names = {n.name for n in cut.graph.node}
+        seen.update(names & {"proj1", "proj2"})
+        return "up to 99 steps off on 5.0% of its outputs" if "proj2" in names else real(cut, feeds)
+
+    monkeypatch.setattr(kernels, "compare_kernel", compare)
+    report = calibrate(model, data, tmp_path / "out", holdout=0.34, speed_check=False)
+    assert report.passed, report.message
+    assert seen == {"proj1", "proj2"}
+    assert report.quantized == ["proj1"]
+    assert [k.cause for k in report.kept_float if k.node == "proj2"] == ["runtime"]
+    ops = {n.name: n.op_type for n in onnx.load(tmp_path / "out" / INT8_FILE).graph.node}
+    assert ops["proj1"] == "MatMulIntegerToFloat" and ops["proj2"] == "MatMul"

@@ -41,8 +41,16 @@ def test_the_pipelines() -> None:
     assert OPTIMIZE.passes[0] == "fold-constants" and OPTIMIZE.passes[-1] == "schedule-memory"
     assert FP16.stages == (("convert-fp16", "fuse-conv-activation", "eliminate-dead-code"),)
     assert CALIBRATE_FP32.passes == OPTIMIZE.passes
-    assert INT8.stages == (("split-outlier-channels",), ("quantize-qdq", "eliminate-dead-code"))
-    assert INT8.passes == ("split-outlier-channels", "quantize-qdq", "eliminate-dead-code")
+    assert INT8.stages == (
+        ("split-outlier-channels",),
+        ("quantize-qdq", "fuse-int8-matmul", "eliminate-dead-code"),
+    )
+    assert INT8.passes == (
+        "split-outlier-channels",
+        "quantize-qdq",
+        "fuse-int8-matmul",
+        "eliminate-dead-code",
+    )
     assert REGISTRY["split-outlier-channels"].once and REGISTRY["quantize-qdq"].once
     assert REGISTRY["schedule-memory"].final
 
@@ -87,7 +95,10 @@ def test_catalog_lists_every_pipeline_and_every_pass_once() -> None:
     assert by_name["quantize-qdq"]["pipelines"] == ["int8"]
     assert by_name["eliminate-dead-code"]["pipelines"] == list(PIPELINES)
     int8 = next(p for p in listed["pipelines"] if p["name"] == "int8")
-    assert int8["stages"] == [["split-outlier-channels"], ["quantize-qdq", "eliminate-dead-code"]]
+    assert int8["stages"] == [
+        ["split-outlier-channels"],
+        ["quantize-qdq", "fuse-int8-matmul", "eliminate-dead-code"],
+    ]
     for entry in listed["passes"]:  # whole sentences: a docstring's first line may stop short
         assert entry["doc"].endswith(".") and "\n" not in entry["doc"], entry["name"]
     rotary = by_name["fuse-rotary-embedding"]["doc"]

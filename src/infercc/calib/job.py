@@ -109,6 +109,7 @@ CACHE_FILE = "calibration.cache"
 _TRIAL_FILE = ".trial.onnx"
 _KERNEL_FILE = ".kernel_check.onnx"
 _PROBE_FILE = ".outlier_probe.onnx"
+FUSE_INT8 = "fuse-int8-matmul"
 
 SPEED_WARMUP, SPEED_ITERS = 10, 60
 CACHE_METHOD = {"minmax": "minmax", "entropy": "entropy", "percentile": "entropy"}
@@ -352,9 +353,11 @@ class Int8Flow:
             )
 
     def quantize(
-        self, job: Job, exclude: Sequence[str], path: Path
+        self, job: Job, exclude: Sequence[str], path: Path, qdq_only: bool = False
     ) -> tuple[QuantizeReport, list[Path]]:
-        """A fresh copy of the reference through the int8 pipeline's quantize stage."""
+        """A fresh copy of the reference through the int8 pipeline's quantize stage (with
+        `qdq_only`, its QDQ form: the quantized nodes as they are before fuse-int8-matmul
+        takes projections into onnxruntime's op, as the kernel check reads them)."""
         ir = load_model(self.fp32_path)
         settings = QuantizeSettings(
             self.ranges,
@@ -364,7 +367,8 @@ class Int8Flow:
             weight_bits=self.request.weight_bits,
         )
         ctx = stage_context(job.config, quantize=settings)
-        ran = run_passes(ir, ctx, INT8.stages[1], job.config.disable_passes)
+        disabled = (*job.config.disable_passes, *((FUSE_INT8,) if qdq_only else ()))
+        ran = run_passes(ir, ctx, INT8.stages[1], disabled)
         self.quantize_refusals = [r.to_dict() for r in ran.refusals]
         return ran.details("quantize-qdq"), save_model(ir, path)
 
@@ -404,10 +408,13 @@ class Int8Flow:
     def check_kernels(self, job: Job, exclude: tuple[str, ...]) -> dict[str, str]:
         """The quantized nodes whose fused int8 kernel in this onnxruntime disagrees with
         their Q/DQ graph (`infercc.calib.kernels`), on one calibration sample."""
-        report, files = self.quantize(job, exclude, job.stage_dir / _KERNEL_FILE)
+        # onnxruntime makes the QDQ MatMul the same MatMulIntegerToFloat fuse-int8-matmul
+        # writes: the QDQ form is what the check cuts nodes out of
+        report, files = self.quantize(job, exclude, job.stage_dir / _KERNEL_FILE, qdq_only=True)
         cause = kernel_cause(self.request.plan)
         try:
-            return broken_kernels(files[0], self.calibration[0], report.quantized, cause)
+            with _infercc_named_them():
+                return broken_kernels(files[0], self.calibration[0], report.quantized, cause)
         finally:
             for f in files:
                 f.unlink(missing_ok=True)

@@ -129,8 +129,9 @@ CALIBRATE_INT4 = Pipeline(
 )
 INT8 = Pipeline(
     "int8",
-    (("split-outlier-channels",), ("quantize-qdq", "eliminate-dead-code")),
-    "infercc calibrate: the outlier split on the fp32 reference, then per trial QDQ + DCE",
+    (("split-outlier-channels",), ("quantize-qdq", "fuse-int8-matmul", "eliminate-dead-code")),
+    "infercc calibrate: the outlier split on the fp32 reference, then per trial QDQ (on the cpu "
+    "target each projection's bias taken into onnxruntime's MatMulIntegerToFloat) + DCE",
 )
 
 INT4 = Pipeline(
