@@ -89,6 +89,11 @@ def test_split_is_exact_and_only_for_projections(tmp_path):
     onnx.checker.check_model(out, full_check=True)
     ops = Counter(n.op_type for n in out.graph.node)
     assert ops == {"Mul": 2, "Gather": 1, "MatMul": 2, "Add": 2}
+    # the outliers' sum comes after the bias Add, which stays next to its MatMul
+    producers = {o: n for n in out.graph.node for o in n.output}
+    (bias,) = [n for n in out.graph.node if "b" in n.input]
+    assert producers[bias.input[0]].name == "proj"
+    assert producers[out.graph.output[0].name].input[0] == bias.output[0]
     feeds = _samples(1, seed=9)[0]
     np.testing.assert_allclose(_run(out, feeds), _run(proto, feeds), rtol=1e-5, atol=1e-5)
 
@@ -112,6 +117,9 @@ def test_calibrate_splits_and_keeps_the_outliers_float(tmp_path):
     int8 = onnx.load(tmp_path / "split" / INT8_FILE)
     ops = Counter(n.op_type for n in int8.graph.node)
     assert ops["Gather"] == 1 and ops["QuantizeLinear"] == 1
+    # the int8 projection with its bias is one op (fuse-int8-matmul); the outliers' MatMul
+    # and their sum stay float
+    assert ops["MatMulIntegerToFloat"] == 1 and ops["MatMul"] == 1 and ops["Add"] == 1
     assert ops["Mul"] == 1  # the model's own gain: the split's mask is gone, its Q reads h
     (q,) = [n for n in int8.graph.node if n.op_type == "QuantizeLinear"]
     assert q.input[0] == "h"

@@ -14,11 +14,12 @@ where `idx` are the outlier channels, `m` is 1 everywhere but 0 there, and W0 is
 `idx` rows zeroed (they meet only zeros in X * m). The first MatMul is quantized as usual: its
 input's range no longer holds the outliers, and its weight's per-column scales are set by the
 channels it computes with; the second (k <= 8 channels) stays float. The cost is a Gather of
-k channels, a [..., k] x [k, N] MatMul and an Add per split projection, and the Mul by the
-mask, which quantize-qdq then drops (its Q reads X: the masked channels meet zero weights
-whatever they round to). (LLM.int8() decomposes the same way,
-choosing the channels per batch at run time; here they are fixed by calibration, so the graph
-stays static ONNX that onnxruntime and TensorRT run.) Exact: the mask zeroes exactly the
+k channels, a [..., k] x [k, N] MatMul and an Add per split projection (after its bias Add,
+when it has one, so that the int8 MatMul and its bias stay one op: fuse-int8-matmul), and the
+Mul by the mask, which quantize-qdq then drops (its Q reads X: the masked channels meet zero
+weights whatever they round to). (LLM.int8() decomposes the same way, choosing the channels
+per batch at run time; here they are fixed by calibration, so the graph stays static ONNX that
+onnxruntime and TensorRT run.) Exact: the mask zeroes exactly the
 channels the Gather picks, so the two products add up to X @ W (up to summation order).
 
 The pass reads its option `outlier_channels` (MatMul name -> channels) and splits those MatMuls of
@@ -46,7 +47,7 @@ from infercc.passes.manager import (
     register_pass,
     run_passes,
 )
-from infercc.passes.match import const_value
+from infercc.passes.match import const_value, sole_reader
 from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,14 @@ class _Splitter:
         self.made[_split_one(node.owning_graph().owning_model(), node, idx)] = node.name
 
 
+def _bias_add(node: Node) -> Node | None:
+    """The Add of a constant that alone reads the MatMul's output (its bias), if any."""
+    add = sole_reader(node.output)
+    if add is None or node.output.is_graph_output or add.op_type != "Add" or not add.is_standard:
+        return None
+    return add if any(v is not None and const_value(v) is not None for v in add.inputs) else None
+
+
 def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
     graph = model.graph
     x, w = node.input(0), node.input(1)
@@ -168,13 +177,16 @@ def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
     if w.const is not None and not w.uses() and not w.is_graph_output:
         if graph.initializers.get(w.name) is w:
             graph.remove_initializer(w)
-    out = node.output
+    # The sum goes after the projection's bias Add when it has one, so that the int8 MatMul
+    # and its bias stay next to each other (fuse-int8-matmul makes them one op).
+    after = _bias_add(node) or node
+    out = after.output
     total_out = Value(graph.fresh_name(f"{base}_sum_out"), out.dtype, out.shape)
     total = Node(
         "Add", [out, floating.output], [total_out], name=graph.fresh_node_name(f"{base}_sum")
     )
-    graph.insert_after(node, total)
-    # Readers and a graph output move to the sum; the sum keeps reading the MatMul.
+    graph.insert_after(after, total)
+    # Readers and a graph output move to the sum; the sum keeps reading the MatMul (or bias).
     graph.replace_all_uses_with(out, total_out)
     total.set_input(0, out)
     logger.info("%s: %d outlier channel(s) %s stay float", base, idx.size, idx.tolist())
