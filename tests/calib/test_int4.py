@@ -163,6 +163,36 @@ def test_gemm(form, trans_b):
     assert rel_err(run(out, {"x": x}), reference) < 1e-5
 
 
+@pytest.mark.parametrize("form", ["nbits", "dq"])
+def test_a_matmuls_bias_add_becomes_matmulnbits_bias(form):
+    """MatMul then Add of a constant [N] (a q/k/v projection's bias): MatMulNBits takes the bias
+    as its input 5 and the Add goes; the standard form keeps the Add. Same result as the int4
+    weight and the bias, at two shapes of the symbolic batch and sequence."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 24)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    x = oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])
+    y = oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 24])
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["m"], name="proj"),
+        oh.make_node("Add", ["b", "m"], ["y"], name="bias"),
+    ]
+    out, report = quantized(_model(nodes, [x], [y], {"w": w, "b": b}), form=form)
+    assert report.quantized == ["proj"]
+    ops = Counter(n.op_type for n in out.graph.node)
+    if form == "nbits":
+        assert ops == {"MatMulNBits": 1}
+        (node,) = out.graph.node
+        assert len(node.input) == 6 and node.input[4] == "" and node.output[0] == "y"
+        assert "b" not in {t.name for t in out.graph.initializer}
+    else:
+        assert ops == {"DequantizeLinear": 1, "MatMul": 1, "Add": 1}
+    reference = quantize_rtn(w, 32, False).dequantize()
+    for shape in [(1, 1, 64), (2, 5, 64)]:
+        xs = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+        assert rel_err(run(out, {"x": xs}), xs @ reference + b) < 1e-5
+
+
 def test_onnxruntime_turns_blocked_dq_into_matmulnbits():
     """Optimized, onnxruntime fuses DQ + MatMul into MatMulNBits (int8 compute by default):
     close to the exact result, not equal."""

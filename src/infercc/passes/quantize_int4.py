@@ -460,6 +460,24 @@ def _gemm_bias(node: Node, n: int) -> np.ndarray | None:
     raise NoMatch(f"Gemm whose C of shape {list(bias.shape)} is not a bias of {n}", at=c)
 
 
+def _matmul_bias(node: Node, w: np.ndarray) -> tuple[Node | None, np.ndarray | None]:
+    """The Add that alone reads a MatMul's output with a constant bias [N] of the weight's
+    type (what MatMulNBits takes as its bias input), and that bias; (None, None) if none."""
+    out = node.output
+    uses = out.uses()
+    if len(uses) != 1 or out.is_graph_output:
+        return None, None
+    add = uses[0][0]
+    if add.op_type != "Add" or not add.is_standard or len(add.inputs) != 2:
+        return None, None
+    other = next((v for v in add.inputs if v is not out), None)
+    bias = const_array(other) if other is not None else None
+    n = w.shape[1]
+    if bias is None or bias.dtype != w.dtype or bias.shape != (n,):
+        return None, None
+    return add, np.asarray(bias).reshape(n)
+
+
 def lm_heads(model: Model) -> set[str]:
     """Target nodes whose output reaches a graph output through shape-only or bias ops only:
     the LM head of a decoder (the classifier of an encoder)."""
@@ -568,11 +586,13 @@ DQ_TABLE_REASON = "embedding table kept float: standard ONNX has no block-quanti
 
 @dataclass(frozen=True)
 class _WeightMatch:
-    """What the weight rule's check proved: W [K, N], stored transposed, a Gemm's bias."""
+    """What the weight rule's check proved: W [K, N], stored transposed, a Gemm's bias (or a
+    MatMul's, with the Add that adds it: `bias_add`)."""
 
     w: np.ndarray
     transposed: bool
     bias: np.ndarray | None
+    bias_add: Node | None = None
 
 
 @dataclass(frozen=True)
@@ -651,8 +671,11 @@ class _Int4Rewriter:
             raise NoMatch("the LM head (output projection), kept float (--no-lm-head)")
         w, transposed = _find_weight(node)
         bias = _gemm_bias(node, w.shape[1]) if node.op_type == "Gemm" else None
+        bias_add = None
+        if node.op_type == "MatMul" and self.options.form == "nbits":
+            bias_add, bias = _matmul_bias(node, w)
         self.matched.append(node)
-        return _WeightMatch(w, transposed, bias)
+        return _WeightMatch(w, transposed, bias, bias_add)
 
     def rewrite_weight(self, node: Node, match: _WeightMatch, _ctx: PassContext) -> None:
         self.matched.remove(node)
@@ -666,6 +689,12 @@ class _Int4Rewriter:
             node.set_input(0, self._scaled_input(node, scale))
         if self.options.form == "nbits":
             self._to_nbits(node, blocks, match.bias)
+            if match.bias_add is not None:  # the bias is MatMulNBits' own now
+                add = match.bias_add
+                bias_value = next(v for v in add.inputs if v is not node.output)
+                self.graph.replace_all_uses_with(add.output, node.output)
+                self.graph.remove(add)
+                self._drop_if_unread(bias_value)
         else:
             self._to_dq(node, blocks, match.transposed)
         self._drop_if_unread(weight_value)
