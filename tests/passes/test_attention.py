@@ -206,10 +206,29 @@ def test_attention_emitted_and_exact_at_two_sequence_lengths(form: str) -> None:
     assert _count(report, "emit-attention", "attention") == 1
     assert ops["Attention"] == 1 and "Softmax" not in ops and "MatMul" not in ops
     assert any(n.domain == "com.microsoft" for n in out.graph.node)
-    # only the SDPA form needs the NaN filter that keeps fully padded rows at zero
+    # only the SDPA form needs the filter that keeps fully padded rows at zero: with a mask of
+    # one head, a Mul by the rows kept (the mask's -inf raised to float32's lowest), no IsNaN
     assert _count(report, "emit-attention", "nan_filters") == (1 if form == "sdpa" else 0)
+    assert "IsNaN" not in ops and ops["Max"] == ops["ReduceMax"] == (form == "sdpa")
     for batch, seq in ((2, 7), (3, 16)):
         feeds = _feeds(batch, seq, fill, empty=True, seed=seq)
+        got, want = run_ort(out, feeds)[0], run_ort(model, feeds)[0]
+        assert not np.isnan(want).any()
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_mask_per_head_keeps_the_isnan_filter_and_is_exact() -> None:
+    """A mask with a head axis of H: a row may be empty in one head's slice of the output only,
+    so the filter stays Where(IsNaN(Y), 0, Y); fully padded sequences are zeros as before."""
+    text = _block(SDPA_SCORES, True, f", float[batch,{H},seq,seq] mask")
+    model, out, report = _optimize(text)
+    ops = op_counts(out)
+    assert ops["Attention"] == 1 and ops["IsNaN"] == 1 and "Max" not in ops
+    assert _count(report, "emit-attention", "nan_filters") == 1
+    for batch, seq in ((2, 7), (3, 16)):
+        feeds = _feeds(batch, seq, -np.inf, empty=True, seed=seq)
+        feeds["mask"] = np.repeat(feeds["mask"], H, axis=1)
+        feeds["mask"][0, 1, 2, :] = -np.inf  # one head's row of a kept sequence emptied too
         got, want = run_ort(out, feeds)[0], run_ort(model, feeds)[0]
         assert not np.isnan(want).any()
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)

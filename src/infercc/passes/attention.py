@@ -37,11 +37,15 @@ same uniform row. The mask goes as `attention_bias` (the exact additive tensor, 
 onnxruntime's mask_index, whose filter value -10000 would differ on fully masked rows);
 onnxruntime wants it [B|1, H|1, S, S], so `M' = Expand(M, [1, 1, S, S])` (a copy, made once
 per mask and shared by every layer reading it). A fully masked row (all -inf) is NaN in
-onnxruntime's kernel; where the original had the guard, zeros are restored on the output
-(`Where(IsNaN(Y), 0, Y)`, on [B,S,E] instead of [B,H,S,S]) unless the rows are proven non-empty
-or assumed so. Without the guard the original's row is NaN too. (Like the guard itself, this
-reasons about finite activations: where the block's input already holds a NaN, the original
-propagates it through `0 * V` and the filter makes that position zero.)
+onnxruntime's kernel; where the original had the guard, zeros are restored on the output unless
+the rows are proven non-empty or assumed so: for a mask with one head (its axis 1 statically
+1), the attention_bias goes in as `Max(M, lowest float32)` (a row with any finite entry
+computes exactly as with -inf; a fully masked one becomes a finite average) and the output is
+multiplied by `keep` = (the mask row's maximum > -inf), [B|1, S|1, 1], made once per mask: one
+Mul per block; for any other mask, `Where(IsNaN(Y), 0, Y)` on [B,S,E] instead of [B,H,S,S].
+Without the guard the original's row is NaN too. (Like the guard itself, this reasons about
+finite activations and masks: where the block's input already holds a NaN, the original
+propagates it through `0 * V` and the guard makes that position zero; the filters may not.)
 
 What the match proves: q, k, v are the three outputs of one Split of the packed projection of
 X (constant 2-D weight, constant bias); every reshape target's batch and sequence entries are
@@ -235,7 +239,8 @@ class _Emitter:
     """The rule's state for one run: the attention_bias made for each mask, shared."""
 
     def __init__(self) -> None:
-        self.biases: dict[Value, Value] = {}
+        self.biases: dict[tuple[Value, bool], Value] = {}
+        self.keeps: dict[Value, Value] = {}
         self.stats: dict[str, int] = {}
 
     def check(self, softmax: Node, ctx: PassContext) -> _Block:
@@ -254,7 +259,7 @@ class _Emitter:
         assert graph is not None
         if block.assumed:
             ctx.assumes(NONEMPTY_SEQUENCES)
-        out = _emit(graph, block, self.biases)
+        out = _emit(graph, block, self.biases, self.keeps)
         graph.replace_all_uses_with(block.output, out)
         _drop_dead(graph, block.inside)
         self.stats["attention"] = self.stats.get("attention", 0) + 1
@@ -671,10 +676,13 @@ def _sliced(node: Node) -> list[object] | None:
 # --------------------------------------------------------------------------- the rewrite
 
 
-def _emit(graph: Graph, block: _Block, biases: dict[Value, Value]) -> Value:
+def _emit(
+    graph: Graph, block: _Block, biases: dict[tuple[Value, bool], Value], keeps: dict[Value, Value]
+) -> Value:
     inputs: list[Value | None] = [block.x, block.weight, block.bias]
+    finite = block.filter_nan and _one_head(block.mask)
     if block.mask is not None:
-        inputs += [None, None, _attention_bias(graph, block, biases)]
+        inputs += [None, None, _attention_bias(graph, block, biases, finite)]
     attrs: dict[str, object] = {"num_heads": block.heads, "scale": float(block.scale)}
     if block.widths[2] != block.widths[0]:
         attrs["qkv_hidden_sizes"] = list(block.widths)
@@ -690,7 +698,9 @@ def _emit(graph: Graph, block: _Block, biases: dict[Value, Value]) -> Value:
     out = node.outputs[0]
     assert out is not None
     out.dtype, out.shape = FLOAT, block.output.shape
-    if block.filter_nan:
+    if finite:
+        out = _zero_empty_rows(graph, out, block, keeps)
+    elif block.filter_nan:
         out = _nan_to_zero(graph, out, block.anchor)
     return out
 
@@ -707,15 +717,26 @@ def _drop_dead(graph: Graph, nodes: set[Node]) -> None:
         graph.remove(node)
 
 
-def _attention_bias(graph: Graph, block: _Block, biases: dict[Value, Value]) -> Value:
-    """The mask as [B|1, H|1, S, S] (onnxruntime's attention_bias), made once per mask."""
+def _attention_bias(
+    graph: Graph, block: _Block, biases: dict[tuple[Value, bool], Value], finite: bool
+) -> Value:
+    """The mask as [B|1, H|1, S, S] (onnxruntime's attention_bias), made once per mask; with
+    `finite`, its -inf raised to float32's lowest value (`_zero_empty_rows`)."""
     mask = block.mask
     assert mask is not None
-    if mask in biases:
-        return biases[mask]
+    key = (mask, finite)
+    if key in biases:
+        return biases[key]
+    source = mask
+    if finite:
+        lowest = graph.make_constant(np.array(np.finfo(np.float32).min, np.float32), "lowest")
+        raised = graph.make_node("Max", [mask, lowest], before=block.anchor, name="finite_mask")
+        source = raised.outputs[0]
+        assert source is not None
+        source.dtype, source.shape = FLOAT, mask.shape
     if _is_square(mask, block):
-        biases[mask] = mask
-        return mask
+        biases[key] = source
+        return source
     shape = graph.make_node("Shape", [block.x], before=block.anchor, name="attention_bias_shape")
     seq = graph.make_node(
         "Gather",
@@ -733,12 +754,12 @@ def _attention_bias(graph: Graph, block: _Block, biases: dict[Value, Value]) -> 
         attributes={"axis": 0},
     )
     expand = graph.make_node(
-        "Expand", [mask, target.outputs[0]], before=block.anchor, name="attention_bias"
+        "Expand", [source, target.outputs[0]], before=block.anchor, name="attention_bias"
     )
     out = expand.outputs[0]
     assert out is not None
     out.dtype = FLOAT
-    biases[mask] = out
+    biases[key] = out
     return out
 
 
@@ -749,6 +770,62 @@ def _is_square(mask: Value, block: _Block) -> bool:
         return False
     seq = x_shape[1]
     return isinstance(seq, int) and mask.shape[2] == seq and mask.shape[3] == seq
+
+
+def _one_head(mask: Value | None) -> bool:
+    """A rank-4 mask whose head axis is statically 1: its empty rows are rows of the whole
+    [B, S, E] output, not of one head's slice of it."""
+    shape = None if mask is None else mask.shape
+    return shape is not None and len(shape) == 4 and shape[1] == 1
+
+
+def _zero_empty_rows(graph: Graph, value: Value, block: _Block, keeps: dict[Value, Value]) -> Value:
+    """The output with the rows of fully masked queries set to zero, as the guard made them.
+
+    The attention_bias went in with its -inf raised to float32's lowest value: a row with any
+    finite entry computes exactly as before (exp of lowest - max is 0, as exp(-inf) is), and a
+    fully masked row, all lowest, is a finite uniform average instead of NaN. Multiplying by
+    `keep` (1 where the mask row holds a value above -inf, else 0; once per mask, [B|1, S|1, 1])
+    then zeroes those rows: one Mul per block where the NaN filter took an IsNaN and a Where."""
+    mask = block.mask
+    assert mask is not None
+    keep = keeps.get(mask)
+    if keep is None:
+        before, opset = block.anchor, default_opset(graph)
+        if opset >= 18:
+            axes = graph.make_constant(np.array([-1], np.int64), "last_axis")
+            rowmax = graph.make_node("ReduceMax", [mask, axes], before=before, name="mask_row_max")
+        else:
+            rowmax = graph.make_node(
+                "ReduceMax", [mask], before=before, name="mask_row_max", attributes={"axes": [-1]}
+            )
+        neg_inf = graph.make_constant(np.array(-np.inf, np.float32), "minus_inf")
+        has = graph.make_node("Greater", [rowmax.outputs[0], neg_inf], before=before)
+        as_float = graph.make_node(
+            "Cast", [has.outputs[0]], before=before, name="mask_row_kept", attributes={"to": FLOAT}
+        )
+        if opset >= 13:
+            head_axis = graph.make_constant(np.array([1], np.int64), "head_axis")
+            squeezed = graph.make_node(
+                "Squeeze", [as_float.outputs[0], head_axis], before=before, name="mask_row_keep"
+            )
+        else:
+            squeezed = graph.make_node(
+                "Squeeze",
+                [as_float.outputs[0]],
+                before=before,
+                name="mask_row_keep",
+                attributes={"axes": [1]},
+            )
+        keep = squeezed.outputs[0]
+        assert keep is not None
+        keep.dtype = FLOAT
+        keeps[mask] = keep
+    mul = graph.make_node("Mul", [value, keep], before=block.anchor, name="attention_empty_rows")
+    out = mul.outputs[0]
+    assert out is not None
+    out.dtype, out.shape = value.dtype, value.shape
+    return out
 
 
 def _nan_to_zero(graph: Graph, value: Value, before: Node) -> Value:
