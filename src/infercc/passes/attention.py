@@ -731,9 +731,10 @@ def _attention_bias(
     if finite:
         lowest = graph.make_constant(np.array(np.finfo(np.float32).min, np.float32), "lowest")
         raised = graph.make_node("Max", [mask, lowest], before=block.anchor, name="finite_mask")
-        source = raised.outputs[0]
-        assert source is not None
-        source.dtype, source.shape = FLOAT, mask.shape
+        raised_out = raised.outputs[0]
+        assert raised_out is not None
+        raised_out.dtype, raised_out.shape = FLOAT, mask.shape
+        source = raised_out
     if _is_square(mask, block):
         biases[key] = source
         return source
