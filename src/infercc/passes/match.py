@@ -109,6 +109,18 @@ def sole_reader(value: Value | None) -> Node | None:
     return users[0] if len(users) == 1 else None
 
 
+def bias_add(value: Value | None) -> tuple[Node, Value] | None:
+    """The standard Add that alone reads `value` (no graph output) and adds a constant to it:
+    that Add and the constant (a projection's bias, when `value` is a MatMul's output)."""
+    add = sole_reader(value)
+    if add is None or add.op_type != "Add" or not add.is_standard or len(add.inputs) != 2:
+        return None
+    other = add.inputs[1] if add.inputs[0] is value else add.inputs[0]
+    if other is None or other is value or const_value(other) is None:
+        return None
+    return add, other
+
+
 def is_read(value: Value | None) -> bool:
     """Whether a node or the graph's outputs read `value`."""
     return value is not None and (bool(value._uses) or value.is_graph_output)

@@ -69,6 +69,7 @@ from infercc.passes.manager import (
     register_pass,
     run_passes,
 )
+from infercc.passes.match import bias_add
 from infercc.passes.match import const_value as const_array
 from infercc.passes.rules import NoMatch, Rule, RuleRun, apply_rules
 
@@ -463,19 +464,11 @@ def _gemm_bias(node: Node, n: int) -> np.ndarray | None:
 def _matmul_bias(node: Node, w: np.ndarray) -> tuple[Node | None, np.ndarray | None]:
     """The Add that alone reads a MatMul's output with a constant bias [N] of the weight's
     type (what MatMulNBits takes as its bias input), and that bias; (None, None) if none."""
-    out = node.output
-    uses = out.uses()
-    if len(uses) != 1 or out.is_graph_output:
+    found = bias_add(node.output)
+    bias = None if found is None else const_array(found[1])
+    if found is None or bias is None or bias.dtype != w.dtype or bias.shape != (w.shape[1],):
         return None, None
-    add = uses[0][0]
-    if add.op_type != "Add" or not add.is_standard or len(add.inputs) != 2:
-        return None, None
-    other = next((v for v in add.inputs if v is not out), None)
-    bias = const_array(other) if other is not None else None
-    n = w.shape[1]
-    if bias is None or bias.dtype != w.dtype or bias.shape != (n,):
-        return None, None
-    return add, np.asarray(bias).reshape(n)
+    return found[0], np.asarray(bias)
 
 
 def lm_heads(model: Model) -> set[str]:

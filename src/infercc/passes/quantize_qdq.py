@@ -102,7 +102,7 @@ from infercc.passes.manager import (
     register_pass,
     run_passes,
 )
-from infercc.passes.match import const_value
+from infercc.passes.match import bias_add, const_value
 from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
@@ -415,19 +415,12 @@ def _wants_output_qdq(node: Node) -> bool:
     onnxruntime would fuse with it into a Gemm (A of rank 2, or of static shape)."""
     if node.op_type in OUTPUT_QDQ_OPS:
         return True
-    users = node.output.users()
-    if node.op_type != "MatMul" or len(node.output.uses()) != 1 or node.output.is_graph_output:
+    if node.op_type != "MatMul" or bias_add(node.output) is None:
         return False
     a = node.input(0)
     if a is not None and a.shape is not None and len(a.shape) > 2:
-        if not all(isinstance(d, int) for d in a.shape):
-            return False  # no Gemm fusion: DQ -> MatMul -> Add runs as MatMulIntegerToFloat
-    add = users[0]
-    return (
-        add.op_type == "Add"
-        and add.is_standard
-        and any(v is not None and const_value(v) is not None for v in add.inputs)
-    )
+        return all(isinstance(d, int) for d in a.shape)  # else no Gemm: MatMulIntegerToFloat
+    return True
 
 
 def _sole_relu(value: Value) -> Node | None:

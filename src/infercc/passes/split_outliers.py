@@ -47,7 +47,7 @@ from infercc.passes.manager import (
     register_pass,
     run_passes,
 )
-from infercc.passes.match import const_value, sole_reader
+from infercc.passes.match import bias_add, const_value
 from infercc.passes.rules import NoMatch, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
@@ -140,14 +140,6 @@ class _Splitter:
         self.made[_split_one(node.owning_graph().owning_model(), node, idx)] = node.name
 
 
-def _bias_add(node: Node) -> Node | None:
-    """The Add of a constant that alone reads the MatMul's output (its bias), if any."""
-    add = sole_reader(node.output)
-    if add is None or node.output.is_graph_output or add.op_type != "Add" or not add.is_standard:
-        return None
-    return add if any(v is not None and const_value(v) is not None for v in add.inputs) else None
-
-
 def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
     graph = model.graph
     x, w = node.input(0), node.input(1)
@@ -179,7 +171,8 @@ def _split_one(model: Model, node: Node, idx: np.ndarray) -> str:
             graph.remove_initializer(w)
     # The sum goes after the projection's bias Add when it has one, so that the int8 MatMul
     # and its bias stay next to each other (fuse-int8-matmul makes them one op).
-    after = _bias_add(node) or node
+    found = bias_add(node.output)
+    after = found[0] if found is not None else node
     out = after.output
     total_out = Value(graph.fresh_name(f"{base}_sum_out"), out.dtype, out.shape)
     total = Node(
