@@ -83,7 +83,7 @@ def _check(node: Node, ctx: PassContext) -> _Match:
         b_dq is None or b_dq.op_type != "DequantizeLinear"
     ):
         raise NoMatch()  # a float MatMul: none of this pass's business
-    if sole_reader(matmul.output) is not node or matmul.output.is_graph_output:
+    if sole_reader(matmul.output) is not node:  # None for a graph output too
         raise NoMatch("the MatMul's output is read by more than its bias Add", at=matmul)
     a, a_scale, a_zero = _dq_parts(a_dq)
     b, b_scale, b_zero = _dq_parts(b_dq)
