@@ -274,14 +274,20 @@ def test_cli_json_and_table(decoder, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["method"] == "rtn" and data["block_size"] == 32 and not data["symmetric"]
+    assert data["method"] == "rtn" and data["block_size"] == 32 and data["symmetric"]
+    nbits = [
+        n
+        for n in onnx.load(tmp_path / "c" / "model_int4.onnx").graph.node
+        if n.op_type == "MatMulNBits"
+    ]
+    assert nbits and all(len(n.input) < 4 or not n.input[3] for n in nbits)  # zero point 8
     done = run_cli(
         "calibrate",
         str(path),
         "--int4",
         "--block-size",
         "64",
-        "--symmetric",
+        "--asymmetric",
         "-o",
         str(tmp_path / "t"),
         "--no-speed-check",
@@ -289,7 +295,7 @@ def test_cli_json_and_table(decoder, tmp_path):
         "0",
     )
     assert done.returncode == 0, done.stderr
-    assert "int4 rtn (MatMulNBits, block 64, symmetric)" in done.stdout
+    assert "int4 rtn (MatMulNBits, block 64, asymmetric)" in done.stdout
     assert "perplexity" in done.stdout and "size" in done.stdout
 
 

@@ -6,8 +6,10 @@
    `embeddings=True`, GatherBlockQuantized embeddings: float by default,
    `infercc.passes.quantize_int4` says why); `portable=True` or a GPU target (TensorRT) gets
    standard blocked int4 `DequantizeLinear` (opset 21: a model of an older opset is converted with
-   `onnx.version_converter` first). Symmetric by default on GPU targets (TensorRT's int4 takes
-   no zero point), asymmetric on the cpu target (`infercc.passes.quantize_int4`).
+   `onnx.version_converter` first). Symmetric by default (zero point 8: TensorRT's int4 takes
+   no zero point, and it is onnxruntime-genai's form); `symmetric=False` gives the cpu target
+   a 4-bit zero point per block (`infercc.passes.quantize_int4`; docs/int4.md has both
+   measured).
 2. **Samples** (`data`, the same formats as int8). For a decoder (KV-cache I/O,
    `infercc.analysis.decoder`) a sample holds `input_ids` [1, tokens] only: it is run as one
    prefill (empty cache, full mask, positions 0..n-1), so the logits of every position are
@@ -349,7 +351,7 @@ def check_int4_options(
     check_block_size(block_size)
     kind = get_target(target).kind
     form = "dq" if portable or kind == "gpu" else "nbits"
-    sym = (kind == "gpu") if symmetric is None else bool(symmetric)
+    sym = True if symmetric is None else bool(symmetric)
     check_symmetry(sym, kind)
     level = _check_level(accuracy_level, form)
     return form, sym, level
