@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -210,3 +211,57 @@ def test_calibrate_verify_names_an_int8_pass_that_breaks_the_graph(tmp_path, mon
     with pytest.raises(PassError, match="pass 'quantize-qdq' broke the graph"):
         calibrate(path, data, tmp_path / "v", speed_check=False, verify=True)
     assert not (tmp_path / "v").exists()
+
+
+def test_the_split_is_made_only_when_the_all_int8_model_misses_the_target(tmp_path):
+    """With an accuracy target the split is the first remedy, not a default: the all-int8
+    candidate is evaluated without it, and split only when it misses. Without a target the
+    split is made where outliers are found."""
+    path, _ = projection(tmp_path)
+    data = _sample_dir(tmp_path)
+    always = calibrate(path, data, tmp_path / "always", speed_check=False)  # no target
+    plain = calibrate(path, data, tmp_path / "plain", speed_check=False, outlier_channels=False)
+    split_cos, plain_cos = always.outputs["y"].cosine, plain.outputs["y"].cosine
+    assert plain_cos + 1e-3 < split_cos and always.outlier_split["split"] is True
+    assert always.outlier_split["why"] == "no accuracy target: split where found"
+
+    met = calibrate(
+        path,
+        data,
+        tmp_path / "met",
+        speed_check=False,
+        min_cosine=math.floor(plain_cos * 1e4) / 1e4,
+    )
+    assert met.passed and met.outlier_channels == {} and met.quantized == ["proj"]
+    assert met.outlier_split["split"] is False and "not needed" in met.outlier_split["why"]
+    assert met.outlier_split["found"] == {"proj": [OUTLIER]}
+    assert met.outlier_split["unsplit"]["cosine"] == met.outputs["y"].cosine == plain_cos
+    ops = Counter(n.op_type for n in onnx.load(tmp_path / "met" / INT8_FILE).graph.node)
+    assert ops["Gather"] == 0 and ops["MatMulIntegerToFloat"] == 1
+
+    target = (plain_cos + split_cos) / 2
+    missed = calibrate(path, data, tmp_path / "missed", speed_check=False, min_cosine=target)
+    assert missed.passed and missed.outlier_channels == {"proj": [OUTLIER]}
+    assert missed.outlier_split["split"] is True and "missed" in missed.outlier_split["why"]
+    assert missed.outlier_split["unsplit"]["cosine"] == plain_cos
+    assert missed.outputs["y"].cosine == split_cos  # the split reference, calibrated again
+    assert not [k for k in missed.kept_float if k.cause == "sensitivity"]
+    int8 = onnx.load(tmp_path / "missed" / INT8_FILE)
+    ops = Counter(n.op_type for n in int8.graph.node)
+    assert ops["Gather"] == 1 and ops["MatMulIntegerToFloat"] == 1
+    assert sorted(p.name for p in (tmp_path / "missed").iterdir()) == sorted(
+        p.name for p in (tmp_path / "always").iterdir()
+    )  # nothing of the unsplit reference is left behind
+
+    r = _cli(
+        str(path),
+        "--data",
+        str(data),
+        "--no-speed-check",
+        "-o",
+        str(tmp_path / "cli"),
+        "--min-cosine",
+        str(math.floor(plain_cos * 1e4) / 1e4),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "outlier channels: found in 1 projection(s), not split: not needed" in r.stdout

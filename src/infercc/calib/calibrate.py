@@ -25,9 +25,12 @@ calibration's output is a directory of files, so there is no in-memory result as
    (FusedConv, ...) appears, so the Q/DQ model stays standard ONNX that TensorRT also reads.
    Quantizable nodes (Conv, MatMul, Gemm) without a name get one (`exclude` and the report need
    names). With `outlier_channels` (default), the channel maxima of transformer projections'
-   inputs are measured on the calibration samples (`infercc.calib.outliers`) and the int8
-   pipeline's first stage, split-outlier-channels, splits a projection whose input has a few
-   outlier channels exactly, those channels kept float. The result, `model_fp32.onnx`, is the
+   inputs are measured on the calibration samples (`infercc.calib.outliers`); the int8
+   pipeline's first stage, split-outlier-channels, can split a projection whose input has a
+   few outlier channels exactly, those channels kept float. With an accuracy target (6) the
+   split waits: it is made only when the all-int8 candidate misses the target without it
+   (the reference is then split, saved and calibrated again, and the search starts from the
+   split model); without a target it is made at once. The result, `model_fp32.onnx`, is the
    reference for the ranges and for the evaluation, and it is written to `out_dir` too:
    `ranges.json` and `calibration.cache` name tensors of *this* graph (a fused Conv takes its
    BatchNormalization's output name, folded constants disappear), which is the graph a

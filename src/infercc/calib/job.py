@@ -9,12 +9,18 @@ describes the method):
   percentile and target chosen (`infercc.calib.choices`), the samples read and split into
   calibration and evaluation;
 - pipelines: calibrate-fp32 on the model (portable, assuming nothing: `reference_config`),
-  the quantizable nodes named and the user's exclusions checked, then, when the calibration
-  samples show outlier channels, the int8 pipeline's outlier split;
+  the quantizable nodes named and the user's exclusions checked, then the outlier channels
+  measured on the calibration samples (and, for a run without an accuracy target, the int8
+  pipeline's outlier split made at once);
 - plan: the fp32 reference saved, the ranges calibrated, onnxruntime's fused int8 kernels
   checked (when this host is the target), and the sensitivity search (`infercc.calib.search`)
   over `trial`s (each the int8 pipeline's quantize-qdq stage on a fresh copy of the reference,
-  evaluated against fp32); the build fails here when no candidate meets the target;
+  evaluated against fp32); the build fails here when no candidate meets the target. Where
+  outlier channels were found, the split is the first remedy: the all-int8 candidate is
+  evaluated without it, and only when it misses the target is the reference split, saved and
+  calibrated again, and searched from there (`split_outliers`): a split projection costs a
+  Gather, a small float MatMul and an Add, so a build that meets its target without them
+  ships without them;
 - write: the int8 model, ranges.json and calibration.cache staged;
 - validate: the int8 model raced against the original on this host (a slower int8 is said);
 - publish: calibration_report.json and the manifest written, the directory moved into place.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -109,6 +116,7 @@ CACHE_FILE = "calibration.cache"
 _TRIAL_FILE = ".trial.onnx"
 _KERNEL_FILE = ".kernel_check.onnx"
 _PROBE_FILE = ".outlier_probe.onnx"
+_UNSPLIT_DIR = ".unsplit"  # the reference before an outlier split, while it is made
 FUSE_INT8 = "fuse-int8-matmul"
 
 SPEED_WARMUP, SPEED_ITERS = 10, 60
@@ -187,7 +195,10 @@ class Int8Flow:
         self.calibration: Samples = []  # the samples activation noise is measured on
         self.not_scores: frozenset[str] = frozenset()
         self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
-        self.outlier_channels: dict[str, list[int]] = {}
+        self.outlier_channels: dict[str, list[int]] = {}  # found on the calibration samples
+        self.split_pending = False  # found, split only if the all-int8 candidate misses
+        self.outlier_split: dict[str, Any] | None = None  # what was decided, and on what
+        self.kernels_checked = False
         self.broken_kernels: dict[str, str] = {}  # node -> why onnxruntime's int8 kernel is wrong
         self.converted_from: int | None = None  # the model's opset, when converted to MIN_OPSET
         self.refusals: list[dict[str, str]] = []  # the pipeline stages' (--explain)
@@ -234,20 +245,58 @@ class Int8Flow:
         if not self.request.outlier_channels:
             return
         self.outlier_channels = self.find_outliers(job)
-        if self.outlier_channels:
-            split = stage_context(job.config, outlier_channels=self.outlier_channels)
-            yield Stage(INT8.name, INT8.stages[0], split)
-            self.refusals += [r.to_dict() for r in split.refusals]
-            self.float_nodes = job.reports[INT8.name].details("split-outlier-channels") or {}
+        if not self.outlier_channels:
+            return
+        if self.targets.given:  # the split waits for the all-int8 candidate's verdict (plan)
+            self.split_pending = True
+            return
+        self.outlier_split = {"split": True, "why": "no accuracy target: split where found"}
+        yield self.split_stage(job)
+        self.split_done(job)
+
+    def split_stage(self, job: Job) -> Stage:
+        split = stage_context(job.config, outlier_channels=self.outlier_channels)
+        return Stage(INT8.name, INT8.stages[0], split)
+
+    def split_done(self, job: Job) -> None:
+        stage = job.reports[INT8.name]
+        self.refusals += [r.to_dict() for r in stage.refusals]
+        self.float_nodes = stage.details("split-outlier-channels") or {}
 
     def plan(self, job: Job) -> bool:
         """The fp32 reference, the ranges, the kernel check and the search; False when the
         final candidate misses the target."""
         self.save_reference(job)
         self.calibrate(job)
-        self.final = final = self.run_search(job, self.request.exclude)
+        final = self.run_search(job, self.request.exclude)
+        if final is None:  # the all-int8 candidate missed the target: split, then search
+            self.split_outliers(job)
+            final = self.run_search(job, self.request.exclude)
+        assert final is not None
+        self.final = final
         self.report = report = self.make_report(final)
         return report.passed
+
+    def split_outliers(self, job: Job) -> None:
+        """The pending outlier split made on the saved reference, which is saved and
+        calibrated again (its split projections read new tensors)."""
+        job.step("splitting outlier channels")
+        # the IR reads its weights from the saved files as it needs them: they move aside
+        # (with any external data beside them) until the split reference is saved
+        unsplit = job.stage_dir / _UNSPLIT_DIR
+        unsplit.mkdir()
+        for f in self.fp32_files:
+            f.rename(unsplit / f.name)
+        job.ir = load_model(unsplit / self.fp32_path.name)
+        stage = self.split_stage(job)
+        job.reports[INT8.name] = run_passes(
+            job.ir, stage.context, stage.passes, job.config.disable_passes
+        )
+        self.split_done(job)
+        self.split_pending = False
+        self.save_reference(job)
+        shutil.rmtree(unsplit)
+        self.calibrate(job)
 
     def staging(self) -> Staging:
         return staging_dir(self.dest)
@@ -382,13 +431,16 @@ class Int8Flow:
         evaluation = evaluate(self.reference, actual, self.not_scores)
         return Trial(exclude, report, evaluation, self.quantize_refusals)
 
-    def run_search(self, job: Job, exclude: tuple[str, ...]) -> Trial:
+    def run_search(self, job: Job, exclude: tuple[str, ...]) -> Trial | None:
         """Check the kernels (when the host is the target), then search (module doc 6 of
-        `infercc.calib.calibrate`)."""
-        if self.fused:  # the target's kernels are this host's: check them
+        `infercc.calib.calibrate`); None, with the search not run, when an outlier split is
+        pending and the all-int8 candidate misses the target without it."""
+        if self.fused and not self.kernels_checked:  # the target's kernels are this host's
             job.step("checking onnxruntime's int8 kernels")
+            # once: an outlier split keeps each projection's name, shapes and kernel
             self.broken_kernels = self.check_kernels(job, exclude)
-            exclude = (*exclude, *self.broken_kernels)
+            self.kernels_checked = True
+        exclude = (*exclude, *self.broken_kernels)
         self.search = Search(
             self.targets,
             lambda names: self.trial(job, names),
@@ -398,7 +450,19 @@ class Int8Flow:
             self.activation_sqnr,
             job.step,
         )
-        return self.search.run(exclude)
+        if not self.split_pending:
+            return self.search.run(exclude)
+        first = self.search.first(exclude)
+        unsplit = {"cosine": first.evaluation.cosine, "top1_drop": first.evaluation.top1_drop}
+        if self.targets.met(first.evaluation):
+            self.split_pending = False
+            why = f"not needed: without it {self.targets.describe(first.evaluation)}"
+            self.outlier_split = {"split": False, "why": why, "unsplit": unsplit}
+            return self.search.run(exclude, first)
+        why = f"the all-int8 candidate without it missed: {self.targets.describe(first.evaluation)}"
+        self.outlier_split = {"split": True, "why": why, "unsplit": unsplit}
+        logger.info("outlier channels: %s; splitting", why)
+        return None
 
     @property
     def fused(self) -> bool:
@@ -461,7 +525,10 @@ class Int8Flow:
         report.refusals = [*self.refusals, *final.refusals]
         report.int8 = o.plan
         report.settings = self.settings
-        report.outlier_channels = dict(self.outlier_channels)
+        report.outlier_channels = dict(self.outlier_channels) if self.float_nodes else {}
+        if self.outlier_split is not None:
+            found = {k: list(v) for k, v in self.outlier_channels.items()}
+            report.outlier_split = {**self.outlier_split, "found": found}
         if self.converted_from is not None:
             report.opset_conversion = {
                 "from": self.converted_from,

@@ -14,10 +14,11 @@ A channel is an outlier when its absolute maximum over the calibration samples e
 `RATIO` (2.5) times the (`MAX_CHANNELS` + 1)-th largest channel maximum, so at most
 `MAX_CHANNELS` (8) channels can be outliers and a tensor with many large channels has none;
 only projections with at least `MIN_K` (64) input channels are considered. On all-MiniLM-L6-v2
-it split 11 of 24 projections (1 to 3 channels each) and raised the held-out minimum cosine,
-every projection in int8, from 0.9909 to 0.9948, for 0.54x instead of 0.50x the fp32 time
-(AMD Zen 4); with the split's int8 weight rows zeroed and its mask dropped, 0.9954 for 0.57x
-instead of 0.52x on an AMX host (docs/benchmarks.md).
+it finds outliers in 11 of 24 projections (1 to 3 channels each); split, they raise the
+held-out minimum cosine, every projection in int8, from 0.9909 to 0.9956, for about 10% more
+time (docs/benchmarks.md). So calibrate splits only when the all-int8 model misses its
+accuracy target without the split (`infercc.calib.job`): at MiniLM's default target, 0.99, it
+does not.
 """
 
 from __future__ import annotations

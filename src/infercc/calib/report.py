@@ -135,7 +135,10 @@ class CalibrationReport:
     seconds: float = 0.0
     activations: str = "int8"
     speed: SpeedCheck | None = None
-    outlier_channels: dict[str, list[int]] = field(default_factory=dict)
+    outlier_channels: dict[str, list[int]] = field(default_factory=dict)  # the split ones
+    # where outlier channels were found: {"split", "why", "found"[, "unsplit": the all-int8
+    # candidate's cosine and top1_drop without the split]}
+    outlier_split: dict[str, Any] | None = None
     settings: Settings | None = None  # the method, percentile and target: given or chosen
     int8: Int8Plan | None = None  # the form the target got, and what was not measured here
     verdict: str = PASSED  # one of VERDICTS: what `passed` rests on
@@ -178,6 +181,7 @@ class CalibrationReport:
             "activations": self.activations,
             "int8": None if self.int8 is None else self.int8.to_dict(),
             "outlier_channels": {k: list(v) for k, v in self.outlier_channels.items()},
+            "outlier_split": self.outlier_split,
             "speed": None if self.speed is None else self.speed.to_dict(),
             "seconds": round(self.seconds, 4),
         }

@@ -50,11 +50,17 @@ class Search:
     sensitivity: dict[str, KeptFloat] = field(default_factory=dict)
     trials: int = 0  # sensitivity trials (the first, all-int8 candidate is not one)
 
-    def run(self, exclude: tuple[str, ...]) -> Trial:
-        """Quantize, evaluate, and move nodes to float until the target holds."""
+    def first(self, exclude: tuple[str, ...]) -> Trial:
+        """The all-int8 candidate (less `exclude`): quantized and evaluated."""
         self.step("quantizing")
         current = self.trial(exclude)
         logger.info("int8: %s", self.targets.describe(current.evaluation))
+        return current
+
+    def run(self, exclude: tuple[str, ...], first: Trial | None = None) -> Trial:
+        """Quantize, evaluate, and move nodes to float until the target holds (from `first`,
+        the all-int8 candidate, when it was already evaluated)."""
+        current = self.first(exclude) if first is None else first
         round_ = 0
         if self.targets.given and not self.targets.met(current.evaluation):
             self.rank_nodes()

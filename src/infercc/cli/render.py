@@ -603,11 +603,19 @@ def render_calibration(report, console: Console, explain: bool = False) -> None:
     if settings:
         console.print(_settings_line(settings), highlight=False)
     split = d.get("outlier_channels") or {}
+    decided = d.get("outlier_split") or {}
     if split:
         channels = sum(len(v) for v in split.values())
+        why = f" ({decided['why']})" if decided.get("why") else ""
         console.print(
             f"outlier channels: {len(split)} projection(s) split, {channels} channel(s) kept "
-            "float beside their int8 MatMul",
+            f"float beside their int8 MatMul{why}",
+            highlight=False,
+        )
+    elif decided.get("found"):
+        console.print(
+            f"outlier channels: found in {len(decided['found'])} projection(s), not split: "
+            f"{decided['why']} (--min-cosine higher to split them)",
             highlight=False,
         )
     by_reason: dict[str, list[str]] = {}
