@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,20 @@ CNN = (ROOT / "examples" / "small_cnn.onnx").as_posix()
 def private_tuning_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERCC_CACHE_DIR", str(tmp_path / "tuning-cache"))
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def default_sigint() -> Iterator[object]:
+    """Python's own SIGINT handler for the test's duration, as an interactive `infercc ci`
+    has it; the handler found is restored after and named in a failure. A test run started
+    in the background (`cmd &` without job control) inherits SIGINT ignored, and Python then
+    leaves it ignored: the real-SIGINT tests below ran to exit 0 there."""
+    found = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield found
+    finally:
+        signal.signal(signal.SIGINT, found)
 
 
 def _manifest(tmp_path: Path, budget: bool = False) -> Path:
@@ -71,7 +86,10 @@ def _check_reports(tmp_path: Path, passed: set[str], reason: str) -> None:
 
 
 def test_sigint_with_one_job_writes_the_reports(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    default_sigint: object,
 ) -> None:
     """The build of b runs in the main thread: a real SIGINT lands there."""
 
@@ -82,7 +100,7 @@ def test_sigint_with_one_job_writes_the_reports(
 
     monkeypatch.setattr(runner, "_build_isolated", build)
     result = run_main(monkeypatch, capsys, "ci", str(_manifest(tmp_path)), *_reports(tmp_path))
-    assert result.code == 130, result.text
+    assert result.code == 130, f"SIGINT handler before the test: {default_sigint!r}\n{result.text}"
     assert "interrupted" in result.text
     _check_reports(tmp_path, {"a"}, CANCELLED)
 
@@ -113,7 +131,10 @@ def test_interrupt_with_jobs_writes_the_reports(
 
 
 def test_sigint_during_the_benchmarks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    default_sigint: object,
 ) -> None:
     """Interrupted while b is timed: a keeps its latency, b and c are cancelled before (or
     during) their benchmark."""
@@ -127,7 +148,7 @@ def test_sigint_during_the_benchmarks(
     monkeypatch.setattr(runner, "_bench_isolated", bench)
     args = ["ci", str(_manifest(tmp_path, budget=True)), "--jobs", "2", *_reports(tmp_path)]
     result = run_main(monkeypatch, capsys, *args)
-    assert result.code == 130, result.text
+    assert result.code == 130, f"SIGINT handler before the test: {default_sigint!r}\n{result.text}"
     _check_reports(tmp_path, {"a"}, CANCELLED_BENCH)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["models"][0]["latency"]["p50_ms"] == 1.5
