@@ -265,3 +265,80 @@ def test_the_split_is_made_only_when_the_all_int8_model_misses_the_target(tmp_pa
     )
     assert r.returncode == 0, r.stderr
     assert "outlier channels: found in 1 projection(s), not split: not needed" in r.stdout
+
+
+def two_projections(tmp: Path) -> Path:
+    """x -> two gains (channel 7 x40, channel 11 x6) -> MatMuls p1, p2: two outputs."""
+    rng = np.random.default_rng(5)
+    gains = [np.ones(K, np.float32), np.ones(K, np.float32)]
+    gains[0][OUTLIER] = 40.0
+    gains[1][11] = 6.0
+    weights = {
+        "g1": gains[0],
+        "g2": gains[1],
+        "w1": (rng.standard_normal((K, N)) * 0.2).astype(np.float32),
+        "w2": (rng.standard_normal((K, N)) * 0.2).astype(np.float32),
+    }
+    nodes = [
+        oh.make_node("Mul", ["x", "g1"], ["h1"]),
+        oh.make_node("MatMul", ["h1", "w1"], ["y1"], name="p1"),
+        oh.make_node("Mul", ["x", "g2"], ["h2"]),
+        oh.make_node("MatMul", ["h2", "w2"], ["y2"], name="p2"),
+    ]
+    out = [
+        oh.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", "seq", N]) for y in ("y1", "y2")
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
+        out,
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp / "two.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_the_split_takes_the_most_severe_projections_the_target_needs(tmp_path, monkeypatch):
+    """Splitting p1 (the x40 channel) alone meets a target the unsplit model misses: p2 stays
+    whole. A target only both splits meet gets both, after trying p1 alone."""
+    from infercc.calib.job import Int8Flow
+
+    path = two_projections(tmp_path)
+    data = _sample_dir(tmp_path)
+    both = calibrate(path, data, tmp_path / "both", speed_check=False)  # no target: split all
+    assert both.outlier_channels == {"p1": [OUTLIER], "p2": [11]}
+    find = Int8Flow.find_outliers
+
+    def p1_only(self, job):
+        return {k: v for k, v in find(self, job).items() if k == "p1"}
+
+    with monkeypatch.context() as m:
+        m.setattr(Int8Flow, "find_outliers", p1_only)
+        one = calibrate(path, data, tmp_path / "one", speed_check=False)
+    plain = calibrate(path, data, tmp_path / "plain", speed_check=False, outlier_channels=False)
+    c_plain, c_one, c_both = (min(o.cosine for o in r.outputs.values()) for r in (plain, one, both))
+    assert c_plain < c_one < c_both
+
+    first = calibrate(
+        path, data, tmp_path / "first", speed_check=False, min_cosine=(c_plain + c_one) / 2
+    )
+    assert first.outlier_channels == {"p1": [OUTLIER]} and first.quantized == ["p1", "p2"]
+    split = first.outlier_split
+    assert split["projections"] == 1 and [t["projections"] for t in split["tried"]] == [1]
+    assert split["tried"][0]["cosine"] == min(o.cosine for o in first.outputs.values())
+    ops = Counter(n.op_type for n in onnx.load(tmp_path / "first" / INT8_FILE).graph.node)
+    assert ops["Gather"] == 1 and ops["QuantizeLinear"] == 2  # p2 reads x whole
+    assert not [k for k in first.kept_float if k.cause == "sensitivity"]
+
+    full = calibrate(
+        path, data, tmp_path / "full", speed_check=False, min_cosine=(c_one + c_both) / 2
+    )
+    assert full.outlier_channels == {"p1": [OUTLIER], "p2": [11]}
+    assert full.outlier_split["projections"] == 2
+    assert [t["projections"] for t in full.outlier_split["tried"]] == [1]
+    assert min(o.cosine for o in full.outputs.values()) == c_both
+    assert not [k for k in full.kept_float if k.cause == "sensitivity"]

@@ -28,13 +28,15 @@ calibration's output is a directory of files, so there is no in-memory result as
    inputs are measured on the calibration samples (`infercc.calib.outliers`); the int8
    pipeline's first stage, split-outlier-channels, can split a projection whose input has a
    few outlier channels exactly, those channels kept float. With an accuracy target (6) the
-   split waits: it is made only when the all-int8 candidate misses the target without it
-   (the reference is then split, saved and calibrated again, and the search starts from the
-   split model); without a target it is made at once. The result, `model_fp32.onnx`, is the
-   reference for the ranges and for the evaluation, and it is written to `out_dir` too:
-   `ranges.json` and `calibration.cache` name tensors of *this* graph (a fused Conv takes its
-   BatchNormalization's output name, folded constants disappear), which is the graph a
-   TensorRT < 11 implicit-INT8 build must be given with the cache.
+   split waits: it is made only when the all-int8 candidate misses the target without it,
+   and then on as few projections as the target needs, the most severe first (all of them
+   split and calibrated once; 1, 2, 4, ... tried with those ranges); the search starts from
+   the split model. Without a target every projection with outliers is split at once.
+   The result, `model_fp32.onnx`, is the reference for the ranges and for the evaluation,
+   and it is written to `out_dir` too: `ranges.json` and `calibration.cache` name tensors of
+   *this* graph (a fused Conv takes its BatchNormalization's output name, folded constants
+   disappear), which is the graph a TensorRT < 11 implicit-INT8 build must be given with
+   the cache.
 3. **Ranges.** `collect_ranges` observes the activations `calibration_tensors` names (the inputs
    of the quantizable nodes and the outputs that get Q/DQ pairs) with `method` (minmax, entropy
    or percentile). Left out, the method and its percentile are chosen from the model

@@ -17,10 +17,10 @@ describes the method):
   over `trial`s (each the int8 pipeline's quantize-qdq stage on a fresh copy of the reference,
   evaluated against fp32); the build fails here when no candidate meets the target. Where
   outlier channels were found, the split is the first remedy: the all-int8 candidate is
-  evaluated without it, and only when it misses the target is the reference split, saved and
-  calibrated again, and searched from there (`split_outliers`): a split projection costs a
-  Gather, a small float MatMul and an Add, so a build that meets its target without them
-  ships without them;
+  evaluated without it, and only when it misses the target are projections split, as few as
+  the target needs, most severe first (`split_outliers`), and searched from there: a split
+  projection costs a Gather, a small float MatMul and an Add, so a build that meets its
+  target without them ships without them;
 - write: the int8 model, ranges.json and calibration.cache staged;
 - validate: the int8 model raced against the original on this host (a slower int8 is said);
 - publish: calibration_report.json and the manifest written, the directory moved into place.
@@ -196,6 +196,7 @@ class Int8Flow:
         self.not_scores: frozenset[str] = frozenset()
         self.float_nodes: dict[str, str] = {}  # outlier MatMul -> the MatMul it was split from
         self.outlier_channels: dict[str, list[int]] = {}  # found on the calibration samples
+        self.outlier_severity: dict[str, float] = {}  # MatMul -> `outliers.severity`
         self.split_pending = False  # found, split only if the all-int8 candidate misses
         self.outlier_split: dict[str, Any] | None = None  # what was decided, and on what
         self.kernels_checked = False
@@ -251,11 +252,11 @@ class Int8Flow:
             self.split_pending = True
             return
         self.outlier_split = {"split": True, "why": "no accuracy target: split where found"}
-        yield self.split_stage(job)
+        yield self.split_stage(job, self.outlier_channels)
         self.split_done(job)
 
-    def split_stage(self, job: Job) -> Stage:
-        split = stage_context(job.config, outlier_channels=self.outlier_channels)
+    def split_stage(self, job: Job, channels: dict[str, list[int]]) -> Stage:
+        split = stage_context(job.config, outlier_channels=channels)
         return Stage(INT8.name, INT8.stages[0], split)
 
     def split_done(self, job: Job) -> None:
@@ -270,33 +271,72 @@ class Int8Flow:
         self.calibrate(job)
         final = self.run_search(job, self.request.exclude)
         if final is None:  # the all-int8 candidate missed the target: split, then search
-            self.split_outliers(job)
-            final = self.run_search(job, self.request.exclude)
+            first = self.split_outliers(job, (*self.request.exclude, *self.broken_kernels))
+            final = self.run_search(job, self.request.exclude, first)
         assert final is not None
         self.final = final
         self.report = report = self.make_report(final)
         return report.passed
 
-    def split_outliers(self, job: Job) -> None:
-        """The pending outlier split made on the saved reference, which is saved and
-        calibrated again (its split projections read new tensors)."""
+    def split_outliers(self, job: Job, exclude: tuple[str, ...]) -> Trial | None:
+        """The pending outlier split, as few projections as the target needs.
+
+        Every projection with outliers is split once and calibrated (its split projections
+        read new tensors, named after the projection). Then the most severe ones first
+        (`outliers.severity`), 1, 2, 4, ... of them are split on a copy of the unsplit
+        reference and the all-int8 candidate evaluated, with the ranges of both calibrations
+        (no third one: each tensor keeps its name in every subset); the first subset that
+        meets the target is kept, and its candidate returned for the search to start from.
+        None when only the full split is left: it is the reference then, the search starts
+        afresh from it."""
         job.step("splitting outlier channels")
         # the IR reads its weights from the saved files as it needs them: they move aside
         # (with any external data beside them) until the split reference is saved
-        unsplit = job.stage_dir / _UNSPLIT_DIR
-        unsplit.mkdir()
+        unsplit_dir = job.stage_dir / _UNSPLIT_DIR
+        unsplit_dir.mkdir()
         for f in self.fp32_files:
-            f.rename(unsplit / f.name)
-        job.ir = load_model(unsplit / self.fp32_path.name)
-        stage = self.split_stage(job)
+            f.rename(unsplit_dir / f.name)
+        unsplit = unsplit_dir / self.fp32_path.name
+        found = self.outlier_channels
+        ranked = sorted(found, key=lambda n: (-self.outlier_severity.get(n, 0.0), n))
+        plain_ranges = self.ranges
+        self.split_reference(job, unsplit, found)
+        self.calibrate(job)
+        split_ranges = self.ranges
+        every_range = {**plain_ranges, **split_ranges}
+        tried: list[dict[str, Any]] = []
+        first = None
+        count = 1
+        while count < len(ranked) and first is None:
+            job.step(f"outlier split of the {count} most severe projection(s)")
+            self.split_reference(job, unsplit, {n: found[n] for n in ranked[:count]})
+            self.ranges = every_range
+            trial = self.trial(job, exclude)
+            tried.append({"projections": count, "cosine": trial.evaluation.cosine})
+            if self.targets.met(trial.evaluation):
+                first = trial
+            else:
+                count *= 2
+        if first is None:  # every projection split, as calibrated
+            self.split_reference(job, unsplit, found)
+            self.ranges = split_ranges
+        assert self.outlier_split is not None
+        self.outlier_split["projections"] = len(self.float_nodes)
+        self.outlier_split["tried"] = tried
+        self.refusals += [r.to_dict() for r in job.reports[INT8.name].refusals]
+        self.split_pending = False
+        shutil.rmtree(unsplit_dir)
+        return first
+
+    def split_reference(self, job: Job, unsplit: Path, channels: dict[str, list[int]]) -> None:
+        """The unsplit reference with `channels` split, saved as the reference."""
+        job.ir = load_model(unsplit)
+        stage = self.split_stage(job, channels)
         job.reports[INT8.name] = run_passes(
             job.ir, stage.context, stage.passes, job.config.disable_passes
         )
-        self.split_done(job)
-        self.split_pending = False
+        self.float_nodes = job.reports[INT8.name].details("split-outlier-channels") or {}
         self.save_reference(job)
-        shutil.rmtree(unsplit)
-        self.calibrate(job)
 
     def staging(self) -> Staging:
         return staging_dir(self.dest)
@@ -358,6 +398,7 @@ class Int8Flow:
             idx = outliers.outlier_channels(amax[tensor]) if tensor in amax else []
             if idx:
                 channels[node] = idx
+                self.outlier_severity[node] = outliers.severity(amax[tensor], idx)
         return channels
 
     # -- plan: the reference, the ranges, the search ----------------------------------------
@@ -431,7 +472,9 @@ class Int8Flow:
         evaluation = evaluate(self.reference, actual, self.not_scores)
         return Trial(exclude, report, evaluation, self.quantize_refusals)
 
-    def run_search(self, job: Job, exclude: tuple[str, ...]) -> Trial | None:
+    def run_search(
+        self, job: Job, exclude: tuple[str, ...], first: Trial | None = None
+    ) -> Trial | None:
         """Check the kernels (when the host is the target), then search (module doc 6 of
         `infercc.calib.calibrate`); None, with the search not run, when an outlier split is
         pending and the all-int8 candidate misses the target without it."""
@@ -451,7 +494,7 @@ class Int8Flow:
             job.step,
         )
         if not self.split_pending:
-            return self.search.run(exclude)
+            return self.search.run(exclude, first)
         first = self.search.first(exclude)
         unsplit = {"cosine": first.evaluation.cosine, "top1_drop": first.evaluation.top1_drop}
         if self.targets.met(first.evaluation):
@@ -525,7 +568,8 @@ class Int8Flow:
         report.refusals = [*self.refusals, *final.refusals]
         report.int8 = o.plan
         report.settings = self.settings
-        report.outlier_channels = dict(self.outlier_channels) if self.float_nodes else {}
+        split = set(self.float_nodes.values())
+        report.outlier_channels = {n: c for n, c in self.outlier_channels.items() if n in split}
         if self.outlier_split is not None:
             found = {k: list(v) for k, v in self.outlier_channels.items()}
             report.outlier_split = {**self.outlier_split, "found": found}

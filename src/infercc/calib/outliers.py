@@ -17,8 +17,8 @@ only projections with at least `MIN_K` (64) input channels are considered. On al
 it finds outliers in 11 of 24 projections (1 to 3 channels each); split, they raise the
 held-out minimum cosine, every projection in int8, from 0.9909 to 0.9956, for about 10% more
 time (docs/benchmarks.md). So calibrate splits only when the all-int8 model misses its
-accuracy target without the split (`infercc.calib.job`): at MiniLM's default target, 0.99, it
-does not.
+accuracy target without the split, and then only as many projections as the target needs,
+the most `severity` first (`infercc.calib.job`).
 """
 
 from __future__ import annotations
@@ -58,10 +58,27 @@ def channel_absmax(
 def outlier_channels(amax: np.ndarray) -> list[int]:
     """The outlier channels of one tensor (empty when none, or too many to be outliers)."""
     amax = np.asarray(amax, np.float64)
-    if amax.size < MIN_K or not np.isfinite(amax).all():
-        return []
-    level = float(np.sort(amax)[-(MAX_CHANNELS + 1)])  # the largest channel past the outliers
-    if level <= 0.0:
+    level = _level(amax)
+    if level is None:
         return []
     idx = np.flatnonzero(amax > RATIO * level)
     return [int(i) for i in idx]
+
+
+def severity(amax: np.ndarray, channels: Sequence[int]) -> float:
+    """How far the largest of `channels` stands above the rest: its maximum over the largest
+    channel past the outliers (> RATIO for outliers; 0.0 when there is no such level)."""
+    amax = np.asarray(amax, np.float64)
+    level = _level(amax)
+    if level is None or not len(channels):
+        return 0.0
+    return float(amax[list(channels)].max() / level)
+
+
+def _level(amax: np.ndarray) -> float | None:
+    """The largest channel maximum past the `MAX_CHANNELS` largest (None when the tensor is
+    too small, not finite, or all zero there)."""
+    if amax.size < MIN_K or not np.isfinite(amax).all():
+        return None
+    level = float(np.sort(amax)[-(MAX_CHANNELS + 1)])
+    return level if level > 0.0 else None
