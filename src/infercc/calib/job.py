@@ -312,8 +312,10 @@ class Int8Flow:
             self.split_reference(job, unsplit, {n: found[n] for n in ranked[:count]})
             self.ranges = every_range
             trial = self.trial(job, exclude)
-            tried.append({"projections": count, "cosine": trial.evaluation.cosine})
-            if self.targets.met(trial.evaluation):
+            evaluation = trial.evaluation
+            drop = evaluation.top1_drop
+            tried.append({"projections": count, "cosine": evaluation.cosine, "top1_drop": drop})
+            if self.targets.met(evaluation):
                 first = trial
             else:
                 count *= 2
