@@ -333,6 +333,10 @@ def test_the_split_takes_the_most_severe_projections_the_target_needs(tmp_path, 
     ops = Counter(n.op_type for n in onnx.load(tmp_path / "first" / INT8_FILE).graph.node)
     assert ops["Gather"] == 1 and ops["QuantizeLinear"] == 2  # p2 reads x whole
     assert not [k for k in first.kept_float if k.cause == "sensitivity"]
+    r = _cli(str(path), "--data", str(data), "--no-speed-check", "-o", str(tmp_path / "cli"),
+             "--min-cosine", str((c_plain + c_one) / 2))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "outlier channels: 1 of 2 projection(s) split, 1 channel(s) kept float" in r.stdout
 
     full = calibrate(
         path, data, tmp_path / "full", speed_check=False, min_cosine=(c_one + c_both) / 2

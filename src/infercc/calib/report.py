@@ -137,7 +137,8 @@ class CalibrationReport:
     speed: SpeedCheck | None = None
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)  # the split ones
     # where outlier channels were found: {"split", "why", "found"[, "unsplit": the all-int8
-    # candidate's cosine and top1_drop without the split]}
+    # candidate's cosine and top1_drop without the split, "projections": how many were split,
+    # "tried": each smaller set tried ({"projections", "cosine", "top1_drop"})]}
     outlier_split: dict[str, Any] | None = None
     settings: Settings | None = None  # the method, percentile and target: given or chosen
     int8: Int8Plan | None = None  # the form the target got, and what was not measured here

@@ -607,9 +607,10 @@ def render_calibration(report, console: Console, explain: bool = False) -> None:
     if split:
         channels = sum(len(v) for v in split.values())
         why = f" ({decided['why']})" if decided.get("why") else ""
+        found = len(decided.get("found") or split)
         console.print(
-            f"outlier channels: {len(split)} projection(s) split, {channels} channel(s) kept "
-            f"float beside their int8 MatMul{why}",
+            f"outlier channels: {len(split)} of {found} projection(s) split, {channels} "
+            f"channel(s) kept float beside their int8 MatMul{why}",
             highlight=False,
         )
     elif decided.get("found"):
