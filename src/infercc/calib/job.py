@@ -325,7 +325,7 @@ class Int8Flow:
         assert self.outlier_split is not None
         self.outlier_split["projections"] = len(self.float_nodes)
         self.outlier_split["tried"] = tried
-        self.refusals += [r.to_dict() for r in job.reports[INT8.name].refusals]
+        self.split_done(job)  # the kept split's refusals (and its float MatMuls, again)
         self.split_pending = False
         shutil.rmtree(unsplit_dir)
         return first
