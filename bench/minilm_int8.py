@@ -254,9 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{data_out['calibration']['kept_float'] or 'none'})"
     )
     if report.outlier_split:
+        split = report.outlier_split
+        tried = ", ".join(f"{t['projections']}: {t['cosine']:.6f}" for t in split.get("tried", []))
         print(
-            f"outlier split: {'made' if report.outlier_split['split'] else 'not made'}, "
-            f"{report.outlier_split['why']}"
+            f"outlier split: {'made' if split['split'] else 'not made'}, {split['why']}; "
+            f"{split.get('projections', 0)} of {len(split['found'])} projection(s) split"
+            + (f" (tried {tried})" if tried else "")
         )
     print(
         f"{'quantizer':32s} {'cos min':>8s} {'cos p1':>8s} {'cos med':>8s} "

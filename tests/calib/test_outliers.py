@@ -267,27 +267,23 @@ def test_the_split_is_made_only_when_the_all_int8_model_misses_the_target(tmp_pa
     assert "outlier channels: found in 1 projection(s), not split: not needed" in r.stdout
 
 
-def two_projections(tmp: Path) -> Path:
-    """x -> two gains (channel 7 x40, channel 11 x6) -> MatMuls p1, p2: two outputs."""
+def projections(tmp: Path, outliers: list[tuple[int, float]]) -> Path:
+    """x -> one gain per projection (its channel c times g, the rest 1) -> MatMuls p1, p2, ...
+    (the weight row of c divided by g): one output each."""
     rng = np.random.default_rng(5)
-    gains = [np.ones(K, np.float32), np.ones(K, np.float32)]
-    gains[0][OUTLIER] = 40.0
-    gains[1][11] = 6.0
-    weights = {
-        "g1": gains[0],
-        "g2": gains[1],
-        "w1": (rng.standard_normal((K, N)) * 0.2).astype(np.float32),
-        "w2": (rng.standard_normal((K, N)) * 0.2).astype(np.float32),
-    }
-    nodes = [
-        oh.make_node("Mul", ["x", "g1"], ["h1"]),
-        oh.make_node("MatMul", ["h1", "w1"], ["y1"], name="p1"),
-        oh.make_node("Mul", ["x", "g2"], ["h2"]),
-        oh.make_node("MatMul", ["h2", "w2"], ["y2"], name="p2"),
-    ]
-    out = [
-        oh.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", "seq", N]) for y in ("y1", "y2")
-    ]
+    nodes, weights, out = [], {}, []
+    for i, (channel, g) in enumerate(outliers, 1):
+        gain = np.ones(K, np.float32)
+        gain[channel] = g
+        weights[f"g{i}"] = gain
+        w = rng.standard_normal((K, N)) * 0.2
+        w[channel] /= g  # the outlier's own term stays the others' size: the error grows with g
+        weights[f"w{i}"] = w.astype(np.float32)
+        nodes += [
+            oh.make_node("Mul", ["x", f"g{i}"], [f"h{i}"]),
+            oh.make_node("MatMul", [f"h{i}", f"w{i}"], [f"y{i}"], name=f"p{i}"),
+        ]
+        out.append(oh.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["batch", "seq", N]))
     graph = oh.make_graph(
         nodes,
         "g",
@@ -297,9 +293,14 @@ def two_projections(tmp: Path) -> Path:
     )
     model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
-    path = tmp / "two.onnx"
+    path = tmp / f"projections{len(outliers)}.onnx"
     onnx.save(model, path)
     return path
+
+
+def two_projections(tmp: Path) -> Path:
+    """x -> two gains (channel 7 x40, channel 11 x6) -> MatMuls p1, p2: two outputs."""
+    return projections(tmp, [(OUTLIER, 40.0), (11, 6.0)])
 
 
 def test_the_split_takes_the_most_severe_projections_the_target_needs(tmp_path, monkeypatch):
@@ -346,3 +347,42 @@ def test_the_split_takes_the_most_severe_projections_the_target_needs(tmp_path, 
     assert [t["projections"] for t in full.outlier_split["tried"]] == [1]
     assert min(o.cosine for o in full.outputs.values()) == c_both
     assert not [k for k in full.kept_float if k.cause == "sensitivity"]
+
+
+def test_the_split_count_between_two_tried_is_bisected(tmp_path, monkeypatch):
+    """Five projections (outliers x40, x24, x14, x8, x5): 1, 2, 4 are tried, then 3, between
+    the last count that missed and the first that met. A target the 3 most severe meet keeps 3;
+    one that only 4 meet keeps 4 (split again after 3 missed). The rest stay whole."""
+    from infercc.calib.job import Int8Flow
+
+    gains = [(OUTLIER, 40.0), (11, 24.0), (23, 14.0), (31, 8.0), (43, 5.0)]
+    path = projections(tmp_path, gains)
+    data = _sample_dir(tmp_path)
+    find = Int8Flow.find_outliers
+    cosine = {}
+    for k in (2, 3, 4):
+
+        def most_severe(self, job, k=k):
+            kept = [f"p{i}" for i in range(1, k + 1)]
+            return {n: c for n, c in find(self, job).items() if n in kept}
+
+        with monkeypatch.context() as m:
+            m.setattr(Int8Flow, "find_outliers", most_severe)
+            r = calibrate(path, data, tmp_path / f"top{k}", speed_check=False)  # no target
+        cosine[k] = min(o.cosine for o in r.outputs.values())
+    assert cosine[2] < cosine[3] < cosine[4]
+
+    for kept in (3, 4):
+        out = tmp_path / f"bisect{kept}"
+        target = (cosine[kept - 1] + cosine[kept]) / 2
+        r = calibrate(path, data, out, speed_check=False, min_cosine=target)
+        split = r.outlier_split
+        assert [t["projections"] for t in split["tried"]] == [1, 2, 4, 3]
+        assert split["projections"] == kept
+        assert sorted(r.outlier_channels) == [f"p{i}" for i in range(1, kept + 1)]
+        final = min(o.cosine for o in r.outputs.values())
+        assert final == next(t["cosine"] for t in split["tried"] if t["projections"] == kept)
+        assert final == pytest.approx(cosine[kept], abs=1e-6)  # with the other calibration's
+        ops = Counter(n.op_type for n in onnx.load(out / INT8_FILE).graph.node)
+        assert ops["Gather"] == kept and ops["QuantizeLinear"] == 5  # the rest read x whole
+        assert not [k for k in r.kept_float if k.cause == "sensitivity"]

@@ -30,8 +30,9 @@ calibration's output is a directory of files, so there is no in-memory result as
    few outlier channels exactly, those channels kept float. With an accuracy target (6) the
    split waits: it is made only when the all-int8 candidate misses the target without it,
    and then on as few projections as the target needs, the most severe first (all of them
-   split and calibrated once; 1, 2, 4, ... tried with those ranges); the search starts from
-   the split model. Without a target every projection with outliers is split at once.
+   split and calibrated once; 1, 2, 4, ... tried with those ranges, then the counts between
+   the first that met and the last that missed bisected); the search starts from the split
+   model. Without a target every projection with outliers is split at once.
    The result, `model_fp32.onnx`, is the reference for the ranges and for the evaluation,
    and it is written to `out_dir` too: `ranges.json` and `calibration.cache` name tensors of
    *this* graph (a fused Conv takes its BatchNormalization's output name, folded constants

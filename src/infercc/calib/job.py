@@ -285,8 +285,10 @@ class Int8Flow:
         read new tensors, named after the projection). Then the most severe ones first
         (`outliers.severity`), 1, 2, 4, ... of them are split on a copy of the unsplit
         reference and the all-int8 candidate evaluated, with the ranges of both calibrations
-        (no third one: each tensor keeps its name in every subset); the first subset that
-        meets the target is kept, and its candidate returned for the search to start from.
+        (no third one: each tensor keeps its name in every subset), until one meets the
+        target; then the counts between it and the largest that missed are bisected. The
+        smallest count that met is kept, and its candidate returned for the search to start
+        from.
         None when only the full split is left: it is the reference then, the search starts
         afresh from it."""
         job.step("splitting outlier channels")
@@ -305,9 +307,9 @@ class Int8Flow:
         split_ranges = self.ranges
         every_range = {**plain_ranges, **split_ranges}
         tried: list[dict[str, Any]] = []
-        first = None
-        count = 1
-        while count < len(ranked) and first is None:
+
+        def attempt(count: int) -> Trial | None:
+            """The `count` most severe split, the reference now; its trial if it met."""
             job.step(f"outlier split of the {count} most severe projection(s)")
             self.split_reference(job, unsplit, {n: found[n] for n in ranked[:count]})
             self.ranges = every_range
@@ -315,13 +317,31 @@ class Int8Flow:
             evaluation = trial.evaluation
             drop = evaluation.top1_drop
             tried.append({"projections": count, "cosine": evaluation.cosine, "top1_drop": drop})
-            if self.targets.met(evaluation):
-                first = trial
+            return trial if self.targets.met(evaluation) else None
+
+        # 1, 2, 4, ... until one meets (`high`, else the full split, not evaluated here), then
+        # halve the gap to the largest that missed (`low`): the fewest the target needs when
+        # the cosine grows with the count, a set that meets it in any case
+        first, low, high, count = None, 0, len(ranked), 1
+        while count < high and first is None:
+            first = attempt(count)
+            if first is None:
+                low, count = count, count * 2
             else:
-                count *= 2
+                high = count
+        while high - low > 1:
+            middle = (low + high) // 2
+            trial = attempt(middle)
+            if trial is None:
+                low = middle
+            else:
+                first, high = trial, middle
         if first is None:  # every projection split, as calibrated
             self.split_reference(job, unsplit, found)
             self.ranges = split_ranges
+        elif tried[-1]["projections"] != high:  # the last one tried missed: the kept one again
+            self.split_reference(job, unsplit, {n: found[n] for n in ranked[:high]})
+            self.ranges = every_range
         assert self.outlier_split is not None
         self.outlier_split["projections"] = len(self.float_nodes)
         self.outlier_split["tried"] = tried
