@@ -21,6 +21,7 @@ from infercc.analysis.model_info import model_files_size, op_histogram
 from infercc.analysis.targets import get_target
 from infercc.assumptions import check_used
 from infercc.assumptions import describe as describe_assumptions
+from infercc.assumptions import hints as assumption_hints
 from infercc.build import Job, Stage, run_steps, stage_context
 from infercc.check.compare import ValidationReport
 from infercc.check.validation import validate
@@ -95,6 +96,9 @@ class OptimizeReport:
     bisect_hint: str | None = None
     static_shapes: dict[str, list[int]] | None = None  # --static-shapes: valid only for them
     assumptions: list[dict[str, Any]] = field(default_factory=list)
+    # Assumptions not stated under which rewrites were refused only for want of them
+    # (`infercc.assumptions.hints`).
+    assumption_hints: list[dict[str, Any]] = field(default_factory=list)
     written: bool = False  # the output was published (False after a failed validation)
     # Graph outputs whose declared type the graph contradicts, replaced by the computed type
     # (infercc.ir.output_types): {"output", "declared", "computed"}.
@@ -130,6 +134,7 @@ class OptimizeReport:
             "precision": self.precision,
             "kept_fp32": self.kept_fp32,
             "assumptions": self.assumptions,
+            "assumption_hints": self.assumption_hints,
             "output_types": self.output_types,
             "build": self.build,
             "overridable_inputs": self.overridable_inputs,
@@ -595,6 +600,7 @@ class OptimizeFlow:
             overridable_inputs=overridable_summary(job.ir, cfg.freeze_initializers),
             static_shapes={k: list(v) for k, v in cfg.static_map.items()} or None,
             assumptions=describe_assumptions(cfg.assume, self.ctx.assumed),
+            assumption_hints=assumption_hints(self.ctx.wanted),
             output_types=[c.to_dict() for c in job.output_types],
         )
 

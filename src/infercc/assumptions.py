@@ -8,6 +8,9 @@ rewrite that needs it may then fire. Each assumption here is:
 - documented (`doc`, `detail`: what it promises, what changes on an input that breaks it);
 - recorded: in the pass context (`PassContext.assumptions`), in the artifact manifest and in
   the report, which lists each assumption with the rewrites it enabled, pass by pass;
+- offered: a rewrite refused only because an assumption was not stated is counted
+  (`PassContext.wants`), and the report's `assumption_hints` name the assumption, the flag
+  and those rewrites (`hints`), so that a user learns what stating it would buy;
 - honoured by validation: the random feeds validation generates satisfy it (`honour`), so
   the comparison with the original is made on inputs the assumption allows.
 
@@ -124,6 +127,21 @@ def describe(
     return [
         {**ASSUMPTIONS[n].to_dict(), "rewrites": dict(sorted(used.get(n, {}).items()))}
         for n in check_assumptions(names)
+    ]
+
+
+def hints(wanted: Mapping[str, Mapping[str, int]] | None) -> list[dict[str, object]]:
+    """The report's hint: each assumption the user did not state under which rewrites were
+    refused only for want of it (`PassContext.wanted`), with its doc and those rewrites per
+    pass, and the flag that states it."""
+    return [
+        {
+            **ASSUMPTIONS[name].to_dict(),
+            "rewrites": dict(sorted(per_pass.items())),
+            "flag": f"--assume {name}",
+        }
+        for name, per_pass in sorted((wanted or {}).items())
+        if name in ASSUMPTIONS and any(per_pass.values())
     ]
 
 

@@ -80,7 +80,7 @@ import numpy as np
 import onnx
 
 from infercc.analysis.decoder import DecoderSignature, pinned_signature, random_call
-from infercc.assumptions import check_assumptions, check_used, describe
+from infercc.assumptions import check_assumptions, check_used, describe, hints
 from infercc.build import Job, Stage, run_steps, stage_context
 from infercc.calib.activations import collect_inputs
 from infercc.calib.decoder_samples import prompt_calls, prompt_skeleton, random_prompts
@@ -237,6 +237,8 @@ class Int4CalibrationReport:
     seconds: float = 0.0
     fusions: dict[str, dict[str, int]] = field(default_factory=dict)
     assumptions: list[dict[str, Any]] = field(default_factory=list)
+    # Assumptions not stated that would have allowed more rewrites (`assumptions.hints`).
+    assumption_hints: list[dict[str, Any]] = field(default_factory=list)
     # Every rewrite refused by the passes calibrate --int4 ran (the fp32 pipeline's, then the
     # shipped build's quantize-int4), as optimize's report lists them: what --explain shows.
     refusals: list[dict[str, str]] = field(default_factory=list)
@@ -273,6 +275,7 @@ class Int4CalibrationReport:
             "decoder": self.decoder,
             "fusions": {name: dict(c) for name, c in self.fusions.items()},
             "assumptions": list(self.assumptions),
+            "assumption_hints": list(self.assumption_hints),
             "refusals": list(self.refusals),
             "bisect": self.bisect,
             "passed": self.passed,
@@ -582,6 +585,7 @@ class Int4Flow:
         self.scales: dict[str, np.ndarray] = {}
         self.fusions: dict[str, dict[str, int]] = {}
         self.assumed: list[dict[str, Any]] = []
+        self.hints: list[dict[str, Any]] = []
         self.quantized: Int4Report | None = None
         self.report: Int4CalibrationReport | None = None
         self.refusals: list[dict[str, str]] = []  # the fp32 pipeline's, then quantize-int4's
@@ -622,6 +626,7 @@ class Int4Flow:
             if name in ran and any(ran[name].counts.values())
         }
         self.assumed = describe(job.config.assume, ctx.assumed)
+        self.hints = hints(ctx.wanted)
 
     def plan(self, job: Job) -> bool:
         """The optimized model checked and saved as the reference, run on the evaluation
@@ -781,6 +786,7 @@ class Int4Flow:
             decoder=None if self.sig is None else self.sig.to_dict(),
         )
         report.fusions, report.assumptions = self.fusions, self.assumed
+        report.assumption_hints = self.hints
         report.refusals, report.bisect = self.refusals, self.bisected
         return report
 

@@ -19,6 +19,7 @@ from infercc.check.compare import ValidationReport
 from infercc.cli.app import detail, is_tty
 from infercc.cli.units import (
     accuracy_table,
+    hint_line,
     human_bytes,
     human_count,
     num,
@@ -196,7 +197,8 @@ def _ops_table(report: OptimizeReport) -> Table:
 
 
 def _render_assumptions(report: OptimizeReport, console: Console) -> None:
-    """Each assumption stated, what it promises and the rewrites it enabled per pass."""
+    """Each assumption stated, what it promises and the rewrites it enabled per pass; each not
+    stated under which rewrites were refused only for want of it, with its flag."""
     for a in report.assumptions:
         rewrites = a.get("rewrites") or {}
         enabled = ", ".join(f"{p} {n}" for p, n in rewrites.items()) or "no rewrite"
@@ -205,6 +207,8 @@ def _render_assumptions(report: OptimizeReport, console: Console) -> None:
             "only on inputs that satisfy it",
             highlight=False,
         )
+    for h in getattr(report, "assumption_hints", None) or []:
+        console.print(hint_line(h), highlight=False)
 
 
 def _render_output_types(report: OptimizeReport, console: Console) -> None:

@@ -7,6 +7,7 @@ from rich.markup import escape
 
 from infercc.cli.units import (
     accuracy_table,
+    hint_line,
     human_bytes,
     num,
     number_column,
@@ -139,12 +140,36 @@ def render_int4(report, console: Console, explain: bool = False) -> None:
     for a in d["assumptions"]:
         used = ", ".join(f"{k} {v}" for k, v in a["rewrites"].items()) or "no rewrite"
         console.print(f"assumed: {a['name']} ({used})", highlight=False)
-    for k in d["kept_float"]:
-        console.print(f"kept float: {k['node']}: {k['reason']}", highlight=False)
+    for h in d["assumption_hints"]:
+        console.print(hint_line(h), highlight=False)
+    for line in kept_float_lines(d["kept_float"]):
+        console.print(line, highlight=False)
     if explain:
         render_refusals(d["refusals"], console)
     elif detail() >= 1 and d["refusals"]:
         console.print(f"{len(d['refusals'])} rewrite(s) refused; --explain lists them")
+
+
+KEPT_FLOAT_LISTED = 3  # more nodes kept float for one reason than this: one line for them
+
+
+def kept_float_lines(kept: list[dict]) -> list[str]:
+    """`kept float: NODE: REASON` for each node, one line per reason where more than
+    KEPT_FLOAT_LISTED share it (a decoder's attention MatMuls: one per layer, twice); the JSON
+    report lists every node."""
+    by_reason: dict[str, list[str]] = {}
+    for k in kept:
+        by_reason.setdefault(k["reason"], []).append(k["node"])
+    lines = []
+    for reason, nodes in by_reason.items():
+        if len(nodes) <= KEPT_FLOAT_LISTED:
+            lines += [f"kept float: {node}: {reason}" for node in nodes]
+        else:
+            lines.append(
+                f"kept float: {len(nodes)} nodes ({nodes[0]}, ..., {nodes[-1]}): {reason} "
+                "(--json lists them)"
+            )
+    return lines
 
 
 def _render_int4_choices(d: dict, console: Console) -> None:

@@ -142,3 +142,13 @@ def render_refusals(refusals: list[dict[str, str]], console: Console) -> None:
     for r in refusals:
         t.add_row(r["pass"], r["node"], r["op"], r["reason"], r.get("at", ""))
     console.print(t)
+
+
+def hint_line(hint: Mapping[str, Any]) -> str:
+    """One line for an assumption hint of a report (`infercc.assumptions.hints`): the
+    assumption not stated, what it promises, its flag and the rewrites it would allow."""
+    refused = ", ".join(f"{p} {n}" for p, n in hint["rewrites"].items())
+    return (
+        f"not assumed: {hint['name']} ({hint['doc']}): {hint['flag']} would allow {refused}; "
+        "the model is then exact only on inputs that satisfy it"
+    )

@@ -190,6 +190,7 @@ def _check_guard(where: Node, ctx: PassContext) -> _Guard:
         return _Guard(where, softmax, assumed=False)
     if ctx.stated(NONEMPTY_SEQUENCES):
         return _Guard(where, softmax, assumed=True)
+    ctx.wants(NONEMPTY_SEQUENCES, where)
     raise NoMatch(f"{reason}; --assume {NONEMPTY_SEQUENCES} states it cannot", softmax)
 
 

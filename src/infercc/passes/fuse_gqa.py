@@ -63,7 +63,11 @@ of shape [B or 1, 1, S, T]; the cache Concats along axis 2 (or -2); the installe
 onnxruntime's GroupQueryAttention takes attention_bias and query_seqlens; the cpu target, not
 `--portable`. A rule of `infercc.passes.rules` anchored on Softmax: one rewrite is one layer,
 named by its Softmax. transformers' Llama export (its NaN guard removed first, by the same
-assumption) fuses as torch's SDPA export does.
+assumption) fuses as torch's SDPA export does. The guard, `Where(IsNaN(P), 0, P)` between the
+Softmax and the MatMul by V, is matched and removed along with the rest where it is still there
+(remove-nan-guard disabled): under the assumption no row is all -inf, so it never fires. Without
+the assumption a layer that matches all the same is counted as wanting it
+(`PassContext.wants`): the report's hint.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
 from infercc.ir.symbolic_shapes import Shape as SymShape
 from infercc.ir.symbolic_shapes import SymbolicShapes
+from infercc.passes.attention import guard_of
 from infercc.passes.fuse_attention import (
     Merged,
     dead_with,
@@ -168,6 +173,7 @@ class _Match:
     new: S.Dim | None = None  # S, the new tokens' length
     removed: list[Node] = field(default_factory=list)
     form: str = "contrib"  # or "standard": the opset-23 Attention
+    guarded: bool = False  # the SDPA export's NaN guard sat between Softmax and MatMul by V
 
 
 def _whole_heads(rotary: Node) -> bool:
@@ -312,9 +318,13 @@ def match(softmax: Node, sym: SymbolicShapes) -> _Match:
     found = _scores(softmax, removed, sym)
     if found is None:
         raise NoMatch("the Softmax does not read MatMul(Q, K^T) scaled by constants plus a bias")
-    av = sole_reader(softmax.output)
+    probabilities, guard = softmax.output, _nan_guard(softmax)
+    if guard is not None:  # torch's SDPA export: Where(IsNaN(P), 0, P), removed with the rest
+        removed += guard
+        probabilities = guard[-1].output
+    av = sole_reader(probabilities)
     values = None if av is None else av.input(1)
-    if av is None or values is None or av.op_type != "MatMul" or av.input(0) is not softmax.output:
+    if av is None or values is None or av.op_type != "MatMul" or av.input(0) is not probabilities:
         raise NoMatch("the probabilities are not multiplied by V alone")
     removed.append(av)
     key_cache, groups = _repeated(found.keys, sym, removed)
@@ -335,7 +345,20 @@ def match(softmax: Node, sym: SymbolicShapes) -> _Match:
     if out is None:
         raise NoMatch("the attention output is not Transpose [0, 2, 1, 3] then Reshape", av)
     anchor = out.anchor
-    return _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
+    found_match = _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
+    return replace(found_match, guarded=guard is not None)
+
+
+def _nan_guard(softmax: Node) -> list[Node] | None:
+    """[IsNaN, Where] when the Softmax's output is read by its NaN guard and nothing else."""
+    readers = softmax.output.users()
+    where = next((u for u in readers if guard_of(u) is softmax), None)
+    isnan = None if where is None else where.input(0).producer
+    if where is None or isnan is None or {*readers} != {isnan, where}:
+        return None
+    if len(isnan.output.users()) != 1:
+        return None
+    return [isnan, where]
 
 
 def _finish(
@@ -689,6 +712,7 @@ def _check_with(sym: SymbolicShapes) -> Callable[[Node, PassContext], _Match]:
                     )
             found = replace(found, form="standard")
         if not ctx.assumes(NONEMPTY_SEQUENCES):
+            ctx.wants(NONEMPTY_SEQUENCES, node)  # the one thing missing: the report's hint
             raise NoMatch(
                 "GroupQueryAttention differs on a row that keeps no key (a left-padded "
                 "prompt's padding): needs --assume nonempty-sequences"

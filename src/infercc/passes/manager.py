@@ -151,9 +151,10 @@ class PassContext:
     when it declares it (`register_pass(..., reads=(name,))`), else the read raises, as does reading
     `options` directly. `verify` is the manager's. `assumptions`: what the user stated about the
     inputs (`infercc.assumptions`); a rewrite exact only under one asks `assumes(name)`, which
-    records the use (`assumed`: assumption -> pass -> rewrites) for the report. Every read of a
-    shared fact or option inside a pass is recorded in `options_read` (pass -> names).
-    `BuildConfig.pass_context` fills it for a build.
+    records the use (`assumed`: assumption -> pass -> rewrites) for the report; one refused only
+    for want of an unstated assumption says so with `wants(name, node)` (`wanted`, the report's
+    hint). Every read of a shared fact or option inside a pass is recorded in `options_read`
+    (pass -> names). `BuildConfig.pass_context` fills it for a build.
     """
 
     target: str = _shared("cpu", "the target rewrites are for ('cpu' for every CPU row)")
@@ -167,6 +168,7 @@ class PassContext:
         default=frozenset(), metadata={"kind": ASSUMPTIONS, "doc": "the user's --assume"}
     )
     assumed: dict[str, dict[str, int]] = field(default_factory=dict)
+    wanted: dict[str, dict[str, int]] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     current_pass: str = ""
     rewrite_limits: dict[str, int] = field(default_factory=dict)
@@ -174,6 +176,7 @@ class PassContext:
     rewrites: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     options_read: dict[str, set[str]] = field(default_factory=dict, repr=False, compare=False)
     _seen: set[tuple[str, str, str]] = field(default_factory=set)
+    _wanted_at: set[tuple[str, str, str]] = field(default_factory=set)
     _reader: str = field(default="", repr=False, compare=False)  # the pass running, if any
     _undeclared: list[InferccError] = field(default_factory=list, repr=False, compare=False)
 
@@ -251,6 +254,19 @@ class PassContext:
         per_pass = self.assumed.setdefault(name, {})
         per_pass[self.current_pass] = per_pass.get(self.current_pass, 0) + 1
         return True
+
+    def wants(self, name: str, node: Node) -> None:
+        """Record that the rewrite at `node` was refused only because the user did not state
+        assumption `name` (`wanted`: assumption -> pass -> rewrites, each node counted once):
+        what the report offers as a hint. A question only a pass that declared it may ask."""
+        if self.stated(name):
+            return
+        key = (name, self.current_pass, node.name or str(id(node)))
+        if key in self._wanted_at:
+            return
+        self._wanted_at.add(key)
+        per_pass = self.wanted.setdefault(name, {})
+        per_pass[self.current_pass] = per_pass.get(self.current_pass, 0) + 1
 
     @property
     def fused_ops_allowed(self) -> bool:
