@@ -173,7 +173,6 @@ class _Match:
     new: S.Dim | None = None  # S, the new tokens' length
     removed: list[Node] = field(default_factory=list)
     form: str = "contrib"  # or "standard": the opset-23 Attention
-    guarded: bool = False  # the SDPA export's NaN guard sat between Softmax and MatMul by V
 
 
 def _whole_heads(rotary: Node) -> bool:
@@ -345,8 +344,7 @@ def match(softmax: Node, sym: SymbolicShapes) -> _Match:
     if out is None:
         raise NoMatch("the attention output is not Transpose [0, 2, 1, 3] then Reshape", av)
     anchor = out.anchor
-    found_match = _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
-    return replace(found_match, guarded=guard is not None)
+    return _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
 
 
 def _nan_guard(softmax: Node) -> list[Node] | None:
