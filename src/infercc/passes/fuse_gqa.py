@@ -351,7 +351,7 @@ def _nan_guard(softmax: Node) -> list[Node] | None:
     """[IsNaN, Where] when the Softmax's output is read by its NaN guard and nothing else."""
     readers = softmax.output.users()
     where = next((u for u in readers if guard_of(u) is softmax), None)
-    isnan = None if where is None else where.input(0).producer
+    isnan = None if where is None else producer(where.input(0), "IsNaN")
     if where is None or isnan is None or {*readers} != {isnan, where}:
         return None
     if len(isnan.output.users()) != 1:
