@@ -41,8 +41,12 @@ def exports() -> list[Export]:
     """Every checked-in file, in the manifest's order."""
     return [
         Export(
-            f["file"].removesuffix(".onnx"), DATA / f["file"], f["kind"], f["exporter"],
-            f["attention"], f["config"],
+            f["file"].removesuffix(".onnx"),
+            DATA / f["file"],
+            f["kind"],
+            f["exporter"],
+            f["attention"],
+            f["config"],
         )
         for f in manifest()["files"]
     ]

@@ -47,7 +47,7 @@ def test_the_check_fails_on_a_new_error_and_on_a_fixed_one():
 
 
 def test_an_error_in_the_ir_or_the_passes_fails_whatever_the_baseline_says():
-    line = "src/infercc/passes/cse.py: Unused \"type: ignore\" comment  [unused-ignore]"
+    line = 'src/infercc/passes/cse.py: Unused "type: ignore" comment  [unused-ignore]'
     problems = mc.check([line], [line])
     assert problems[0].startswith("1 error(s) in src/infercc/ir/, src/infercc/passes/")
 

@@ -58,14 +58,14 @@ def test_toml_writer_is_valid_toml() -> None:
     data = {
         "a": 1,
         "b": [1.5, float("inf")],
-        "quoted key/0": "tab\tand \"quotes\"",
+        "quoted key/0": 'tab\tand "quotes"',
         "t": {"x": True, "none": None, "inline": [{"k": "v"}], "empty": {}},
     }
     parsed = _tomllib().loads(toml_dumps(data))
     assert parsed == {
         "a": 1,
         "b": [1.5, float("inf")],
-        "quoted key/0": "tab\tand \"quotes\"",
+        "quoted key/0": 'tab\tand "quotes"',
         "t": {"x": True, "inline": [{"k": "v"}]},
     }
 
@@ -86,7 +86,7 @@ def test_a_manifest_and_a_bare_table_are_configs_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("model = \"m.onnx\"\n[build]\nfp16 = true\n", "unknown build key 'fp16'"),
+        ('model = "m.onnx"\n[build]\nfp16 = true\n', "unknown build key 'fp16'"),
         ("model = 1\n[build]\n", "a path must be text"),
         ("extra = 1\n[build]\n", "unknown key 'extra'"),
         ("[build\n", "is not valid TOML"),

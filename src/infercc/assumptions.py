@@ -160,7 +160,6 @@ def check_used(
         passes = ", ".join(readers(name))
         by = f" ({passes} found nothing to rewrite)" if passes else ""
         raise InferccError(
-            f"--assume {name} has no effect on this model: no pass rewrote anything under "
-            f"it{by}",
+            f"--assume {name} has no effect on this model: no pass rewrote anything under it{by}",
             f"drop --assume {name}",
         )

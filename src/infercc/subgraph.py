@@ -191,9 +191,13 @@ class _Cut:
         if v is None or v.graph is not self.graph:
             known = [v.name for v in self._main_values()]
             close = difflib.get_close_matches(name, known, n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else (
-                "name node outputs or graph inputs of the main graph (`infercc inspect` lists "
-                "the inputs and outputs)"
+            hint = (
+                f"did you mean {', '.join(close)}?"
+                if close
+                else (
+                    "name node outputs or graph inputs of the main graph (`infercc inspect` lists "
+                    "the inputs and outputs)"
+                )
             )
             raise InferccError(f"{flag} names {name!r}, which is no tensor of the model", hint)
         return v
@@ -256,8 +260,7 @@ class _Cut:
         for v in (*self.inputs, *self.outputs):
             if v.dtype is None:
                 raise InferccError(
-                    f"the element type of {v.name!r} is unknown (shape inference could not "
-                    "tell)",
+                    f"the element type of {v.name!r} is unknown (shape inference could not tell)",
                     "cut at tensors whose type is known (`infercc inspect` shows the types)",
                 )
 
@@ -381,4 +384,3 @@ def _publish(staged: list[Path], dest: Path) -> list[str]:
         record_written(target)
         files.append(str(target))
     return files
-

@@ -540,12 +540,8 @@ def test_activations_follow_the_target(mlp3, tmp_path):
 
 def test_fake_quantize_and_noise_combination():
     x = np.array([-1.0, 0.0, 0.26, 5.0])
-    np.testing.assert_allclose(
-        search.fake_quantize(x, 0.5, 0, "int8"), [-1.0, 0.0, 0.5, 5.0]
-    )
-    np.testing.assert_allclose(
-        search.fake_quantize(x, 0.5, 2, "uint8"), [-1.0, 0.0, 0.5, 5.0]
-    )
+    np.testing.assert_allclose(search.fake_quantize(x, 0.5, 0, "int8"), [-1.0, 0.0, 0.5, 5.0])
+    np.testing.assert_allclose(search.fake_quantize(x, 0.5, 2, "uint8"), [-1.0, 0.0, 0.5, 5.0])
     assert search.fake_quantize(np.array([-3.0]), 0.5, 2, "uint8")[0] == -1.0  # clipped
     assert search.combine_db([10.0, 10.0]) == pytest.approx(10 - 10 * np.log10(2))
     assert search.combine_db([math.inf, 20.0]) == pytest.approx(20.0)

@@ -193,6 +193,7 @@ def test_weight_bits_is_an_int8_flag(samples, tmp_path):
 
 # --- int4: MatMulNBits' accuracy level and block size per row ---------------------------------
 
+
 def test_int4_rows():
     assert int4_row("cpu", 64) == Int4Row("x86-avx2", 4, 32, True)
     assert int4_row("arm64-neon", 64) == Int4Row("arm64-neon", 0, 32, False)

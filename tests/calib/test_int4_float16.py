@@ -65,7 +65,8 @@ def test_float16_gemm_bias_and_embedding():
     out, report = quantized(proto, form="nbits", symmetric=False, embeddings=True)
     assert report.quantized == ["fc"] and report.embeddings == ["embed"]
     assert Counter(n.op_type for n in out.graph.node) == {
-        "GatherBlockQuantized": 1, "MatMulNBits": 1,
+        "GatherBlockQuantized": 1,
+        "MatMulNBits": 1,
     }
     kinds = {t.name: t.data_type for t in out.graph.initializer}
     assert kinds["fc_bias"] == kinds["fc_int4_scales"] == TensorProto.FLOAT16

@@ -53,9 +53,7 @@ def add_model(offset: float, ir3: bool = False, unused_input: bool = False) -> o
         [numpy_helper.from_array(weight, "W")],
     )
     opset, ir_version = (8, 3) if ir3 else (17, 8)
-    return make_model(
-        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version
-    )
+    return make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
 
 
 def compare_consts(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], **tol: float):

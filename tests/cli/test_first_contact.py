@@ -25,7 +25,6 @@ CNN = ROOT / "examples" / "small_cnn.onnx"
 ENCODER = ROOT / "examples" / "tiny_encoder.onnx"
 
 
-
 @pytest.fixture(autouse=True)
 def eighty_columns(tmp_path: Path, monkeypatch) -> None:
     """Every test: 80 columns, a private tuning cache, no GitHub step summary."""
@@ -409,10 +408,14 @@ def test_output_suffix_is_case_insensitive_and_a_directory_is_said(tmp_path, cap
         (["optimize", "{src}", "--min-cosine", "2"], "--min-cosine"),
         (["optimize", "{src}", "--atol", "-1"], "--atol"),
         (["validate", "{src}", "--reference", "{src}", "--min-cosine", "2"], "--min-cosine"),
-        (["calibrate", "{src}", "--data", "{src}", "-o", "{tmp}/q", "--holdout", "1.5"],
-         "--holdout"),
-        (["calibrate", "{src}", "--data", "{src}", "-o", "{tmp}/q", "--percentile", "120"],
-         "--percentile"),
+        (
+            ["calibrate", "{src}", "--data", "{src}", "-o", "{tmp}/q", "--holdout", "1.5"],
+            "--holdout",
+        ),
+        (
+            ["calibrate", "{src}", "--data", "{src}", "-o", "{tmp}/q", "--percentile", "120"],
+            "--percentile",
+        ),
         (["bench", "{src}", "--duration", "0"], "--duration '0' must be positive"),
         (["bench", "{src}", "--duration", "soon"], "is not a duration"),
         (["bench", "{src}", "--ort-profile", "--compare", "{src}"], "--ort-profile has no effect"),

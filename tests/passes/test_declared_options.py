@@ -284,8 +284,7 @@ def test_the_docs_table_is_the_registrys() -> None:
     table = page.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     want = declarations_table()
     assert table == want, (
-        "docs/passes.md's declarations table disagrees with the registry; replace it with:\n"
-        + want
+        "docs/passes.md's declarations table disagrees with the registry; replace it with:\n" + want
     )
     for name in REGISTRY:
         assert f"| `{name}` |" in table

@@ -51,8 +51,12 @@ EXPORTS = {e.name: e for e in exports()}
 BUILDS = ("optimize", "int4", "chain")
 # one export per kind in the default run; the rest under -m slow
 FAST = (
-    "llama-torchscript-sdpa", "qwen2-torchscript-eager", "phi3-torchscript-sdpa",
-    "phi3-partial-torchscript-sdpa", "gemma-dynamo-sdpa", "gpt2-torchscript-sdpa",
+    "llama-torchscript-sdpa",
+    "qwen2-torchscript-eager",
+    "phi3-torchscript-sdpa",
+    "phi3-partial-torchscript-sdpa",
+    "gemma-dynamo-sdpa",
+    "gpt2-torchscript-sdpa",
 )
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
 
@@ -70,16 +74,21 @@ def expected(e: Export, build: str) -> dict[str, int]:
     if e.kind == "gpt2":  # no rotary, no RMSNorm: LayerNormalization stays (onnxruntime fuses)
         attention = n if (SUPPORT or int4) else 0  # optimize: GQA; int4: MultiHeadAttention
         return {
-            "attention": attention, "RotaryEmbedding": 0, "SkipSimplifiedLayerNormalization": 0,
-            "LayerNormalization": 2 * n + 1, "MatMulNBits": 4 * n + 1 if int4 else 0,
+            "attention": attention,
+            "RotaryEmbedding": 0,
+            "SkipSimplifiedLayerNormalization": 0,
+            "LayerNormalization": 2 * n + 1,
+            "MatMulNBits": 4 * n + 1 if int4 else 0,
             "Softmax": n - attention,
         }
     gqa = n if SUPPORT else 0
     return {
-        "attention": gqa, "RotaryEmbedding": 2 * n,
+        "attention": gqa,
+        "RotaryEmbedding": 2 * n,
         "SkipSimplifiedLayerNormalization": 2 * n if int4 else 0,
         "SimplifiedLayerNormalization": 1 if int4 else 0,
-        "MatMulNBits": 4 * n + 1 if int4 else 0, "Softmax": n - gqa,
+        "MatMulNBits": 4 * n + 1 if int4 else 0,
+        "Softmax": n - gqa,
     }
 
 
@@ -141,9 +150,7 @@ def _param(name: str, build: str | None = None):
     return pytest.param(name, build, marks=marks, id=f"{name}-{build}")
 
 
-@pytest.mark.parametrize(
-    ("name", "build"), [_param(n, b) for n in EXPORTS for b in BUILDS]
-)
+@pytest.mark.parametrize(("name", "build"), [_param(n, b) for n in EXPORTS for b in BUILDS])
 def test_every_fusion_fires(builds, name, build) -> None:
     e = EXPORTS[name]
     want = expected(e, build)

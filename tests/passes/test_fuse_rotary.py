@@ -110,9 +110,7 @@ def rope_model(
             ]
             if r < D:
                 nodes.append(
-                    oh.make_node(
-                        "Concat", [f"{x}_out", f"{name}_pass"], [f"{name}_out"], axis=-1
-                    )
+                    oh.make_node("Concat", [f"{x}_out", f"{name}_pass"], [f"{name}_out"], axis=-1)
                 )
             outputs.append(
                 oh.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, ["batch", H, "seq", D])

@@ -26,7 +26,12 @@ from infercc.passes.pipelines import (
 
 def test_every_pipeline_names_registered_passes() -> None:
     assert set(PIPELINES) == {
-        "optimize", "fp16", "calibrate-fp32", "calibrate-int4", "int8", "int4"
+        "optimize",
+        "fp16",
+        "calibrate-fp32",
+        "calibrate-int4",
+        "int8",
+        "int4",
     }
     for pipeline in PIPELINES.values():
         assert pipeline.passes and all(name in REGISTRY for name in pipeline.passes)

@@ -198,8 +198,18 @@ def test_the_loop_does_not_spin_unless_asked(decoder_path, monkeypatch):
     assert opened[:2] == ["0", None]
     assert quiet.to_dict()["spinning"] is False and spun.to_dict()["spinning"] is True
     done = run_cli(
-        "bench", str(decoder_path), "--generate", "2", "--prompt-len", "3", "--iters", "1",
-        "--warmup", "0", "--no-memory", "--spin",
+        "bench",
+        str(decoder_path),
+        "--generate",
+        "2",
+        "--prompt-len",
+        "3",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--no-memory",
+        "--spin",
     )
     assert done.returncode == 0, done.stderr
     assert "threads spinning (--spin)" in done.stdout

@@ -63,8 +63,7 @@ def test_check_ir_version_names_both_versions():
     with pytest.raises(InferccError) as e:
         ort_support.check_ir_version(limit + 1, "m.onnx")
     assert str(e.value.message) == (
-        f"m.onnx has IR version {limit + 1}, but onnxruntime {ort.__version__} reads IR "
-        f"<= {limit}"
+        f"m.onnx has IR version {limit + 1}, but onnxruntime {ort.__version__} reads IR <= {limit}"
     )
     assert f"save the model at IR {limit}" in e.value.hint
 

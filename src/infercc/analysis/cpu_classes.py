@@ -174,4 +174,3 @@ def get_class(name: str) -> CpuClass:
     except KeyError:
         hint = "CPU rows: " + ", ".join(NAMES)
         raise InferccError(f"unknown CPU class {name!r}", hint) from None
-

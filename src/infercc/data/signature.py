@@ -109,9 +109,7 @@ def _default_dim(axis: int) -> int:
     return DEFAULT_BATCH if axis == 0 else DEFAULT_DIM
 
 
-def _resolve_dim(
-    name: str, dim: int | str | None, axis: int, symbols: dict[SymbolKey, int]
-) -> int:
+def _resolve_dim(name: str, dim: int | str | None, axis: int, symbols: dict[SymbolKey, int]) -> int:
     if isinstance(dim, int):
         return dim
     if dim is None:
@@ -313,9 +311,7 @@ def free_symbols(model: onnx.ModelProto, shapes: Shapes | None = None) -> dict[S
     return {k: Symbol(k, tuple(w)) for k, w in found.items() if k not in fixed}
 
 
-def symbol_values(
-    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
-) -> dict[SymbolKey, int]:
+def symbol_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[SymbolKey, int]:
     """The value each symbolic dimension has in `feeds` (the first input that shows it)."""
     values: dict[SymbolKey, int] = {}
     for vi in real_inputs(model):

@@ -160,9 +160,7 @@ def _normalized(root: Value, x: Value, removed: list[Node]) -> Value:
         if mul is not None and _other(mul, reader.output) is x:
             removed += [reader, mul]
             return mul.output
-    raise NoMatch(
-        "the root is not read by Div(x, root) or Mul(x, Reciprocal(root)) alone", root
-    )
+    raise NoMatch("the root is not read by Div(x, root) or Mul(x, Reciprocal(root)) alone", root)
 
 
 def _is_one(value: Value | None) -> bool:
@@ -193,9 +191,7 @@ def match(mean: Node, sym: SymbolicShapes | None = None) -> _Match:
     if up is not None:
         down = _next(n, "Cast")
         if down is None or down.attr("to") != x0.dtype:
-            raise NoMatch(
-                "x was cast to float32 but the result is not cast back to its type", up
-            )
+            raise NoMatch("x was cast to float32 but the result is not cast back to its type", up)
         removed.append(down)
         n = down.output
         if not set(x.users()) <= set(removed):

@@ -219,9 +219,7 @@ class PassContext:
         if key not in self._seen:
             self._seen.add(key)
             label = where(at if at is not None else node)
-            self.refusals.append(
-                Refusal(self.current_pass, node.name, node.op_type, reason, label)
-            )
+            self.refusals.append(Refusal(self.current_pass, node.name, node.op_type, reason, label))
 
     def allow_rewrite(self, node: Node) -> bool:
         """Ask before rewriting at `node`: False once the current pass has used up its
@@ -240,8 +238,7 @@ class PassContext:
         if info is not None and name not in info.assumptions:
             raise _undeclared(
                 self,
-                f"pass {self.current_pass!r} reads assumption {name!r}, which it does not "
-                "declare",
+                f"pass {self.current_pass!r} reads assumption {name!r}, which it does not declare",
                 f"register it with @register_pass({self.current_pass!r}, assumptions=({name!r},))",
             )
         return name in object.__getattribute__(self, "assumptions")

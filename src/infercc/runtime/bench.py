@@ -483,8 +483,7 @@ def _profiler(path: Path) -> Runner:
     runner, _ = open_runner(path)
     if not hasattr(runner, "profile_prefix"):
         raise InferccError(
-            f"--ort-profile reads onnxruntime's profiler, and {path} runs on "
-            f"{backend_name(path)}",
+            f"--ort-profile reads onnxruntime's profiler, and {path} runs on {backend_name(path)}",
             "profile the .onnx model (or an ort artifact) instead",
         )
     return runner

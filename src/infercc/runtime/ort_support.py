@@ -56,9 +56,7 @@ def _loads(ir_version: int) -> bool:
     options = ort.SessionOptions()
     options.log_severity_level = 4
     try:
-        ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own non-standard exception types
         logger.debug("onnxruntime %s refuses IR %d: %s", ort.__version__, ir_version, exc)
         return False
@@ -90,8 +88,7 @@ def refused_ir_version(exc: BaseException) -> int | None:
 
 def _too_new(ir_version: int, what: str, limit: int) -> str:
     return (
-        f"{what} has IR version {ir_version}, but onnxruntime {ort.__version__} reads IR "
-        f"<= {limit}"
+        f"{what} has IR version {ir_version}, but onnxruntime {ort.__version__} reads IR <= {limit}"
     )
 
 
