@@ -141,7 +141,6 @@ def hints(wanted: Mapping[str, Mapping[str, int]] | None) -> list[dict[str, obje
             "flag": f"--assume {name}",
         }
         for name, per_pass in sorted((wanted or {}).items())
-        if name in ASSUMPTIONS and any(per_pass.values())
     ]
 
 

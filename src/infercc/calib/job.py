@@ -336,12 +336,10 @@ class Int8Flow:
                 low = middle
             else:
                 first, high = trial, middle
-        if first is None:  # every projection split, as calibrated
-            self.split_reference(job, unsplit, found)
-            self.ranges = split_ranges
-        elif tried[-1]["projections"] != high:  # the last one tried missed: the kept one again
+        if not tried or tried[-1]["projections"] != high:  # on disk: another split than `high`'s
+            # `high` is every projection when none met (its ranges those of its calibration)
             self.split_reference(job, unsplit, {n: found[n] for n in ranked[:high]})
-            self.ranges = every_range
+            self.ranges = every_range if first is not None else split_ranges
         assert self.outlier_split is not None
         self.outlier_split["projections"] = len(self.float_nodes)
         self.outlier_split["tried"] = tried

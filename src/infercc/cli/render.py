@@ -207,7 +207,7 @@ def _render_assumptions(report: OptimizeReport, console: Console) -> None:
             "only on inputs that satisfy it",
             highlight=False,
         )
-    for h in getattr(report, "assumption_hints", None) or []:
+    for h in report.assumption_hints:
         console.print(hint_line(h), highlight=False)
 
 

@@ -107,6 +107,18 @@ def guard_of(where: Node) -> Node | None:
     return softmax
 
 
+def nan_guard(softmax: Node) -> tuple[Node, Node] | None:
+    """The guard `Where(IsNaN(p), 0, p)` reading `softmax`'s output p, as (IsNaN, Where), or
+    None."""
+    p = _out(softmax)
+    for node, _ in p.uses():
+        if node.op_type == "Where" and guard_of(node) is softmax:
+            isnan = producer(node.input(0), "IsNaN")
+            assert isnan is not None  # guard_of found it
+            return isnan, node
+    return None
+
+
 def _last_axis(softmax: Node) -> bool:
     axis = softmax.attr("axis", -1 if default_opset(softmax) >= 13 else 1)
     scores = softmax.input(0)
@@ -377,14 +389,11 @@ class _Matcher:
         return reshape
 
     def _probabilities(self) -> tuple[Value, Node | None]:
-        p = self.softmax.outputs[0]
-        assert p is not None
-        for node, _ in p.uses():
-            if node.op_type == "Where" and guard_of(node) is self.softmax:
-                isnan = producer(node.input(0), "IsNaN")
-                self.inside.update(n for n in (node, isnan) if n is not None)
-                return _out(node), node
-        return p, None
+        guard = nan_guard(self.softmax)
+        if guard is None:
+            return _out(self.softmax), None
+        self.inside.update(guard)
+        return _out(guard[1]), guard[1]
 
     def _split(self, *reshapes: Node) -> Node:
         split = producer(reshapes[0].input(0), "Split")

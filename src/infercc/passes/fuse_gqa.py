@@ -86,7 +86,7 @@ from infercc.ir.graph import Graph, Node, Value
 from infercc.ir.ops import MS_DOMAIN
 from infercc.ir.symbolic_shapes import Shape as SymShape
 from infercc.ir.symbolic_shapes import SymbolicShapes
-from infercc.passes.attention import guard_of
+from infercc.passes.attention import nan_guard
 from infercc.passes.fuse_attention import (
     Merged,
     dead_with,
@@ -317,10 +317,10 @@ def match(softmax: Node, sym: SymbolicShapes) -> _Match:
     found = _scores(softmax, removed, sym)
     if found is None:
         raise NoMatch("the Softmax does not read MatMul(Q, K^T) scaled by constants plus a bias")
-    probabilities, guard = softmax.output, _nan_guard(softmax)
+    probabilities, guard = softmax.output, nan_guard(softmax)
     if guard is not None:  # torch's SDPA export: Where(IsNaN(P), 0, P), removed with the rest
-        removed += guard
-        probabilities = guard[-1].output
+        removed += guard  # (no reader outside the attention: _finish checks what dies)
+        probabilities = guard[1].output
     av = sole_reader(probabilities)
     values = None if av is None else av.input(1)
     if av is None or values is None or av.op_type != "MatMul" or av.input(0) is not probabilities:
@@ -345,18 +345,6 @@ def match(softmax: Node, sym: SymbolicShapes) -> _Match:
         raise NoMatch("the attention output is not Transpose [0, 2, 1, 3] then Reshape", av)
     anchor = out.anchor
     return _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
-
-
-def _nan_guard(softmax: Node) -> list[Node] | None:
-    """[IsNaN, Where] when the Softmax's output is read by its NaN guard and nothing else."""
-    readers = softmax.output.users()
-    where = next((u for u in readers if guard_of(u) is softmax), None)
-    isnan = None if where is None else producer(where.input(0), "IsNaN")
-    if where is None or isnan is None or {*readers} != {isnan, where}:
-        return None
-    if len(isnan.output.users()) != 1:
-        return None
-    return [isnan, where]
 
 
 def _finish(
