@@ -35,7 +35,15 @@ BROKEN = {
         BuildConfig(precision="fp16", disable_passes=("convert-fp16",)),
         "--fp16",
     ),
-    "_bf16_needs_tensorrt": (BuildConfig(precision="bf16", backend="ort"), "--bf16"),
+    "_bf16_needs_a_bf16_backend": (
+        BuildConfig(precision="bf16", target="a100", backend="ort"),
+        "--bf16",
+    ),
+    "_openvino_needs_a_cpu_target": (
+        BuildConfig(backend="openvino", target="a100"),
+        "--backend openvino",
+    ),
+    "_fp16_on_openvino": (BuildConfig(backend="openvino", precision="fp16"), "--fp16"),
     "_bf16_needs_a_target_with_bf16": (
         BuildConfig(precision="bf16", target="t4", backend="tensorrt"),
         "--bf16",

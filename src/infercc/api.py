@@ -29,7 +29,7 @@ from infercc.config import BuildConfig, assumption_passes, canonical_target, rea
 from infercc.data.feeds import input_ranges as generated_ranges
 from infercc.data.samples import IN_MEMORY_SAMPLES, SampleData, in_memory
 from infercc.data.signature import check_shape_names, shape_profile, warn_shape_conflicts
-from infercc.errors import InferccError
+from infercc.errors import InferccError, ValidationError
 from infercc.ir import Model, export_model, load_model, save_model
 from infercc.ir.sources import IN_MEMORY, ModelInput, is_proto, model_file
 from infercc.ir.static_shapes import fix_input_shapes
@@ -514,7 +514,7 @@ class OptimizeFlow:
         if not cfg.validate:
             return None
         job.step("validating")
-        tol = tolerance(cfg.precision, cfg.atol, cfg.rtol, cfg.min_cosine).to_dict()
+        tol = tolerance(graph_precision(cfg), cfg.atol, cfg.rtol, cfg.min_cosine).to_dict()
         return validate(
             self.src,
             candidate,
@@ -550,7 +550,7 @@ class OptimizeFlow:
             )
             return
         job.step("bisecting the pipeline")
-        tol = tolerance(cfg.precision, cfg.atol, cfg.rtol, cfg.min_cosine)
+        tol = tolerance(graph_precision(cfg), cfg.atol, cfg.rtol, cfg.min_cosine)
         result = bisect(
             self.src,
             _failing_feeds(validation),
@@ -603,6 +603,14 @@ class OptimizeFlow:
             assumption_hints=assumption_hints(self.ctx.wanted),
             output_types=[c.to_dict() for c in job.output_types],
         )
+
+
+def graph_precision(cfg: BuildConfig) -> str:
+    """The precision the written graph itself computes in: OpenVINO's bf16 is a kernel choice
+    over an fp32 graph, which is validated as fp32 before the artifact is validated as bf16."""
+    if cfg.precision == "bf16" and cfg.backend == "openvino":
+        return "fp32"
+    return cfg.precision
 
 
 AUTO_BISECT_SECONDS = 20.0  # a failure is bisected by itself when that should take no longer
@@ -662,6 +670,9 @@ class _Build:
         self.backend = get_backend(str(cfg.backend))
         require_available(self.backend)
         check_destination(out)
+        check_source = getattr(self.backend, "check_source", None)
+        if check_source is not None:  # a backend that cannot read the model says so first
+            check_source(src)
         self.model_name = MODEL_FILE
         self.plan_path = out / "memory_plan.json"
 
@@ -689,13 +700,48 @@ class _Build:
         t0 = time.perf_counter()
         section = self._compile(stage, target, cache_dir, options)
         compile_seconds = time.perf_counter() - t0
-        write_manifest(stage, self._manifest(target, section, report))
+        manifest = self._manifest(target, section, report)
+        write_manifest(stage, manifest)
+        checked = self._validate_artifact(stage, options)
+        if checked is not None:
+            manifest["artifact_validation"] = checked
+            write_manifest(stage, manifest)
         publish(stage, self.out)
         return {
             "path": str(self.out),
             "backend": section,
             "compile_seconds": round(compile_seconds, 4),
+            "validation": checked,
         }
+
+    def _validate_artifact(self, stage: Path, options: CompileOptions) -> dict[str, Any] | None:
+        """The artifact as it will run, against the original under onnxruntime fp32, for a
+        backend whose kernels compute otherwise than the graph says (`ARTIFACT_VALIDATED`):
+        at every shape profile, with the build precision's criterion. A failure ends the
+        build (exit 1), naming the worst output."""
+        cfg = self.cfg
+        if not cfg.validate or cfg.backend not in ARTIFACT_VALIDATED:
+            return None
+        from infercc.check.candidates import validate_candidate
+
+        if options.on_step is not None:
+            options.on_step(f"validating the {cfg.backend} artifact against the original")
+        result = validate_candidate(
+            stage,
+            self.src,
+            data=cfg.data,
+            shapes=cfg.shape_pins,
+            second_shapes=cfg.second_pins,
+            atol=cfg.atol,
+            rtol=cfg.rtol,
+            min_cosine=cfg.min_cosine,
+            tolerances=cfg.tolerance_map,
+            ort_custom_op_libs=cfg.ort_custom_op_libs,
+        )
+        checked = result.to_dict()
+        if not result.passed:
+            raise ValidationError(artifact_failure(cfg, result.validation), _remedy(cfg))
+        return checked
 
     def _compile(
         self,
@@ -735,6 +781,34 @@ class _Build:
             validation=validation.to_dict() if validation is not None else None,
             assumptions=report.assumptions,
         )
+
+
+# Backends whose artifact is validated itself, after compiling: their kernels may compute in
+# another precision than the graph's (OpenVINO's bf16 and int8 on an fp32 or Q/DQ graph).
+ARTIFACT_VALIDATED = ("openvino",)
+
+
+def artifact_failure(cfg: BuildConfig, validation: ValidationReport | None) -> str:
+    """One line: the artifact failed, its worst output and by how much."""
+    what = f"the {cfg.backend} {cfg.precision} artifact"
+    if validation is None or validation.error is not None:
+        detail = validation.error if validation is not None else "no validation ran"
+        return f"{what} failed validation against the original: {detail}"
+    failed = validation.failures() or list(validation.outputs.values())
+    worst = min(failed, key=lambda m: m.cosine if m.cosine is not None else -2.0)
+    cosine = "n/a" if worst.cosine is None else f"{worst.cosine:.6f}"
+    return (
+        f"{what} failed validation against the original: worst output {worst.name!r}, "
+        f"cosine {cosine} ({worst.reason or 'outside the tolerance'}); nothing written"
+    )
+
+
+def _remedy(cfg: BuildConfig) -> str:
+    if cfg.precision == "bf16":
+        return "build fp32 (drop --bf16), or calibrate int8 (infercc calibrate --int8)"
+    if cfg.precision == "int8":
+        return "calibrate again with a higher --min-cosine, or build with --backend ort"
+    return "build with --backend ort, and report the model"
 
 
 def memory_plan_name(out: Path) -> str:

@@ -456,8 +456,8 @@ class BuildConfig:
         None,
         Flag(
             "--backend",
-            "With -o DIR: the backend that builds the artifact (ort, tensorrt, none) [default: "
-            "ort for cpu, tensorrt for GPU targets].",
+            "With -o DIR: the backend that builds the artifact (ort, openvino, tensorrt, none) "
+            "[default: ort for cpu (openvino with --bf16), tensorrt for GPU targets].",
             str,
             metavar="NAME",
         ),
@@ -490,8 +490,10 @@ class BuildConfig:
         ),
         Flag(
             "--bf16",
-            "With --backend tensorrt 10.x: let TensorRT choose bfloat16 kernels "
-            "(BuilderFlag.BF16). TensorRT 11 takes precision from the graph only.",
+            "bfloat16 compute: on a CPU with avx512_bf16 or amx_bf16, OpenVINO's bf16 kernels "
+            "(--backend openvino, the default with --bf16 on CPU targets); with --backend "
+            "tensorrt 10.x, TensorRT's (BuilderFlag.BF16). Validated by cosine >= "
+            f"{figure(TOLERANCES['bf16'].min_cosine)} per output.",
             value=_bf16,
         ),
         Flag(
@@ -868,7 +870,7 @@ class BuildConfig:
             options["fp16"] = Fp16Settings(self.fp16_io, keep, self.range_map or None)
         return PassContext(
             target="cpu" if is_cpu(self.target) else self.target,  # CPU rows rewrite alike
-            backend=self.backend if self.backend in ("ort", "tensorrt") else "ort",
+            backend=self.backend if self.backend in ("ort", "tensorrt", "openvino") else "ort",
             portable=self.portable,
             options=options,
             verify=self.verify,
@@ -889,7 +891,8 @@ class BuildConfig:
                     "give a directory with -o (e.g. -o build/model) to build with a backend",
                 )
             return replace(self, target=target, backend="none")
-        return replace(self, target=target, backend=self.backend or default_backend(target))
+        backend = self.backend or default_backend(target, self.precision)
+        return replace(self, target=target, backend=backend)
 
     def check(self) -> BuildConfig:
         """Raise InferccError on the first rule of `RULES` this config breaks; else return it.
@@ -1076,8 +1079,12 @@ def is_cpu(target: str) -> bool:
     return _is_cpu(target)
 
 
-def default_backend(target: str) -> str:
-    return "ort" if is_cpu(target) else "tensorrt"
+def default_backend(target: str, precision: str = "fp32") -> str:
+    """ort for CPU targets (openvino for bf16: onnxruntime's CPU provider has no bfloat16
+    kernels on x86), tensorrt for GPU targets."""
+    if not is_cpu(target):
+        return "tensorrt"
+    return "openvino" if precision == "bf16" else "ort"
 
 
 # --------------------------------------------------------------------------- rules
@@ -1140,26 +1147,73 @@ def _fp16_needs_convert_pass(c: BuildConfig) -> Broken:
     return None
 
 
-def _bf16_needs_tensorrt(c: BuildConfig) -> Broken:
-    """bf16 is a TensorRT builder choice: no graph rewrite makes a bfloat16 model."""
-    if c.precision == "bf16" and c.backend != "tensorrt":
+def _bf16_needs_a_bf16_backend(c: BuildConfig) -> Broken:
+    """bf16 is a backend's kernel choice, not a graph rewrite: OpenVINO's on a CPU target,
+    TensorRT's on a GPU. onnxruntime's CPU provider has no bfloat16 kernels on x86."""
+    if c.precision != "bf16" or c.backend in ("openvino", "tensorrt"):
+        return None
+    if is_cpu(c.target):
+        why = "onnxruntime's CPU provider has no bfloat16 kernels" if c.backend == "ort" else ""
         return (
-            f"--bf16 needs --backend tensorrt (this build has {_backend_words(c)})",
-            "use --fp16 (a graph rewrite every backend runs)",
+            f"--bf16 needs --backend openvino on a CPU target (this build has "
+            f"{_backend_words(c)}{': ' + why if why else ''})",
+            "build an artifact with -o DIR --backend openvino --bf16, or use --int8",
+        )
+    return (
+        f"--bf16 needs --backend tensorrt (this build has {_backend_words(c)})",
+        "use --fp16 (a graph rewrite every backend runs)",
+    )
+
+
+def _bf16_needs_a_target_with_bf16(c: BuildConfig) -> Broken:
+    """A bfloat16 build on a target without bfloat16 would run fp32 (OpenVINO falls back
+    silently): refused, naming the ISA found and the targets that have it."""
+    if c.precision != "bf16":
+        return None
+    from infercc.analysis.targets import bf16_cpu_targets, get_target, host_cpu_info
+
+    target = get_target(c.target)
+    if "bf16" not in target.precisions:
+        if target.kind == "cpu":
+            row = target.cpu_class or "an unknown CPU class"
+            return (
+                f"--bf16 has no effect on the {target.name} target ({row}): its CPU has "
+                "neither avx512_bf16 nor amx_bf16",
+                "CPU targets with bfloat16: " + ", ".join(bf16_cpu_targets()),
+            )
+        return (
+            f"--bf16 has no effect on the {target.name} target: it has no bfloat16",
+            f"{target.name} has: {', '.join(target.precisions)}",
+        )
+    info, _cores = host_cpu_info()
+    host_bf16 = any(f in info.features for f in ("avx512_bf16", "amx_bf16"))
+    if target.kind == "cpu" and c.backend == "openvino" and not host_bf16:
+        row = info.row.name if info.row is not None else "an unknown CPU class"
+        return (
+            f"--bf16 for {target.name} needs this CPU to have bfloat16 to compile and validate "
+            f"on, and it is {row} (no avx512_bf16, no amx_bf16)",
+            "build on a host of a CPU row with bfloat16: " + ", ".join(bf16_cpu_targets()),
         )
     return None
 
 
-def _bf16_needs_a_target_with_bf16(c: BuildConfig) -> Broken:
-    if c.precision != "bf16" or is_cpu(c.target):
-        return None
-    from infercc.analysis.targets import get_target
-
-    target = get_target(c.target)
-    if "bf16" not in target.precisions:
+def _openvino_needs_a_cpu_target(c: BuildConfig) -> Broken:
+    if c.backend == "openvino" and not is_cpu(c.target):
         return (
-            f"--bf16 has no effect on the {target.name} target: it has no bfloat16",
-            f"{target.name} has: {', '.join(target.precisions)}",
+            f"--backend openvino needs a CPU --target (the {c.target} target is a GPU)",
+            "give --target cpu (or a CPU row), or use --backend tensorrt",
+        )
+    return None
+
+
+def _fp16_on_openvino(c: BuildConfig) -> Broken:
+    """OpenVINO's CPU plugin computes a float16 graph in fp32 or bf16: the rewrite buys
+    nothing there but its rounding."""
+    if c.backend == "openvino" and c.precision == "fp16":
+        return (
+            "--fp16 has no effect on --backend openvino: its CPU plugin computes float16 "
+            "graphs in fp32 or bf16",
+            "use --bf16 where the CPU has bfloat16, or --int8 on a calibrated model",
         )
     return None
 
@@ -1212,6 +1266,12 @@ def _no_tune_needs_a_tuning_backend(c: BuildConfig) -> Broken:
         return (
             "--no-tune has no effect: nothing is tuned without a backend",
             "drop --no-tune, or build an artifact with --backend ort or tensorrt",
+        )
+    if not c.tune and c.backend == "openvino" and c.precision != "int8":
+        return (
+            f"--no-tune has no effect on an openvino {c.precision} build: it compiles one "
+            "configuration (only int8 races its float rest in f32 and bf16)",
+            "drop --no-tune",
         )
     return None
 
@@ -1266,8 +1326,8 @@ def _portable_needs_fused_ops_to_avoid(c: BuildConfig) -> Broken:
     (PassContext.fused_ops_allowed)."""
     if not c.portable:
         return None
-    if not is_cpu(c.target) or c.backend == "tensorrt":
-        where = f"the {c.target} target" if not is_cpu(c.target) else "backend tensorrt"
+    if not is_cpu(c.target) or c.backend in ("tensorrt", "openvino"):
+        where = f"the {c.target} target" if not is_cpu(c.target) else f"backend {c.backend}"
         return (
             f"--portable has no effect with {where}: only onnxruntime on the cpu target gets "
             "contrib ops",
@@ -1342,8 +1402,10 @@ RULES: tuple[Rule, ...] = (
     _disabled_passes_run,
     _fp16_options_need_fp16,
     _fp16_needs_convert_pass,
-    _bf16_needs_tensorrt,
+    _openvino_needs_a_cpu_target,
+    _bf16_needs_a_bf16_backend,
     _bf16_needs_a_target_with_bf16,
+    _fp16_on_openvino,
     _tensorrt_needs_a_gpu_target,
     _tensorrt_options_need_tensorrt,
     _calib_cache_needs_int8,

@@ -15,6 +15,7 @@ ZEN3 = "avx avx2 fma sse4_2 bmi2"  # AMD EPYC 7003: no AVX-512, no VNNI
 ZEN4 = ZEN3 + " avx512f avx512dq avx512bw avx512vl avx512_vnni avx512_bf16"
 SAPPHIRE = ZEN4 + " amx_tile amx_int8 amx_bf16"
 SKYLAKE = ZEN3 + " avx512f avx512bw avx512vl avx512dq"
+ICELAKE = SKYLAKE + " avx512_vnni"  # VNNI without BF16
 ALDER = ZEN3 + " avx_vnni"
 GRAVITON2 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimdrdm lrcpc dcpop asimddp"
 GRAVITON3 = GRAVITON2 + " sha3 sve i8mm bf16"
@@ -25,7 +26,8 @@ A72 = "fp asimd evtstrm crc32 cpuid"
     "arch, flags, row",
     [
         ("x86_64", SAPPHIRE, "x86-amx"),
-        ("x86_64", ZEN4, "x86-avx512-vnni"),
+        ("x86_64", ZEN4, "x86-avx512-bf16"),
+        ("x86_64", ICELAKE, "x86-avx512-vnni"),
         ("x86_64", ALDER, "x86-avx-vnni"),
         ("x86_64", SKYLAKE, "x86-avx512"),
         ("x86_64", ZEN3, "x86-avx2"),

@@ -105,7 +105,9 @@ def test_unknown_target():
         get_target("x")
     assert err.value.message == "unknown target 'x'"
     assert err.value.hint == "known targets: " + ", ".join(TARGET_NAMES)
-    assert err.value.hint.startswith("known targets: cpu, x86-amx, x86-avx512-vnni, ")
+    assert err.value.hint.startswith(
+        "known targets: cpu, x86-amx, x86-avx512-bf16, x86-avx512-vnni, "
+    )
     assert err.value.hint.endswith(", arm64-neon, t4, a10, l4, a100, a100-80gb, h100, h200")
 
 

@@ -27,6 +27,15 @@ What a row decides, and why:
 - **Format**: QDQ (QuantizeLinear/DequantizeLinear pairs, standard ONNX). onnxruntime's CPU
   provider fuses them into the same integer kernels QOperator models call, so nothing is
   gained by writing QOperator ops, and QDQ stays readable by TensorRT and other runtimes.
+- **bf16**: rows with avx512_bf16 (Cooper Lake, Zen 4+) or amx_bf16 (Sapphire Rapids+) run
+  OpenVINO's bfloat16 kernels (`--bf16`, `--backend openvino`); onnxruntime's CPU provider has
+  none on x86. `x86-avx512-bf16` is its own row for that alone: its int8 and int4 forms are
+  those of AVX-512 VNNI.
+- **The fastest build** (`fastest`): the (backend, precision) pairs a "fastest that
+  validates" build races on a host of the row, the row's default first. Where the ISA has
+  bf16 that is OpenVINO: int8 from the Q/DQ model, then bf16, then onnxruntime's int8; with
+  VNNI but no bf16 onnxruntime's int8 first and OpenVINO's beside it; on AVX2 and older
+  onnxruntime's int8 path (its kernels were measured first there), then the rest.
 - **int4 (MatMulNBits)**: `accuracy_level` 4 (int8 compute on the activations) where the row
   has int8 dot products or the int16 pair path: a 4-bit weight (|w| <= 8) times a u8 pair sums
   to at most 4,080, so there is no saturation even on AVX2; level 0 (fp32 compute) where MLAS
@@ -107,6 +116,19 @@ class CpuClass:
     summary: str
     int8: Int8Form
     int4: Int4Form
+    fastest: tuple[tuple[str, str], ...] = ()  # (backend, precision), the default first
+
+    @property
+    def default_backend(self) -> str:
+        return self.fastest[0][0] if self.fastest else "ort"
+
+    @property
+    def default_precision(self) -> str:
+        return self.fastest[0][1] if self.fastest else "fp32"
+
+    @property
+    def has_bf16(self) -> bool:
+        return any(f in self.requires for f in ("avx512_bf16", "amx_bf16"))
 
     def matches(self, arch: str, flags: Iterable[str]) -> bool:
         have = set(flags)
@@ -120,18 +142,36 @@ class CpuClass:
             "summary": self.summary,
             "int8": self.int8.to_dict(),
             "int4": self.int4.to_dict(),
+            "default_backend": self.default_backend,
+            "default_precision": self.default_precision,
+            "fastest": [{"backend": b, "precision": p} for b, p in self.fastest],
         }
+
+
+_OV, _ORT = "openvino", "ort"
+# The races of a "fastest that validates" build, by what the ISA has (module doc).
+_BF16_RACE = ((_OV, "int8"), (_OV, "bf16"), (_ORT, "int8"), (_OV, "fp32"), (_ORT, "fp32"))
+_VNNI_RACE = ((_ORT, "int8"), (_OV, "int8"), (_ORT, "fp32"), (_OV, "fp32"))
+_ORT_RACE = ((_ORT, "int8"), (_ORT, "fp32"))
 
 
 def _row(name: str, arch: str, requires: str, summary: str, bits: int, level: int) -> CpuClass:
     why8 = {8: _ARM_WHY if arch == ARM64 else _VNNI_WHY, 7: _PAIRS_WHY}[bits]
+    flags = tuple(requires.split())
+    if any(f in flags for f in ("avx512_bf16", "amx_bf16")):
+        race = _BF16_RACE
+    elif arch == X86 and "avx2" in flags:
+        race = _VNNI_RACE
+    else:
+        race = _ORT_RACE
     return CpuClass(
         name,
         arch,
-        tuple(requires.split()),
+        flags,
         summary,
         Int8Form(bits, "uint8", "qdq", why8),
         Int4Form(level, 32, _LEVEL4_WHY if level == 4 else _LEVEL0_WHY),
+        race,
     )
 
 
@@ -139,8 +179,23 @@ _AVX512 = "avx2 fma avx512f avx512bw avx512vl"
 # (name, arch, flags required, summary, int8 weight bits, int4 accuracy level), most capable
 # first: `classify` takes the first row whose flags the host has.
 _ROWS = (
-    ("x86-amx", X86, f"{_AVX512} avx512_vnni amx_int8", "AMX-INT8 (Sapphire Rapids+)", 8, 4),
-    ("x86-avx512-vnni", X86, f"{_AVX512} avx512_vnni", "AVX-512 VNNI (Ice Lake+, Zen 4+)", 8, 4),
+    (
+        "x86-amx",
+        X86,
+        f"{_AVX512} avx512_vnni amx_int8 amx_bf16",
+        "AMX-INT8 and AMX-BF16 (Sapphire Rapids+)",
+        8,
+        4,
+    ),
+    (
+        "x86-avx512-bf16",
+        X86,
+        f"{_AVX512} avx512_vnni avx512_bf16",
+        "AVX-512 VNNI and BF16, no AMX (Cooper Lake, Zen 4+)",
+        8,
+        4,
+    ),
+    ("x86-avx512-vnni", X86, f"{_AVX512} avx512_vnni", "AVX-512 VNNI, no BF16 (Ice Lake)", 8, 4),
     ("x86-avx-vnni", X86, "avx2 fma avx_vnni", "AVX2 + AVX-VNNI, no AVX-512 (Alder Lake+)", 8, 4),
     ("x86-avx512", X86, _AVX512, "AVX-512 without VNNI (Skylake-SP)", 7, 4),
     ("x86-avx2", X86, "avx2 fma", "AVX2 + FMA, no AVX-512, no VNNI (Haswell, Zen 1-3)", 7, 4),

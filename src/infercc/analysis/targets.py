@@ -561,6 +561,11 @@ def is_cpu(name: str) -> bool:
     return key == "cpu" or key in cpu_classes.BY_NAME
 
 
+def bf16_cpu_targets() -> list[str]:
+    """The CPU rows whose ISA has bfloat16 (avx512_bf16 or amx_bf16)."""
+    return [c.name for c in cpu_classes.CLASSES if c.has_bf16]
+
+
 def list_targets() -> list[Target]:
     """Every target in `TARGET_NAMES` order (detects the host CPU on first call)."""
     return [get_target(name) for name in TARGET_NAMES]

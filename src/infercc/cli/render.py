@@ -106,8 +106,8 @@ def _render_body(report: OptimizeReport, console: Console, level: int) -> None:
 
 
 def _render_precision(report: OptimizeReport, console: Console, explain: bool) -> None:
-    if report.precision == "fp32":
-        return
+    if report.precision == "fp32" or (report.precision != "fp16" and not report.kept_fp32):
+        return  # bf16 and int8 are not graph rewrites of optimize: the backend's line says
     console.print(
         f"precision {report.precision}: {len(report.kept_fp32)} node(s) kept in float32"
         + ("" if explain or not report.kept_fp32 else " (--explain lists them)")
@@ -153,6 +153,37 @@ def _render_artifact(artifact: dict, console: Console) -> None:
             f"{num(p.get('median_ms') or 0, '.3f')} ms (cache {p.get('cache', '')})",
             highlight=False,
         )
+    if backend.get("name") == "openvino":
+        _render_openvino(artifact, console)
+
+
+def _render_openvino(artifact: dict, console: Console) -> None:
+    """What OpenVINO ran (read back from the compiled model) and the artifact's validation."""
+    backend = artifact["backend"]
+    layers = ", ".join(f"{n} {p}" for p, n in (backend.get("layers") or {}).items()) or "none"
+    console.print(
+        f"  {backend.get('device', 'CPU')} ({backend.get('cpu_class') or 'unknown CPU class'}): "
+        f"ran {backend.get('precision_used')}, compute layers {layers}; inference precision "
+        f"{backend.get('hint')} (cache {backend.get('cache', '')})",
+        highlight=False,
+    )
+    checked = artifact.get("validation")
+    if checked is None:
+        return
+    validation = checked.get("validation") or {}
+    outputs = validation.get("outputs") or {}
+    if isinstance(outputs, dict):
+        outputs = list(outputs.values())
+    cosines = [m.get("cosine") for m in outputs if m.get("cosine") is not None]
+    worst = f", worst cosine {min(cosines):.6f}" if cosines else ""
+    criterion = validation.get("min_cosine")
+    profiles = len(validation.get("profiles") or [])
+    console.print(
+        f"  artifact validated against the original under onnxruntime fp32 at {profiles} "
+        f"shape profile(s) ({checked.get('precision')}: cosine >= {criterion}){worst}: "
+        f"{'passed' if checked.get('passed') else 'FAILED'}",
+        highlight=False,
+    )
 
 
 _NOT_REWRITES = ("runs", "changed", "time_s")

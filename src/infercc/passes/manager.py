@@ -158,7 +158,7 @@ class PassContext:
     """
 
     target: str = _shared("cpu", "the target rewrites are for ('cpu' for every CPU row)")
-    backend: str = _shared("ort", "the runtime the output is for: ort or tensorrt")
+    backend: str = _shared("ort", "the runtime the output is for: ort, openvino or tensorrt")
     portable: bool = _shared(False, "standard ONNX only: no onnxruntime contrib op")
     options: dict[str, Any] = field(
         default_factory=dict, metadata={"kind": OPTIONS_FIELD, "doc": "the registered options set"}

@@ -26,6 +26,7 @@ BUILTIN = {
     "none": "infercc.backends.none:NoneBackend",
     "ort": "infercc.backends.ort.backend:OrtBackend",
     "tensorrt": "infercc.backends.trt.backend:TensorRTBackend",
+    "openvino": "infercc.backends.openvino.backend:OpenVinoBackend",
 }
 # what runs a plain .onnx file: onnxruntime with its default session options
 PLAIN_RUNNER = "infercc.backends.ort.runner:default_runner"
