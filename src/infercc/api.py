@@ -346,6 +346,10 @@ def optimize(
     with model_file(model) as src:
         out = Path(output)
         cfg = (config or build_config(**options)).resolve(artifact=not is_model_file(out))
+        if cfg.backend == "auto":
+            report = _optimize_auto(src, out, cfg, cache_dir, on_step)
+            report.seconds = time.perf_counter() - t0
+            return report
         build = _Build(src, out, cfg)
         cfg.check()
         flow = OptimizeFlow(src, build, cache_dir, samples if in_memory(samples) else cfg.data)
@@ -357,6 +361,123 @@ def optimize(
         report.input = IN_MEMORY
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _optimize_auto(
+    src: Path,
+    out: Path,
+    cfg: BuildConfig,
+    cache_dir: str | os.PathLike[str] | None,
+    on_step: Callable[[str], None] | None,
+) -> OptimizeReport:
+    """`--backend auto` (`infercc.runtime.race`): each candidate backend built and validated
+    beside the output, the artifacts raced, the fastest published with the race in its
+    manifest; a cached choice is built alone."""
+    from dataclasses import replace
+
+    from infercc.runtime import race
+    from infercc.runtime.tuning import TuningCache
+
+    cfg.check()
+    check_destination(out)
+    target = get_target(cfg.target)
+    backends, left = race.candidates(target, cfg.precision)
+    from infercc.data.signature import resolve_shapes
+    from infercc.ir.wire import read_model
+
+    shapes = resolve_shapes(read_model(src)[0], dict(cfg.shape_pins))
+    key = race.cache_key(src, shapes, cfg.precision, backends)
+    record: dict[str, Any] = {"precision": cfg.precision, "shapes": _lists(shapes)}
+    with TuningCache(cache_dir) as cache:
+        cached = cache.get(key) if target.host and len(backends) > 1 else None
+        chosen = cached.get("backend") if isinstance(cached, dict) else None
+        if chosen in backends:
+            record.update(cache="hit", chosen=chosen, candidates=cached.get("candidates", []))
+        elif len(backends) == 1 or not target.host:
+            why = "one candidate" if len(backends) == 1 else f"{target.name} is not this host"
+            record.update(cache="not raced", why=why, chosen=backends[0], candidates=left)
+        else:
+            report = _race(src, out, cfg, backends, shapes, cache_dir, on_step, record)
+            record["candidates"] += left
+            kept = {"backend": record["chosen"], "candidates": record["candidates"]}
+            cache.put(key, kept)
+            return _with_race(report, out, record)
+    one = replace(cfg, backend=record["chosen"])
+    report = optimize(src, out, one, cache_dir=cache_dir, on_step=on_step)
+    return _with_race(report, out, record)
+
+
+def _race(
+    src: Path,
+    out: Path,
+    cfg: BuildConfig,
+    backends: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    cache_dir: str | os.PathLike[str] | None,
+    on_step: Callable[[str], None] | None,
+    record: dict[str, Any],
+) -> OptimizeReport:
+    """Build each backend's artifact beside `out`, time those that validated, move the fastest
+    into place; `record` gets the candidates and the choice."""
+    from dataclasses import replace
+
+    from infercc.errors import EXIT_BAD_INPUT
+    from infercc.runtime import race
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.race-") as tmp:
+        built: dict[str, OptimizeReport] = {}
+        records: list[dict[str, Any]] = []
+        for backend in backends:
+            if on_step is not None:
+                on_step(f"auto: building with {backend}")
+            one = replace(cfg, backend=backend)
+            try:
+                report = optimize(
+                    src, Path(tmp) / backend, one, cache_dir=cache_dir, on_step=on_step
+                )
+            except InferccError as exc:
+                if exc.exit_code == EXIT_BAD_INPUT and not built and backend == backends[-1]:
+                    raise
+                records.append({"backend": backend, "skipped": exc.message})
+                continue
+            if not report.written:
+                records.append({"backend": backend, "skipped": "validation failed"})
+                continue
+            built[backend] = report
+            records.append({"backend": backend})
+        if not built:
+            reasons = "; ".join(f"{r['backend']}: {r['skipped']}" for r in records)
+            raise ValidationError(f"--backend auto: no backend built the model ({reasons})")
+        names = list(built)
+        medians = race.time_artifacts([Path(tmp) / b for b in names], src, shapes, on_step)
+        for r in records:
+            if r["backend"] in built:
+                r["median_ms"] = medians[names.index(r["backend"])]
+        best = race.choose(records)
+        assert best is not None
+        record.update(cache="miss", chosen=best["backend"], candidates=records)
+        publish(Path(tmp) / best["backend"], out)
+        return built[best["backend"]]
+
+
+def _with_race(report: OptimizeReport, out: Path, record: dict[str, Any]) -> OptimizeReport:
+    """The chosen build's report and manifest, at `out`, with the race that chose it."""
+    from infercc.runtime.artifact import read_manifest
+
+    manifest = read_manifest(out)
+    manifest["race"] = record
+    write_manifest(out, manifest)
+    report.output = str(out)
+    report.files = [str(p) for p in sorted(out.iterdir())]
+    if report.artifact is not None:
+        report.artifact["path"] = str(out)
+        report.artifact["race"] = record
+    return report
+
+
+def _lists(shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    return {k: [int(d) for d in v] for k, v in shapes.items()}
 
 
 def _in_memory(

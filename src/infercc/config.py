@@ -456,8 +456,9 @@ class BuildConfig:
         None,
         Flag(
             "--backend",
-            "With -o DIR: the backend that builds the artifact (ort, openvino, tensorrt, none) "
-            "[default: ort for cpu (openvino with --bf16), tensorrt for GPU targets].",
+            "With -o DIR: the backend that builds the artifact (ort, openvino, tensorrt, none; "
+            "auto: race the CPU row's backends, keep the fastest that validates) [default: "
+            "ort for cpu (openvino with --bf16), tensorrt for GPU targets].",
             str,
             metavar="NAME",
         ),
@@ -1150,7 +1151,7 @@ def _fp16_needs_convert_pass(c: BuildConfig) -> Broken:
 def _bf16_needs_a_bf16_backend(c: BuildConfig) -> Broken:
     """bf16 is a backend's kernel choice, not a graph rewrite: OpenVINO's on a CPU target,
     TensorRT's on a GPU. onnxruntime's CPU provider has no bfloat16 kernels on x86."""
-    if c.precision != "bf16" or c.backend in ("openvino", "tensorrt"):
+    if c.precision != "bf16" or c.backend in ("openvino", "tensorrt", "auto"):
         return None
     if is_cpu(c.target):
         why = "onnxruntime's CPU provider has no bfloat16 kernels" if c.backend == "ort" else ""
@@ -1187,7 +1188,7 @@ def _bf16_needs_a_target_with_bf16(c: BuildConfig) -> Broken:
         )
     info, _cores = host_cpu_info()
     host_bf16 = any(f in info.features for f in ("avx512_bf16", "amx_bf16"))
-    if target.kind == "cpu" and c.backend == "openvino" and not host_bf16:
+    if target.kind == "cpu" and c.backend in ("openvino", "auto") and not host_bf16:
         row = info.row.name if info.row is not None else "an unknown CPU class"
         return (
             f"--bf16 for {target.name} needs this CPU to have bfloat16 to compile and validate "
@@ -1198,9 +1199,9 @@ def _bf16_needs_a_target_with_bf16(c: BuildConfig) -> Broken:
 
 
 def _openvino_needs_a_cpu_target(c: BuildConfig) -> Broken:
-    if c.backend == "openvino" and not is_cpu(c.target):
+    if c.backend in ("openvino", "auto") and not is_cpu(c.target):
         return (
-            f"--backend openvino needs a CPU --target (the {c.target} target is a GPU)",
+            f"--backend {c.backend} needs a CPU --target (the {c.target} target is a GPU)",
             "give --target cpu (or a CPU row), or use --backend tensorrt",
         )
     return None
@@ -1243,7 +1244,7 @@ def _calib_cache_needs_int8(c: BuildConfig) -> Broken:
 
 
 def _ort_options_need_ort(c: BuildConfig) -> Broken:
-    flag = _backend_option_given(c, "ort") if c.backend != "ort" else None
+    flag = _backend_option_given(c, "ort") if c.backend not in ("ort", "auto") else None
     if flag is not None:
         return (
             f"{flag} has no effect: this build has {_backend_words(c)}",

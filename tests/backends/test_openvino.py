@@ -366,3 +366,59 @@ def test_the_rows_name_their_fastest_build():
     assert BY_NAME["x86-amx"].has_bf16 and not BY_NAME["x86-avx512-vnni"].has_bf16
     assert BY_NAME["x86-avx2"].default_backend == "ort"
     assert all(b == "ort" for b, _ in BY_NAME["arm64-neon"].fastest)
+
+
+# --------------------------------------------------------------------------- --backend auto
+
+
+def test_auto_races_the_row_s_backends_and_a_warm_build_races_nothing(tmp_path, monkeypatch):
+    from infercc.runtime import race
+
+    cache, out = tmp_path / "cache", tmp_path / "auto"
+    args = ["optimize", str(SMALL_CNN), "-o", str(out), "--backend", "auto"]
+    done = run_cli(*args, "--cache-dir", str(cache), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    cold = json.loads((out / "manifest.json").read_text())["race"]
+    assert cold["cache"] == "miss" and cold["precision"] == "fp32"
+    timed = {c["backend"]: c["median_ms"] for c in cold["candidates"]}
+    assert set(timed) == {"ort", "openvino"} and all(ms > 0 for ms in timed.values())
+    assert cold["chosen"] == min(timed, key=timed.get)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["backend"]["name"] == cold["chosen"]
+    assert not [p for p in tmp_path.iterdir() if ".race-" in p.name]  # nothing left behind
+    assert json.loads(done.stdout)["artifact"]["race"]["chosen"] == cold["chosen"]
+
+    def no_race(*a, **k):
+        raise AssertionError("a warm build timed the artifacts")
+
+    monkeypatch.setattr(race, "time_artifacts", no_race)
+    done = run_cli(*args, "--cache-dir", str(cache))
+    assert done.returncode == 0, done.stdout + done.stderr
+    warm = json.loads((out / "manifest.json").read_text())["race"]
+    assert warm["cache"] == "hit" and warm["chosen"] == cold["chosen"]
+    assert f"auto: {cold['chosen']} (hit" in done.stdout
+
+
+def test_auto_builds_another_row_s_default_without_racing(tmp_path):
+    out = tmp_path / "auto"
+    done = run_cli(
+        "optimize", str(SMALL_CNN), "-o", str(out), "--backend", "auto",
+        "--target", "x86-avx512-vnni",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((out / "manifest.json").read_text())["race"]
+    assert record["cache"] == "not raced" and record["chosen"] == "ort"
+    assert record["why"] == "x86-avx512-vnni is not this host"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--target", "a100"], ["--backend auto needs a CPU --target"]),
+        (["--fp16"], ["--backend auto has no backend for a fp16 build"]),
+    ],
+)
+def test_auto_refusals(tmp_path, args, words):
+    out = tmp_path / "out"
+    refused(run_cli("optimize", str(SMALL_CNN), "-o", str(out), "--backend", "auto", *args), *words)
+    assert not out.exists()

@@ -106,7 +106,10 @@ def test_help_shows_real_defaults_and_brackets(capsys, monkeypatch) -> None:
     text = " ".join(r.out.split())  # joined across wrapped lines
     assert "[default: <stem>.opt.onnx beside the input]" in text
     assert "[default: cpu]" in text and "[default: 64; x>=1]" in text
-    assert "[default: 16MiB]" in text and "[default: ort for cpu (openvino with --bf16), tensorrt for GPU targets]" in text
+    assert (
+        "[default: 16MiB]" in text
+        and "[default: ort for cpu (openvino with --bf16), tensorrt for GPU targets]" in text
+    )
     assert "Usage: infercc optimize [OPTIONS] [MODEL] [OUTPUT]" in r.out
     assert "-o, --output PATH" in r.out and "--shape NAME=SHAPE" in r.out
     assert "--ort-optimized-model" in r.out and "--timing-cache-strict" in r.out

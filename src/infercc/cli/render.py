@@ -155,6 +155,28 @@ def _render_artifact(artifact: dict, console: Console) -> None:
         )
     if backend.get("name") == "openvino":
         _render_openvino(artifact, console)
+    if artifact.get("race"):
+        _render_race(artifact["race"], console)
+
+
+def _render_race(race: dict, console: Console) -> None:
+    """--backend auto: what was raced and what was kept."""
+    if race.get("cache") != "miss":
+        why = race.get("why") or "the tuning cache's choice for this model, shape and host"
+        console.print(f"  auto: {race.get('chosen')} ({race.get('cache')}: {why})", highlight=False)
+        return
+    parts = []
+    for c in race.get("candidates", []):
+        figure = c.get("median_ms")
+        parts.append(
+            f"{c['backend']} {num(figure, '.3f')} ms" if figure is not None
+            else f"{c['backend']} dropped ({c.get('skipped')})"
+        )  # fmt: skip
+    console.print(
+        f"  auto: raced {', '.join(parts)} at {shapes_text(race.get('shapes', {}))}; kept "
+        f"{race.get('chosen')}",
+        highlight=False,
+    )
 
 
 def _render_openvino(artifact: dict, console: Console) -> None:
@@ -477,6 +499,12 @@ def render_targets(targets, console: Console) -> None:
             console.print(
                 f"  int8: {row.int8.weight_bits}-bit weights ({vnni}); int4: accuracy_level "
                 f"{row.int4.accuracy_level}, block {row.int4.block_size}",
+                highlight=False,
+            )
+            fastest = ", ".join(f"{b} {p}" for b, p in row.fastest)
+            console.print(
+                f"  bf16: {'yes (--bf16, openvino)' if row.has_bf16 else 'no'}; fastest build "
+                f"(--backend auto races, default first): {fastest}",
                 highlight=False,
             )
 
