@@ -347,9 +347,9 @@ def optimize(
         out = Path(output)
         cfg = (config or build_config(**options)).resolve(artifact=not is_model_file(out))
         if cfg.backend == "auto":
-            report = _optimize_auto(src, out, cfg, cache_dir, on_step)
-            report.seconds = time.perf_counter() - t0
-            return report
+            auto = _optimize_auto(src, out, cfg, cache_dir, on_step)
+            auto.seconds = time.perf_counter() - t0
+            return auto
         build = _Build(src, out, cfg)
         cfg.check()
         flow = OptimizeFlow(src, build, cache_dir, samples if in_memory(samples) else cfg.data)
@@ -388,20 +388,21 @@ def _optimize_auto(
     shapes = resolve_shapes(read_model(src)[0], dict(cfg.shape_pins))
     key = race.cache_key(src, shapes, cfg.precision, backends)
     record: dict[str, Any] = {"precision": cfg.precision, "shapes": _lists(shapes)}
-    with TuningCache(cache_dir) as cache:
+    with TuningCache(None if cache_dir is None else Path(cache_dir)) as cache:
         cached = cache.get(key) if target.host and len(backends) > 1 else None
-        chosen = cached.get("backend") if isinstance(cached, dict) else None
+        cached = cached if isinstance(cached, dict) else {}
+        chosen = cached.get("backend")
         if chosen in backends:
             record.update(cache="hit", chosen=chosen, candidates=cached.get("candidates", []))
         elif len(backends) == 1 or not target.host:
             why = "one candidate" if len(backends) == 1 else f"{target.name} is not this host"
             record.update(cache="not raced", why=why, chosen=backends[0], candidates=left)
         else:
-            report = _race(src, out, cfg, backends, shapes, cache_dir, on_step, record)
+            raced = _race(src, out, cfg, backends, shapes, cache_dir, on_step, record)
             record["candidates"] += left
             kept = {"backend": record["chosen"], "candidates": record["candidates"]}
             cache.put(key, kept)
-            return _with_race(report, out, record)
+            return _with_race(raced, out, record)
     one = replace(cfg, backend=record["chosen"])
     report = optimize(src, out, one, cache_dir=cache_dir, on_step=on_step)
     return _with_race(report, out, record)

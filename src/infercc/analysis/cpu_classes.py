@@ -150,9 +150,10 @@ class CpuClass:
 
 _OV, _ORT = "openvino", "ort"
 # The races of a "fastest that validates" build, by what the ISA has (module doc).
-_BF16_RACE = ((_OV, "int8"), (_OV, "bf16"), (_ORT, "int8"), (_OV, "fp32"), (_ORT, "fp32"))
-_VNNI_RACE = ((_ORT, "int8"), (_OV, "int8"), (_ORT, "fp32"), (_OV, "fp32"))
-_ORT_RACE = ((_ORT, "int8"), (_ORT, "fp32"))
+Race = tuple[tuple[str, str], ...]
+_BF16_RACE: Race = ((_OV, "int8"), (_OV, "bf16"), (_ORT, "int8"), (_OV, "fp32"), (_ORT, "fp32"))
+_VNNI_RACE: Race = ((_ORT, "int8"), (_OV, "int8"), (_ORT, "fp32"), (_OV, "fp32"))
+_ORT_RACE: Race = ((_ORT, "int8"), (_ORT, "fp32"))
 
 
 def _row(name: str, arch: str, requires: str, summary: str, bits: int, level: int) -> CpuClass:

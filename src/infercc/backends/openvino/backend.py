@@ -329,8 +329,8 @@ class OpenVinoRunner:
 
     def __init__(self, model: Path, props: Mapping[str, Any], blob: bytes | None = None):
         proto = read_model(Path(model))[0]
-        self.input_names = [vi.name for vi in real_inputs(proto)]
-        self.output_names = [o.name for o in proto.graph.output]
+        self.input_names: Sequence[str] = [vi.name for vi in real_inputs(proto)]
+        self.output_names: Sequence[str] = [str(o.name) for o in proto.graph.output]
         self.source = "blob" if blob is not None else "model"
         compiled = (
             engine.import_blob(blob, props)
