@@ -10,7 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infercc.outputs import STAGING_MARK, Staging, remove_stale_staging
+from infercc.outputs import (
+    STAGING_MARK,
+    Staging,
+    reclaim_registered,
+    registry_dir,
+    remove_stale_staging,
+)
 
 
 def _child(tmp_path: Path, hold: bool) -> tuple[subprocess.Popen, Path]:
@@ -70,3 +76,38 @@ def test_this_process_directories_go_once_unlocked(tmp_path: Path) -> None:
     assert remove_stale_staging(tmp_path) == []
     held.unlock()
     assert remove_stale_staging(tmp_path) == [held.path]
+
+
+def test_a_killed_runs_staging_is_reclaimed_by_a_run_in_another_folder(tmp_path: Path) -> None:
+    """The registry in the cache root: a run of any kind, anywhere, takes a killed run's
+    staging (and its registry entry); a live one's stays registered and in place."""
+    out_a, out_b = tmp_path / "a", tmp_path / "b"
+    out_a.mkdir()
+    out_b.mkdir()
+    child, left = _child(out_a, hold=True)
+    entries = list(registry_dir().glob(f"{child.pid}-*.path"))
+    assert [Path(e.read_text().strip()) for e in entries] == [left.resolve()]
+    assert reclaim_registered() == []  # its process lives
+    _end(child, kill=True)
+    assert left.is_dir()
+    with Staging(out_b / "x.onnx") as mine:
+        assert not left.exists()
+        assert list(registry_dir().glob(f"{child.pid}-*.path")) == []
+        own = [
+            e
+            for e in registry_dir().glob(f"{os.getpid()}-*.path")
+            if Path(e.read_text().strip()) == mine.path.resolve()
+        ]
+        assert len(own) == 1 and mine.path.is_dir()  # its own entry, until closed
+    assert not own[0].exists()
+    assert list(out_a.iterdir()) == [] and list(out_b.iterdir()) == []
+
+
+def test_the_cli_reclaims_registered_staging_on_every_command(tmp_path: Path) -> None:
+    child, left = _child(tmp_path, hold=True)
+    _end(child, kill=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "infercc", "targets"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert not left.exists()

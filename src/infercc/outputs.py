@@ -12,7 +12,11 @@
   SIGKILL cannot remove its staging directory: the next run that stages in the same folder
   removes every staging directory whose lock is free and whose process is gone, however
   young (a live process's directory, even between its creation and its lock, is never
-  taken: the pid says the process lives).
+  taken: the pid says the process lives). Each staging directory is also registered in the
+  cache root (`staging/<pid>-*.path`, one line: the directory), and every CLI run and every
+  new staging directory reclaims those of dead processes wherever they are
+  (`reclaim_registered`): a killed run's hundreds of MB go with the next run of any kind, not
+  only the next one in that folder.
 - `publish_files` moves a model, its external data and its side files into place so that a
   reader never sees a model with weights that are not its own: the old model is moved aside
   first (a reader then finds no model, never a mismatched pair), the new data goes in, then
@@ -206,6 +210,8 @@ class Staging:
                     "pick an output path in a folder you can write",
                 ) from exc
             self._fd: int | None = _lock(self.path)
+            self._entry = _register(self.path)
+        reclaim_registered()
 
     def unlock(self) -> None:
         if self._fd is not None:
@@ -218,6 +224,10 @@ class Staging:
         interrupted, leaves nothing behind)."""
         shutil.rmtree(self.path, ignore_errors=True)
         self.unlock()
+        if self._entry is not None:
+            with contextlib.suppress(OSError):
+                self._entry.unlink()
+            self._entry = None
         for folder in self._created:
             with contextlib.suppress(OSError):
                 folder.rmdir()
@@ -317,6 +327,66 @@ def _reclaim(directory: Path) -> bool:
         return not directory.exists()
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- the registry
+
+REGISTRY = "staging"
+_ENTRY_NAME = re.compile(r"^(\d+)-[A-Za-z0-9_]+\.path$")
+
+
+def registry_dir() -> Path:
+    """Where staging directories are registered: `<cache root>/staging`."""
+    from infercc.util import cache_root
+
+    return cache_root() / REGISTRY
+
+
+def _register(directory: Path) -> Path | None:
+    """Note `directory` in the registry (best effort: a cache root that cannot be written
+    leaves only the same-folder reclaim)."""
+    try:
+        reg = registry_dir()
+        reg.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f"{os.getpid()}-", suffix=".path", dir=reg)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(str(directory.resolve()) + "\n")
+        return Path(name)
+    except OSError:
+        return None
+
+
+def reclaim_registered() -> list[Path]:
+    """Remove the registered staging directories whose process is gone (and their entries);
+    returns the directories removed. Never raises: housekeeping must not fail a run."""
+    removed: list[Path] = []
+    if fcntl is None:
+        return removed
+    try:
+        entries = list(os.scandir(registry_dir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _ENTRY_NAME.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid() or _alive(int(match.group(1))):
+            continue
+        try:
+            directory = Path(Path(entry.path).read_text(encoding="utf-8").strip())
+        except (OSError, UnicodeDecodeError):
+            directory = None
+        with _CREATING:
+            if (
+                directory is not None
+                and is_staging_name(directory.name)
+                and directory.is_dir()
+                and not directory.is_symlink()
+                and _reclaim(directory)
+            ):
+                removed.append(directory)
+        if directory is None or not directory.exists():
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    return removed
 
 
 # --------------------------------------------------------------------------- publishing

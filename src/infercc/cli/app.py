@@ -535,11 +535,12 @@ def _file_handler(path: Path) -> logging.Handler:
 def main() -> None:
     """Entry point: one-line errors with exit code 2; tracebacks only with --debug; with
     --json, the error also as an object on stdout (`json_error`)."""
-    from infercc.outputs import forget_written
+    from infercc.outputs import forget_written, reclaim_registered
 
     library_warnings_to_log(_debug())
     run_state.reset()
     forget_written()
+    reclaim_registered()  # staging left by killed runs, wherever they staged
     try:
         try:
             code = app(
