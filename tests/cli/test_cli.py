@@ -567,3 +567,46 @@ def test_an_unexpected_exception_is_an_internal_error_exit_1(tmp_path, monkeypat
     assert "internal error" in r.stderr and "ZeroDivisionError: boom" in r.stderr
     r = run("--debug", "inspect", str(EXAMPLE_CNN))
     assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "escaping-data", "unknown-op", "dangling-input"])
+def test_validate_a_candidate_that_cannot_be_read_is_bad_input(tmp_path: Path, damage: str) -> None:
+    """A candidate the user hands in that cannot be read, reads data from outside its folder,
+    or that onnxruntime refuses to load: exit 2, one line, before any verdict."""
+    ref = write_model(tmp_path / "ref.onnx")
+    proto = onnx.load(ref)
+    bad = tmp_path / "cand.onnx"
+    if damage == "truncated":
+        bad.write_bytes(ref.read_bytes()[:40])
+    else:
+        if damage == "escaping-data":
+            w = proto.graph.initializer[0]
+            w.ClearField("raw_data")
+            w.ClearField("float_data")
+            w.data_location = onnx.TensorProto.EXTERNAL
+            w.external_data.add(key="location", value="../../etc/hostname")
+        elif damage == "unknown-op":
+            proto.graph.node[1].op_type = "NoSuchOp"
+        else:
+            proto.graph.node[1].input[0] = "nowhere"
+        onnx.save(proto, bad)
+    done = run("validate", str(bad), "--reference", str(ref))
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    expected = {
+        "truncated": "cannot read ONNX model",
+        "escaping-data": "outside the model's folder",
+        "unknown-op": "NoSuchOp",
+        "dangling-input": "nowhere",
+    }[damage]
+    assert expected in done.stderr
+
+
+def test_validate_a_candidate_that_loads_and_fails_exits_1(tmp_path: Path) -> None:
+    ref = write_model(tmp_path / "ref.onnx")
+    proto = onnx.load(ref)
+    proto.graph.node[1].op_type = "Sigmoid"  # loads, computes something else
+    onnx.save(proto, tmp_path / "cand.onnx")
+    done = run("validate", str(tmp_path / "cand.onnx"), "--reference", str(ref))
+    assert done.returncode == 1
+    assert "FAILED" in done.stdout + done.stderr

@@ -29,7 +29,10 @@ reference fails on the default ones. The report says whether the samples execute
 If/Loop body of the candidate (`infercc.check.coverage`; a body is rewritten when the
 reference has no identical one), and `strict_coverage` fails a rewritten body that never ran.
 A candidate onnxruntime (or its backend) cannot load or run fails validation (exit 1), with
-the error in the report.
+the error in the report; except a plain model the user handed in (`given_by_user`, as
+`infercc validate` does): one that cannot be read, whose external data leaves its folder, or
+that onnxruntime refuses to load is bad input (exit 2, one line). One that loads and then fails
+stays a failure.
 
 With `bisect=True` a failing candidate is handed to `infercc.check.bisection`, which rebuilds
 it from the reference and names the pass, the rewrite and the node where outputs first diverge;
@@ -182,6 +185,7 @@ def validate_candidate(
     strict_coverage: bool = False,
     second_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ort_custom_op_libs: Sequence[str | os.PathLike[str]] = (),
+    given_by_user: bool = False,
 ) -> CandidateReport:
     """Validate `candidate` against `reference` or `golden` (see the module docstring).
 
@@ -189,7 +193,9 @@ def validate_candidate(
     is the target the candidate was built for (for `bisect`); `on_step(what)` is told each
     step; `strict_coverage` fails a rewritten If/Loop body the samples never ran;
     `second_shapes` pins inputs of the second shape profile (a `--shape` range's MAX);
-    `ort_custom_op_libs` are registered in every onnxruntime session (`--ort-custom-op-lib`).
+    `ort_custom_op_libs` are registered in every onnxruntime session (`--ort-custom-op-lib`);
+    `given_by_user`: a plain-model candidate that cannot be read or loaded is bad input (see
+    the module docstring), not a failed validation.
     """
     with custom_op_libraries(ort_custom_op_libs):
         step = on_step or (lambda _what: None)
@@ -199,6 +205,8 @@ def validate_candidate(
 
             config_for_candidate(candidate, target)  # refuses a --target the artifact records
         skeleton = _candidate_skeleton(candidate) if candidate is not None else None
+        if given_by_user and skeleton is not None and not Path(candidate).is_dir():
+            check_external_locations(skeleton, Path(candidate))
         step("running the reference")
         if golden is not None:
             feeds_list, expected, _meta = load_golden(golden)
@@ -221,7 +229,16 @@ def validate_candidate(
         fp32 = precision == "fp32"
         floor = runtime_floor(reference, plan) if fp32 and reference is not None else None
         report = _judge_candidate(
-            candidate, reference, skeleton, plan, tol, not fp32, tolerances, strict_coverage, floor
+            candidate,
+            reference,
+            skeleton,
+            plan,
+            tol,
+            not fp32,
+            tolerances,
+            strict_coverage,
+            floor,
+            given_by_user,
         )
         result = CandidateReport(
             _str(candidate), _str(reference), _str(golden), precision, report, saved
@@ -270,6 +287,7 @@ def _judge_candidate(
     tolerances: Mapping[str, tuple[float, float]] | None,
     strict_coverage: bool,
     floor: Floor | None = None,
+    given_by_user: bool = False,
 ) -> ValidationReport:
     model_path = candidate_model_path(candidate)
     rewritten = None
@@ -285,10 +303,29 @@ def _judge_candidate(
                 model_path, plan.feeds, CANDIDATE, rewritten, runner
             )
     except ModelRunError as exc:
+        if given_by_user and exc.stage == "load" and not path.is_dir():
+            raise InferccError(
+                f"onnxruntime cannot load the candidate {str(path)!r}: {exc.detail}",
+                "check it with onnx.checker.check_model(path, full_check=True): validate "
+                "judges a model that loads",
+            ) from exc
         return failed_run(plan, exc, tol)
     if coverage is not None:
         coverage.strict = strict_coverage
     return judge(plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor)
+
+
+def check_external_locations(skeleton: onnx.ModelProto, model_path: Path) -> None:
+    """Refuse (exit 2) external data that leaves the model's folder or is missing: the check
+    `optimize` runs on its input, before any runtime opens the file."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    from infercc.ir.tensor import resolve_external_path
+
+    for tensor in _get_all_tensors(skeleton):
+        if uses_external_data(tensor):
+            location = ExternalDataInfo(tensor).location
+            resolve_external_path(model_path.parent, location, tensor.name)
 
 
 def _candidate_skeleton(candidate: str | os.PathLike[str]) -> onnx.ModelProto | None:

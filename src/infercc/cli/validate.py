@@ -98,8 +98,9 @@ def validate(
     inputs cover a second shape profile when an input has a symbolic dimension, and the report
     says whether they ran each If/Loop body the candidate changed.
 
-    Exit codes: 0 passed, 1 failed (also a candidate that does not load or run), 2 bad
-    input."""
+    Exit codes: 0 passed, 1 failed (also an artifact that does not load, or a model that
+    loads and fails to run), 2 bad input (also a candidate model that cannot be read, whose
+    external data leaves its folder, or that onnxruntime refuses to load)."""
     from infercc.check.candidates import validate_candidate
     from infercc.check.tolerances import parse_tolerances
     from infercc.cli.render import render_candidate
@@ -137,5 +138,6 @@ def validate(
             on_step=progress.step,
             strict_coverage=strict_coverage,
             ort_custom_op_libs=tuple(ort_custom_op_lib or ()),
+            given_by_user=True,
         )
     finish(report, as_json, render_candidate)
