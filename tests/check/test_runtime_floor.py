@@ -61,7 +61,13 @@ def test_an_element_within_the_multiple_of_onnxruntimes_rounding_passes() -> Non
     assert m.runtime_rounding == pytest.approx(_own_move(own, ref))
     assert m.note.startswith("within onnxruntime's own rounding: its optimizer moves this output")
     assert "1 of 1000 elements outside atol 0.0001, rtol 0.001" in m.note
+    # the excused element's error apart from what the tolerance itself accepted (none moved)
+    assert m.excused_max_abs == pytest.approx(move, rel=1e-3)
+    assert m.within_tol_max_abs == 0.0 and m.max_abs == pytest.approx(move, rel=1e-3)
+    assert f"max abs {m.excused_max_abs:.3g} on the excused elements, 0 on those within" in m.note
     data = report.to_dict()["outputs"]["logits"]
+    assert data["excused_max_abs"] == pytest.approx(move, rel=1e-3)
+    assert data["within_tol_max_abs"] == 0.0
     assert data["decided_by"] == "runtime-rounding" and data["note"] == m.note
     assert data["runtime_rounding"] == pytest.approx(m.runtime_rounding)
 

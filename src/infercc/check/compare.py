@@ -53,7 +53,9 @@ strings), `elementwise` (failed: elements outside atol + rtol * |r|, or NaN/inf 
 `atol` (passed: every element within atol, the cosine not consulted), `cosine` (failed on
 the cosine, or passed where no elementwise bound applies, as in fp16), `elementwise+cosine`
 (passed both), `runtime-rounding` (passed: elements outside atol + rtol * |r| were within
-onnxruntime's own rounding, and the cosine passed), `structure` (failed: missing, or another
+onnxruntime's own rounding, and the cosine passed; `excused_max_abs` is the largest error of
+those excused elements and `within_tol_max_abs` that of the elements the tolerance itself
+accepted, the note gives both), `structure` (failed: missing, or another
 shape, dtype or structure).
 
 `tolerances` overrides atol and rtol for named outputs (`--tol logits=1e-3:1e-2`); the report
@@ -147,6 +149,10 @@ class OutputMetrics:
     rounding_only: bool = False
     excess_ulps: float | None = None  # how far the worst element is past the bound, in ulps
     near_constant: bool = False  # the reference's values hardly vary (module docstring)
+    # where runtime-rounding decided: the largest error of the elements inside atol + rtol *
+    # |r| (what the tolerance accepted) and of those only onnxruntime's rounding excused
+    within_tol_max_abs: float | None = None
+    excused_max_abs: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +171,8 @@ class OutputMetrics:
             "rounding_only": bool(self.rounding_only),
             "excess_ulps": json_float(self.excess_ulps),
             "near_constant": bool(self.near_constant),
+            "within_tol_max_abs": json_float(self.within_tol_max_abs),
+            "excused_max_abs": json_float(self.excused_max_abs),
         }
 
 
@@ -471,6 +479,8 @@ class _Stats:
     rescued: int = 0  # outside atol + rtol * |r|, within onnxruntime's own rounding
     own_max: float | None = None  # onnxruntime's own largest move (None: not measured)
     excess_ulps: float = 0.0  # the worst bad element past its bound, in ulps of the scale
+    within_max: float = 0.0  # the largest error of the elements inside atol + rtol * |r|
+    excused_max: float = 0.0  # the largest error of those onnxruntime's rounding excused
     low: float = math.inf  # the reference's smallest and largest finite values
     high: float = -math.inf
 
@@ -667,6 +677,7 @@ def _compare_floats(
     floor = _rounding_floor(own_max, r)
     rescued = int(np.count_nonzero(outside & (diff <= floor))) if floor else 0
     excess = _excess_ulps(diff, r, outside & (diff > floor), tol, ref.dtype)
+    excused = outside & (diff <= floor) if floor else None
     worst = math.inf if mismatched else 0.0
     return _Stats(
         max_abs=max(float(diff.max(initial=0.0)), worst),
@@ -677,6 +688,8 @@ def _compare_floats(
         rescued=rescued,
         own_max=own_max,
         excess_ulps=excess,
+        within_max=float(diff[~outside].max(initial=0.0)),
+        excused_max=float(diff[excused].max(initial=0.0)) if excused is not None else 0.0,
         low=float(r.real.min(initial=math.inf)),
         high=float(r.real.max(initial=-math.inf)),
     )
@@ -754,6 +767,13 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
     metrics.near_constant = acc.kind == "f" and total > 1 and _near_constant(acc.stats)
     metrics.reason, metrics.decided_by = _verdict(metrics, bad, total, tol, acc.kind)
     _say_rounding(metrics, sum(s.rescued for s in acc.stats), total, tol)
+    if metrics.decided_by == "runtime-rounding":
+        metrics.within_tol_max_abs = max(s.within_max for s in acc.stats)
+        metrics.excused_max_abs = max(s.excused_max for s in acc.stats)
+        metrics.note = (
+            f"{metrics.note}: max abs {metrics.excused_max_abs:.3g} on the excused elements, "
+            f"{metrics.within_tol_max_abs:.3g} on those within tolerance"
+        )
     if metrics.decided_by == "elementwise" and acc.kind == "f":
         metrics.excess_ulps = max(s.excess_ulps for s in acc.stats)
         metrics.rounding_only = _only_rounding(metrics)
