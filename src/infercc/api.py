@@ -70,7 +70,7 @@ class OptimizeReport:
     input: str
     output: str
     target: str
-    nodes_before: int
+    nodes_before: int  # the main graph's nodes, as the file's graph holds them
     nodes_after: int
     ops_before: dict[str, int]
     ops_after: dict[str, int]
@@ -103,6 +103,9 @@ class OptimizeReport:
     # Graph outputs whose declared type the graph contradicts, replaced by the computed type
     # (infercc.ir.output_types): {"output", "declared", "computed"}.
     output_types: list[dict[str, Any]] = field(default_factory=list)
+    # Nodes inside If/Loop/Scan bodies (at any depth), counted apart from the main graph's.
+    body_nodes_before: int = 0
+    body_nodes_after: int = 0
 
     @property
     def passed(self) -> bool:
@@ -120,6 +123,8 @@ class OptimizeReport:
             "target": self.target,
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
+            "body_nodes_before": self.body_nodes_before,
+            "body_nodes_after": self.body_nodes_after,
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
             "size_before": self.size_before,
@@ -502,6 +507,12 @@ def pipelines(cfg: BuildConfig) -> list[tuple[str, ...]]:
     return optimize_stages(cfg.precision)
 
 
+def node_counts(model: Model) -> tuple[int, int]:
+    """(the main graph's nodes, the nodes inside its If/Loop/Scan bodies at any depth)."""
+    main = len(model.graph)
+    return main, sum(1 for _ in model.graph.all_nodes()) - main
+
+
 def check_freeze(model: Model, freeze: bool) -> None:
     """Refuse --freeze-initializers on a model with no overridable initializer."""
     if freeze and not (model.ir_version >= 4 and model.overridable):
@@ -570,7 +581,7 @@ class OptimizeFlow:
             fix_input_shapes(ir, cfg.static_map)
         check_model(ir, cfg, src)
         self.size_before = model_files_size(src, ir)
-        self.nodes_before = sum(1 for _ in ir.graph.all_nodes())
+        self.nodes_before, self.body_nodes_before = node_counts(ir)
         self.ops_before = op_histogram(ir)
         self.profile = shape_profile(ir, cfg.shape_pins)
         check_inputs_untouched(src, ir, self.build.out, self.build.artifact_mode)
@@ -588,7 +599,7 @@ class OptimizeFlow:
         """The memory plan of the result, at the shape profile."""
         plan = job.pipe.details("convert-fp16")
         self.kept_fp32 = list(plan.kept_fp32) if plan is not None else []
-        self.nodes_after = sum(1 for _ in job.ir.graph.all_nodes())
+        self.nodes_after, self.body_nodes_after = node_counts(job.ir)
         self.ops_after = op_histogram(job.ir)
         job.step("planning memory")
         schedule = job.pipe.details("schedule-memory")
@@ -705,6 +716,8 @@ class OptimizeFlow:
             target=cfg.target,
             nodes_before=self.nodes_before,
             nodes_after=self.nodes_after,
+            body_nodes_before=self.body_nodes_before,
+            body_nodes_after=self.body_nodes_after,
             ops_before=self.ops_before,
             ops_after=self.ops_after,
             size_before=self.size_before,

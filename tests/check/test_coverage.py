@@ -216,3 +216,34 @@ def test_the_tracker_names_the_passes_that_changed_a_body() -> None:
     assert list(found.values()) == [["fold-constants", "eliminate-no-ops", "eliminate-dead-code"]]
     ((level,),) = found.keys()
     assert level[1:] == ("pick", "then_branch")
+
+
+def test_the_report_counts_main_graph_and_body_nodes_apart(guarded: Path, tmp_path) -> None:
+    """The report's node count is what the file's main graph holds; If/Loop bodies apart."""
+    out = tmp_path / "out.onnx"
+    report = api.optimize(guarded, out)
+    src, dst = onnx.load(guarded), onnx.load(out)
+
+    def bodies(graph: onnx.GraphProto) -> int:
+        return sum(
+            len(a.g.node) + bodies(a.g) for n in graph.node for a in n.attribute if a.HasField("g")
+        )
+
+    assert (report.nodes_before, report.body_nodes_before) == (
+        len(src.graph.node),
+        bodies(src.graph),
+    )
+    assert (report.nodes_after, report.body_nodes_after) == (len(dst.graph.node), bodies(dst.graph))
+    assert report.body_nodes_after < report.body_nodes_before  # the then branch's Add of zero
+    data = report.to_dict()
+    assert data["body_nodes_after"] == report.body_nodes_after
+    from io import StringIO
+
+    from rich.console import Console
+
+    from infercc.cli.render import render_optimize
+
+    buf = StringIO()
+    render_optimize(report, Console(file=buf, width=200), level=-1)
+    line = f"nodes {report.nodes_before} -> {report.nodes_after} (+{report.body_nodes_before} -> "
+    assert line in buf.getvalue()

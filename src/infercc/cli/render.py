@@ -45,8 +45,13 @@ def render_optimize(
     and the coverage of each If/Loop body. `explain` lists refusals and float32 nodes."""
     level = detail() if level is None else level
     console.print(_optimize_header(report), highlight=False)
+    bodies = (
+        f" (+{report.body_nodes_before} -> {report.body_nodes_after} in If/Loop bodies)"
+        if report.body_nodes_before or report.body_nodes_after
+        else ""
+    )
     console.print(
-        f"nodes {report.nodes_before} -> {report.nodes_after}   "
+        f"nodes {report.nodes_before} -> {report.nodes_after}{bodies}   "
         f"size {human_bytes(report.size_before)} -> {human_bytes(report.size_after)}   "
         f"{report.iterations} round(s){'' if report.reached_fixpoint else ' (step cap reached)'}"
         f"   {num(report.seconds, '.2f')} s"
