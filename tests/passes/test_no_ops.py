@@ -722,3 +722,50 @@ def test_attribute_forms_of_older_opsets():
     assert dict(op_counts(out)) == {"Relu": 1}
     assert _counts(report) == {"squeeze_unsqueeze": 1, "split": 1, "slice": 1}
     assert_same_outputs(proto, out)
+
+
+# -- Slice of a Slice -----------------------------------------------------------------------------
+
+PAIR = (
+    "g (float[N,12,10] X) => (float[N,?,?] Y)"
+    " <int64[1] s1 = {{{s1}}}, int64[1] e1 = {{{e1}}}, int64[1] a1 = {{{a1}}},"
+    " int64[1] p1 = {{{p1}}}, int64[1] s2 = {{{s2}}}, int64[1] e2 = {{{e2}}},"
+    " int64[1] a2 = {{{a2}}}, int64[1] p2 = {{{p2}}}>"
+    " {{ A = Slice(X, s1, e1, a1, p1)  B = Slice(A, s2, e2, a2, p2)  Y = Relu(B) }}"
+)
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        # other axes: taken as they are, a symbolic one included, negative bounds too
+        dict(s1=1, e1=-1, a1=1, p1=1, s2=-3, e2=100, a2=2, p2=1),
+        dict(s1=1, e1=9223372036854775807, a1=0, p1=1, s2=2, e2=7, a2=-1, p2=2),
+        # one static axis twice: composed (steps, negative and clamped bounds)
+        dict(s1=1, e1=11, a1=1, p1=2, s2=1, e2=100, a2=1, p2=2),
+        dict(s1=-8, e1=-1, a1=1, p1=1, s2=-5, e2=-2, a2=-2, p2=1),
+        dict(s1=2, e1=9, a1=2, p1=3, s2=0, e2=2, a2=2, p2=1),
+        dict(s1=3, e1=5, a1=1, p1=1, s2=4, e2=9, a2=1, p2=1),  # nothing left
+    ],
+)
+def test_a_slice_of_a_slice_is_one_slice(bounds):
+    body = PAIR.format(**bounds)
+    proto, out, report, _ = _run(body)
+    assert op_counts(out)["Slice"] == 1
+    assert _counts(report).get("slice_pair") == 1
+    for n in (1, 3):  # both values of the symbolic batch
+        feeds = {"X": np.random.default_rng(n).standard_normal((n, 12, 10)).astype(np.float32)}
+        assert_same_outputs(proto, out, feeds, atol=0, rtol=0)
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_a_pair_on_a_symbolic_axis_or_stepping_back_stays():
+    for bounds in (
+        dict(s1=1, e1=9223372036854775807, a1=0, p1=1, s2=1, e2=9223372036854775807, a2=0, p2=1),
+        dict(s1=9, e1=0, a1=1, p1=-1, s2=1, e2=4, a2=1, p2=1),
+    ):
+        proto, out, report, ctx = _run(PAIR.format(**bounds))
+        assert op_counts(out)["Slice"] == 2 and not _counts(report).get("slice_pair")
+        assert any("symbolic dimension" in r for r in _reasons(ctx))
+        feeds = {"X": np.random.default_rng(0).standard_normal((3, 12, 10)).astype(np.float32)}
+        assert_same_outputs(proto, out, feeds, atol=0, rtol=0)

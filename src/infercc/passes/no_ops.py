@@ -33,6 +33,10 @@ dtype, shape and broadcasting known in the graph prove it; fuzzers found peers r
   q[i] = p1[p2[i]], removed entirely when q is the identity.
 - Slice covering every sliced axis fully with step 1 (start 0, end >= the dimension; for a
   symbolic dimension, end >= 2**62).
+- Slice(Slice(x, ...), ...) with constant bounds: one Slice of x. Bounds on axes only one of
+  them slices are taken as they are (the other axes keep x's dimension, so they mean the same
+  there); an axis both slice with positive steps is composed exactly when x's dimension there
+  is static (Python's range of a range), else the pair is kept.
 - Split with one output and no split sizes, or sizes equal to the whole dimension; Concat of a
   single input; Pad whose constant pads are all zero (any mode).
 - A Concat input of length 0 along the Concat's axis adds nothing to the result: it goes
@@ -112,7 +116,16 @@ class _Keep:
     key: str
 
 
-Found = _Forward | _Rewire | _Keep
+@dataclass(frozen=True)
+class _Merged:
+    """The node slices `src` by (starts, ends, axes, steps): a Slice pair made one."""
+
+    src: Value
+    key: str
+    bounds: tuple[tuple[int, ...], ...]
+
+
+Found = _Forward | _Rewire | _Keep | _Merged
 
 
 def _forward(node: Node, src: Value | None, kind: str) -> Found:
@@ -130,6 +143,15 @@ def _apply(node: Node, found: Found, ctx: PassContext) -> None:
     graph = node.owning_graph()
     if isinstance(found, _Keep):
         node.replace_inputs([node.input(i) for i in found.indices])
+        return
+    if isinstance(found, _Merged):
+        base = node.name or node.op_type
+        names = ("starts", "ends", "axes", "steps")
+        consts = [
+            graph.make_constant(np.array(b, dtype=np.int64), f"{base}_{n}")
+            for b, n in zip(found.bounds, names, strict=True)
+        ]
+        node.replace_inputs([found.src, *consts])
         return
     if isinstance(found, _Rewire):
         node.set_input(0, found.src)
@@ -424,6 +446,50 @@ def _slice(node: Node, ctx: PassContext) -> Found:
     return _forward(node, x, "slice")
 
 
+def _slice_bounds(node: Node, rank: int) -> dict[int, tuple[int, int, int]] | None:
+    """{axis: (start, end, step)} of a Slice (opset >= 10) with constant bounds, axes
+    normalized; None when any bound is not a constant."""
+    if default_opset(node) < 10:
+        return None
+    starts, ends = const_ints(node.input(1)), const_ints(node.input(2))
+    axes = const_ints(node.input(3)) if node.input(3) is not None else None
+    steps = const_ints(node.input(4)) if node.input(4) is not None else None
+    if starts is None or ends is None or len(starts) != len(ends):
+        return None
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    if len(axes) != len(starts) or len(steps) != len(starts) or 0 in steps:
+        return None
+    normal = [a + rank if a < 0 else a for a in axes]
+    if any(not 0 <= a < rank for a in normal) or len(set(normal)) != len(normal):
+        return None
+    return {a: (st, en, sp) for a, st, en, sp in zip(normal, starts, ends, steps, strict=True)}
+
+
+def _slice_pair(node: Node, ctx: PassContext) -> Found:
+    inner = producer(node.input(0), "Slice")
+    x = None if inner is None else inner.input(0)
+    if inner is None or x is None or x.shape is None:
+        raise NoMatch()
+    rank = len(x.shape)
+    first, second = _slice_bounds(inner, rank), _slice_bounds(node, rank)
+    if first is None or second is None:
+        raise NoMatch("a Slice bound is not a constant")
+    merged = dict(first)
+    for axis, (start, end, step) in second.items():
+        if axis not in merged:
+            merged[axis] = (start, end, step)
+            continue
+        dim, (s1, e1, st1) = x.shape[axis], merged[axis]
+        if not isinstance(dim, int) or st1 < 0 or step < 0:
+            raise NoMatch("both slice a symbolic dimension, or step backwards, on one axis")
+        both = range(*slice(s1, e1, st1).indices(dim))[slice(start, end, step)]
+        merged[axis] = (both.start, both.stop, both.step) if len(both) else (0, 0, 1)
+    axes = sorted(merged)
+    bounds = tuple(tuple(merged[a][i] for a in axes) for i in range(3))
+    return _Merged(x, "slice_pair", (bounds[0], bounds[1], tuple(axes), bounds[2]))
+
+
 def _covers(dim: Dim, start: int, end: int) -> bool:
     """Whether [start:end] (step 1) covers a whole dimension."""
     if isinstance(dim, int):
@@ -536,6 +602,7 @@ RULES = [
     Rule("expand", ("Expand",), _expand, _apply),
     Rule("transpose", ("Transpose",), _transpose, _apply),
     Rule("slice", ("Slice",), _slice, _apply),
+    Rule("slice_pair", ("Slice",), _slice_pair, _apply),
     Rule("split", ("Split",), _split, _apply),
     Rule("concat", ("Concat",), _concat, _apply),
     Rule("pad", ("Pad",), _pad, _apply),
