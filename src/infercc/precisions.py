@@ -74,6 +74,27 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 FP32 = TOLERANCES["fp32"]
 
+# A near-constant output (`infercc.check.compare`) of a reduced-precision build is judged at the
+# resolution of the type it computes in, not by its cosine (the cosine of values near zero is
+# rounding): |c - r| <= max(floor, RESOLUTION_ULPS * rel * max|r|). fp16's floor is its smallest
+# normal, 2**-14 (kernels flush subnormals: a sigmoid map near 1e-6 becomes 0); bf16 has
+# fp32's exponent range, so only its 8-bit mantissa counts.
+RESOLUTION_ULPS = 16
+RESOLUTIONS: dict[str, tuple[float, float]] = {
+    "fp16": (2.0**-14, 2.0**-10),
+    "bf16": (2.0**-126, 2.0**-7),
+}
+
+
+def resolution(precision: str | None, magnitude: float) -> float | None:
+    """The largest error a near-constant output of `magnitude` may show at `precision`
+    (None: judged as any output)."""
+    if precision not in RESOLUTIONS:
+        return None
+    floor, rel = RESOLUTIONS[precision]
+    return max(floor, RESOLUTION_ULPS * rel * magnitude)
+
+
 # The worst-output cosine below which an int8 calibration without an accuracy target fails:
 # such a model is not usable (a zoo CNN once "passed" at 0.414).
 INT8_COSINE_FLOOR = 0.9

@@ -85,3 +85,63 @@ def test_samples_given_say_so(tmp_path: Path) -> None:
     np.savez(samples, x=rng.standard_normal((1, 1, 8, 8)).astype(np.float32))
     report = validate(_saturated(20.0), _saturated(20.5), data=samples)
     assert report.outputs["map"].note.startswith("validation is weak for this output")
+
+
+def test_a_near_zero_map_flushed_by_fp16_is_judged_at_fp16s_resolution() -> None:
+    """A sigmoid map near 1e-6 that fp16 flushes to 0: the cosine of rounding fails it; at
+    fp16's resolution (its smallest normal, 2**-14) it passes, and the note says so. fp32 and
+    a real error keep their verdicts."""
+    rng = np.random.default_rng(0)
+    ref = (rng.random(256) * 1.3e-6).astype(np.float32)
+    flushed = np.where(ref < 1e-6, 0.0, ref).astype(np.float32)
+    cos = dict(atol=float("inf"), rtol=float("inf"), min_cosine=0.999)
+    assert not compare_outputs([{"map": ref}], [{"map": flushed}], **cos).passed
+    report = compare_outputs([{"map": ref}], [{"map": flushed}], precision="fp16", **cos)
+    m = report.outputs["map"]
+    assert report.passed and m.decided_by == "resolution" and m.near_constant
+    assert "judged at fp16's resolution" in m.note and f"within {2.0**-14:.3g}" in m.note
+    wrong = (ref + 2e-4).astype(np.float32)  # past fp16's resolution at this magnitude
+    assert not compare_outputs([{"map": ref}], [{"map": wrong}], precision="fp16", **cos).passed
+    bf16 = compare_outputs([{"map": ref}], [{"map": flushed}], precision="bf16", **cos)
+    assert not bf16.passed  # bf16 keeps fp32's exponent: a flush is past its resolution
+
+
+def _grows_with_width() -> onnx.ModelProto:
+    """`map` = Sigmoid(x + W - 60) for x of width W: saturated near 0 at the default width,
+    varying from W = 64 on; `score` = x, which always varies."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["s"], start=3, end=4),
+            helper.make_node("Cast", ["s"], ["w"], to=TensorProto.FLOAT),
+            helper.make_node("Sub", ["w", "sixty"], ["shift"]),
+            helper.make_node("Add", ["x", "shift"], ["t"]),
+            helper.make_node("Sigmoid", ["t"], ["map"]),
+            helper.make_node("Identity", ["x"], ["score"]),
+        ],
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, "W"])],
+        [
+            helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 1, 4, "W"]),
+            helper.make_tensor_value_info("score", TensorProto.FLOAT, [1, 1, 4, "W"]),
+        ],
+        [numpy_helper.from_array(np.array([60.0], np.float32), "sixty")],
+    )
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_generated_inputs_that_leave_an_output_flat_are_replaced_by_a_size_where_it_varies():
+    model = _grows_with_width()
+    report = validate(model, model)
+    assert report.passed
+    first = report.profiles[0]
+    assert first["source"] == "ladder" and first["shapes"]["x"][3] >= 64
+    note = next(n for n in report.notes if "near-constant" in n)
+    assert "output 'map' is near-constant" in note and "where every output varies" in note
+    assert not report.outputs["map"].near_constant
+
+
+def test_a_pinned_shape_is_kept_even_where_an_output_stays_flat() -> None:
+    model = _grows_with_width()
+    report = validate(model, model, shapes={"x": (1, 1, 4, 8)})
+    assert report.profiles[0]["shapes"]["x"] == [1, 1, 4, 8]
+    assert report.outputs["map"].near_constant

@@ -239,6 +239,7 @@ def validate_candidate(
             strict_coverage,
             floor,
             given_by_user,
+            precision,
         )
         result = CandidateReport(
             _str(candidate), _str(reference), _str(golden), precision, report, saved
@@ -288,6 +289,7 @@ def _judge_candidate(
     strict_coverage: bool,
     floor: Floor | None = None,
     given_by_user: bool = False,
+    precision: str | None = None,
 ) -> ValidationReport:
     model_path = candidate_model_path(candidate)
     rewritten = None
@@ -312,7 +314,9 @@ def _judge_candidate(
         return failed_run(plan, exc, tol)
     if coverage is not None:
         coverage.strict = strict_coverage
-    return judge(plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor)
+    return judge(
+        plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor, precision
+    )
 
 
 def check_external_locations(skeleton: onnx.ModelProto, model_path: Path) -> None:

@@ -45,14 +45,18 @@ naming `--rtol` and `--tol`) say so; `optimize` and `validate --bisect` do not b
 reference values, over all samples, span no more than the fp32 table's bound at their largest
 magnitude, atol + rtol * max|r|, as a sigmoid map saturated everywhere) says little: any
 build that returns about that constant passes, and the cosine of values near zero is rounding.
-The verdict is reached as for any output; where it passed, validation shows the cosine as n/a
-and says that validation is weak for that output (`infercc.check.validation`).
+The verdict is reached as for any output, except in a reduced-precision build (`precision`
+fp16 or bf16), where one whose error stays within that type's resolution at the output's
+magnitude passes (`infercc.precisions.resolution`; decided_by `resolution`, the note gives
+the bound); where it passed, validation shows the cosine as n/a and says that validation is
+weak for that output (`infercc.check.validation`).
 
 Each output's `decided_by` says which criterion gave the verdict: `exact` (integers, bools,
 strings), `elementwise` (failed: elements outside atol + rtol * |r|, or NaN/inf misplaced),
 `atol` (passed: every element within atol, the cosine not consulted), `cosine` (failed on
 the cosine, or passed where no elementwise bound applies, as in fp16), `elementwise+cosine`
-(passed both), `runtime-rounding` (passed: elements outside atol + rtol * |r| were within
+(passed both), `resolution` (passed: a near-constant output within its type's resolution),
+`runtime-rounding` (passed: elements outside atol + rtol * |r| were within
 onnxruntime's own rounding, and the cosine passed; `excused_max_abs` is the largest error of
 those excused elements and `within_tol_max_abs` that of the elements the tolerance itself
 accepted, the note gives both), `structure` (failed: missing, or another
@@ -97,7 +101,12 @@ import onnxruntime as ort
 from infercc.check import structured
 from infercc.errors import InferccError
 from infercc.ir import dtypes
-from infercc.precisions import FP32, RUNTIME_ROUNDING_MULTIPLE, RUNTIME_ROUNDING_SHARE
+from infercc.precisions import (
+    FP32,
+    RUNTIME_ROUNDING_MULTIPLE,
+    RUNTIME_ROUNDING_SHARE,
+    resolution,
+)
 from infercc.runtime.ort_support import (
     check_ir_version,
     custom_op_refusal,
@@ -493,6 +502,7 @@ class _Tolerance:
     # True when the candidate legitimately changed a float output's type (--fp16-io): the
     # values are then compared in float64 instead of failing on the dtype.
     float_dtypes_may_differ: bool = False
+    precision: str | None = None  # the candidate's: near-constant outputs at its resolution
 
 
 @dataclass
@@ -541,14 +551,16 @@ def compare_outputs(
     float_dtypes_may_differ: bool = False,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
     own: Sequence[Mapping[str, Any]] | None = None,
+    precision: str | None = None,
 ) -> ValidationReport:
     """Compare outputs already computed (one name -> value dict per sample), by the rules above.
 
     `tolerances` maps an output name to its own (atol, rtol); `own` holds, per sample, the
-    reference's outputs with onnxruntime's optimizations on (the rounding floor)."""
-    tol = _Tolerance(atol, rtol, min_cosine, float_dtypes_may_differ)
+    reference's outputs with onnxruntime's optimizations on (the rounding floor);
+    `precision` is the candidate's (its type's resolution judges near-constant outputs)."""
+    tol = _Tolerance(atol, rtol, min_cosine, float_dtypes_may_differ, precision)
     per_output = {
-        name: _Tolerance(float(a), float(r), min_cosine, float_dtypes_may_differ)
+        name: _Tolerance(float(a), float(r), min_cosine, float_dtypes_may_differ, precision)
         for name, (a, r) in (tolerances or {}).items()
     }
     accumulators: dict[str, _Accumulator] = {}
@@ -766,6 +778,8 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
     )
     metrics.near_constant = acc.kind == "f" and total > 1 and _near_constant(acc.stats)
     metrics.reason, metrics.decided_by = _verdict(metrics, bad, total, tol, acc.kind)
+    if metrics.reason is not None and metrics.near_constant:
+        _within_resolution(metrics, acc.stats, tol)
     _say_rounding(metrics, sum(s.rescued for s in acc.stats), total, tol)
     if metrics.decided_by == "runtime-rounding":
         metrics.within_tol_max_abs = max(s.within_max for s in acc.stats)
@@ -779,6 +793,32 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
         metrics.rounding_only = _only_rounding(metrics)
     metrics.passed = metrics.reason is None
     return metrics
+
+
+def _within_resolution(m: OutputMetrics, stats: list[_Stats], tol: _Tolerance) -> None:
+    """A near-constant output of a reduced-precision build passes within its type's
+    resolution at the output's magnitude (module docstring)."""
+    magnitude = max(max(abs(s.low), abs(s.high)) for s in stats)
+    bound = resolution(tol.precision, magnitude) if math.isfinite(magnitude) else None
+    if bound is None or m.max_abs is None or not m.max_abs <= bound:
+        return
+    m.reason, m.decided_by = None, "resolution"
+    m.note = (
+        f"near-constant (values up to {magnitude:.3g}): judged at {tol.precision}'s resolution, "
+        f"max abs {m.max_abs:.3g} within {bound:.3g}, not by the cosine ({m.cosine:.3g})"
+    )
+
+
+def degenerate(values: np.ndarray) -> bool:
+    """A float output of more than one element that is near-constant (module docstring)."""
+    arr = np.asarray(values)
+    if arr.dtype.kind != "f" or arr.size <= 1:
+        return False
+    finite = arr[np.isfinite(arr)].astype(np.float64)
+    if finite.size == 0:
+        return False
+    low, high = float(finite.min()), float(finite.max())
+    return high - low <= FP32.atol + FP32.rtol * max(abs(low), abs(high))
 
 
 def _near_constant(stats: list[_Stats]) -> bool:

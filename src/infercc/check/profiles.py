@@ -10,7 +10,11 @@ its shape values with first, then 8, 16, 32, 64, 128, 224, 256, 512, 640), each 
 the model compares its inputs with (`infercc.data.hints`). The first feed the original runs on
 is the profile, and a note says which it is and why the default failed. When none runs, the
 error says that it is the original that fails, shows the inputs used, and names `--shape`,
-`--data` and `--no-validate`.
+`--data` and `--no-validate`. When the original runs but leaves a float output near-constant
+(`infercc.check.compare.degenerate`: a sigmoid map of a 32x32 image, all near zero), up to
+`MAX_DEGENERATE_ATTEMPTS` more sizes of the ladder (up to `MAX_DEGENERATE_SIZE`) are tried
+first, and the first feed where every output varies is the profile; where none does, the
+first feed stays, and a note names the outputs that stayed near-constant.
 
 **A decoder** (KV-cache inputs and outputs, `infercc.analysis.decoder`, every input in its
 signature), without `--data`: a prefill (batch 1, 8 tokens, empty cache) and a chunk after a
@@ -49,7 +53,7 @@ import onnx
 
 from infercc.analysis.decoder import decoder_signature, pinned_signature, random_call
 from infercc.assumptions import honour
-from infercc.check.compare import ModelRunError, ModelSource, Runner
+from infercc.check.compare import ModelRunError, ModelSource, Runner, degenerate
 from infercc.data.feeds import describe_feeds, feed_bytes, make_inputs
 from infercc.data.hints import compared_sizes, compared_values
 from infercc.data.samples import SampleData, data_label, load_samples
@@ -72,6 +76,10 @@ LADDER = (16, 32, 64, 128, 224, 256, 512, 640)
 MAX_FIRST_ATTEMPTS = 48
 MAX_SECOND_ATTEMPTS = 24
 MAX_FEED_BYTES = 512 * 2**20  # a generated feed larger than this is not tried
+# Where the default feed leaves a float output near-constant: at most this many more sizes of
+# the ladder, none past MAX_DEGENERATE_SIZE, before judging it as it is.
+MAX_DEGENERATE_ATTEMPTS = 4
+MAX_DEGENERATE_SIZE = 256
 ORIGINAL = "the original model"
 
 
@@ -249,6 +257,16 @@ def _first_attempts(
             yield _Attempt(source, symbols, values)
 
 
+def _degenerate(expected: Mapping[str, Any]) -> list[str]:
+    """The float outputs that are near-constant on one feed."""
+    return [n for n, v in expected.items() if isinstance(v, np.ndarray) and degenerate(v)]
+
+
+def _names(names: Sequence[str]) -> str:
+    quoted = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    return f"output{'s' if len(names) > 1 else ''} {quoted} {'are' if len(names) > 1 else 'is'}"
+
+
 def _ladder_note(failure: tuple[Feeds, ModelRunError], profile: Profile, tried: int) -> str:
     feeds, exc = failure
     return (
@@ -320,7 +338,8 @@ class _Search:
         """The first feed the original runs on: the defaults, else the ladder."""
         failures: list[tuple[Feeds, ModelRunError]] = []
         tried: list[_Attempt] = []
-        for attempt in _first_attempts(self.model, shapes, constants):
+        attempts = _first_attempts(self.model, shapes, constants)
+        for attempt in attempts:
             if len(tried) >= MAX_FIRST_ATTEMPTS:
                 break
             feeds = self.inputs(shapes, self.seed, attempt.symbols, attempt.values)
@@ -337,8 +356,43 @@ class _Search:
             profile = Profile(attempt.source, [feeds], [expected], attempt.values)
             if failures:
                 notes.append(_ladder_note(failures[0], profile, len(tried)))
+            flat = _degenerate(expected)
+            if flat and attempt.symbols == {}:
+                return self._varied(profile, flat, attempts, notes)
             return profile
         raise _original_fails(failures, _tried_text(self.model, shapes, tried), skip_hint)
+
+    def _varied(
+        self, first: Profile, flat: list[str], attempts: Iterator[_Attempt], notes: list[str]
+    ) -> Profile:
+        """A feed of the ladder at which no output is near-constant, else `first`."""
+        tried = 0
+        for attempt in attempts:
+            if tried >= MAX_DEGENERATE_ATTEMPTS:
+                break
+            if attempt.values or any(v > MAX_DEGENERATE_SIZE for v in attempt.symbols.values()):
+                continue
+            feeds = self.inputs(None, self.seed, attempt.symbols, attempt.values)
+            if feed_bytes(feeds) > MAX_FEED_BYTES:
+                continue
+            tried += 1
+            try:
+                expected = self.runner.run(feeds)
+            except ModelRunError:
+                continue
+            if not _degenerate(expected):
+                profile = Profile("ladder", [feeds], [expected], attempt.values)
+                notes.append(
+                    f"on the default inputs ({first.describe()}) {_names(flat)} near-constant; "
+                    f"validated at {profile.describe()} instead, where every output varies"
+                )
+                return profile
+        if tried:
+            notes.append(
+                f"{_names(flat)} near-constant on the generated inputs ({first.describe()} and "
+                f"{tried} other size(s) of the ladder); give --data for a real check"
+            )
+        return first
 
     # -- a decoder --------------------------------------------------------------------------
 

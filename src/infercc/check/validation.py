@@ -101,8 +101,11 @@ def validate(
     except ModelRunError as exc:
         return failed_run(plan, exc, tol)
     coverage.strict = strict_coverage
-    floor = runtime_floor(reference, plan) if model_precision(skeleton) == "fp32" else None
-    return judge(plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor)
+    precision = model_precision(skeleton)
+    floor = runtime_floor(reference, plan) if precision == "fp32" else None
+    return judge(
+        plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor, precision
+    )
 
 
 def runtime_floor(reference: ModelSource, plan: FeedPlan) -> Floor:
@@ -157,13 +160,18 @@ def judge(
     tolerances: Mapping[str, tuple[float, float]] | None = None,
     coverage: cov.CoverageReport | None = None,
     floor: Floor | None = None,
+    precision: str | None = None,
 ) -> ValidationReport:
     """The verdict on `actual` (the candidate's outputs on `plan.feeds`), overall and per
     profile, with the coverage; `floor` gives the reference's outputs with onnxruntime's
-    optimizations on, asked for only when an element is outside the tolerance."""
+    optimizations on, asked for only when an element is outside the tolerance; `precision`
+    is the candidate's (`infercc.check.compare.compare_outputs`)."""
     expected = plan.expected
     options: dict[str, Any] = dict(
-        float_dtypes_may_differ=float_dtypes_may_differ, tolerances=tolerances, **tol
+        float_dtypes_may_differ=float_dtypes_may_differ,
+        tolerances=tolerances,
+        precision=precision,
+        **tol,
     )
     report = compare_outputs(expected, actual, **options)
     own = floor() if floor is not None and _elementwise_failure(report) else None
