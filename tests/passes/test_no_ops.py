@@ -769,3 +769,15 @@ def test_a_pair_on_a_symbolic_axis_or_stepping_back_stays():
         assert any("symbolic dimension" in r for r in _reasons(ctx))
         feeds = {"X": np.random.default_rng(0).standard_normal((3, 12, 10)).astype(np.float32)}
         assert_same_outputs(proto, out, feeds, atol=0, rtol=0)
+
+
+def test_a_slice_read_by_more_than_the_outer_slice_is_not_merged():
+    """rotate_half of x[..., :4]: the inner Slice stays for its other reader, so merging would
+    remove nothing (and hide the pattern rotary matchers read)."""
+    body = (
+        "g (float[N,8] X) => (float[N,4] Y, float[N,2] Z)"
+        " <int64[1] z = {0}, int64[1] four = {4}, int64[1] two = {2}, int64[1] ax = {1}>"
+        " { R = Slice(X, z, four, ax)  H = Slice(R, z, two, ax)  Y = Relu(R)  Z = Neg(H) }"
+    )
+    proto, out, report, _ = _run(body)
+    assert op_counts(out)["Slice"] == 2 and not _counts(report).get("slice_pair")

@@ -33,7 +33,8 @@ dtype, shape and broadcasting known in the graph prove it; fuzzers found peers r
   q[i] = p1[p2[i]], removed entirely when q is the identity.
 - Slice covering every sliced axis fully with step 1 (start 0, end >= the dimension; for a
   symbolic dimension, end >= 2**62).
-- Slice(Slice(x, ...), ...) with constant bounds: one Slice of x. Bounds on axes only one of
+- Slice(Slice(x, ...), ...) with constant bounds, the inner one read by nothing else: one
+  Slice of x. Bounds on axes only one of
   them slices are taken as they are (the other axes keep x's dimension, so they mean the same
   there); an axis both slice with positive steps is composed exactly when x's dimension there
   is static (Python's range of a range), else the pair is kept.
@@ -470,6 +471,11 @@ def _slice_pair(node: Node, ctx: PassContext) -> Found:
     inner = producer(node.input(0), "Slice")
     x = None if inner is None else inner.input(0)
     if inner is None or x is None or x.shape is None:
+        raise NoMatch()
+    sliced = node.input(0)
+    if len(sliced.uses()) != 1 or sliced.is_graph_output:
+        # the inner Slice stays for its other readers: merging removes nothing, and hides
+        # the slice-of-a-slice that rotary matchers read (rotate_half of x[..., :rot])
         raise NoMatch()
     rank = len(x.shape)
     first, second = _slice_bounds(inner, rank), _slice_bounds(node, rank)
