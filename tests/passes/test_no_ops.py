@@ -781,3 +781,34 @@ def test_a_slice_read_by_more_than_the_outer_slice_is_not_merged():
     )
     proto, out, report, _ = _run(body)
     assert op_counts(out)["Slice"] == 2 and not _counts(report).get("slice_pair")
+
+
+def test_a_transpose_of_size_one_dims_after_a_reshape_merges_into_it():
+    """Reshape to [N, 6, 1, 4] then Transpose(0, 2, 1, 3) to [N, 1, 6, 4]: only a dimension of
+    size 1 moves, so it is a Reshape, and the pair is one Reshape (-1 for the batch)."""
+    body = (
+        "g (float[N,24] X) => (float[N,1,6,4] Y) <int64[4] s = {0, 6, 1, 4}>"
+        " { R = Reshape(X, s)  T = Transpose<perm = [0, 2, 1, 3]>(R)  Y = Relu(T) }"
+    )
+    proto, out, report, _ = _run(body)
+    counts = op_counts(out)
+    assert counts["Transpose"] == 0 and counts["Reshape"] == 1
+    assert _counts(report).get("transpose_of_ones") == 1
+    for n in (1, 3):
+        feeds = {"X": np.random.default_rng(n).standard_normal((n, 24)).astype(np.float32)}
+        assert_same_outputs(proto, out, feeds, atol=0, rtol=0)
+    onnx.checker.check_model(out, full_check=True)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [  # a dimension of size 6 crosses one of 4; two symbolic dimensions
+        "g (float[N,24] X) => (float[N,4,6] Y) <int64[3] s = {0, 6, 4}>"
+        " { R = Reshape(X, s)  T = Transpose<perm = [0, 2, 1]>(R)  Y = Relu(T) }",
+        "g (float[N,M,4] X) => (float[N,1,M,4] Y) <int64[1] a = {1}>"
+        " { R = Unsqueeze(X, a)  T = Transpose<perm = [0, 2, 1, 3]>(R)  Y = Relu(T) }",
+    ],
+)
+def test_a_transpose_that_moves_data_or_has_no_constant_target_stays(body):
+    proto, out, report, _ = _run(body)
+    assert op_counts(out)["Transpose"] == 1 and not _counts(report).get("transpose_of_ones")

@@ -126,7 +126,17 @@ class _Merged:
     bounds: tuple[tuple[int, ...], ...]
 
 
-Found = _Forward | _Rewire | _Keep | _Merged
+@dataclass(frozen=True)
+class _AsReshape:
+    """The node (a Transpose that moves only dimensions of size 1) becomes Reshape(src,
+    target): the same row-major elements, relabelled."""
+
+    src: Value
+    key: str
+    target: tuple[int, ...]
+
+
+Found = _Forward | _Rewire | _Keep | _Merged | _AsReshape
 
 
 def _forward(node: Node, src: Value | None, kind: str) -> Found:
@@ -144,6 +154,15 @@ def _apply(node: Node, found: Found, ctx: PassContext) -> None:
     graph = node.owning_graph()
     if isinstance(found, _Keep):
         node.replace_inputs([node.input(i) for i in found.indices])
+        return
+    if isinstance(found, _AsReshape):
+        base = node.name or node.op_type
+        target = graph.make_constant(np.array(found.target, dtype=np.int64), f"{base}_shape")
+        out = node.outputs[0]
+        new = graph.make_node("Reshape", [found.src, target], before=node, name=base)
+        new.outputs[0].dtype, new.outputs[0].shape = out.dtype, out.shape
+        graph.replace_all_uses_with(out, new.outputs[0])
+        graph.remove(node)
         return
     if isinstance(found, _Merged):
         base = node.name or node.op_type
@@ -414,12 +433,40 @@ def _transpose(node: Node, ctx: PassContext) -> Found:
         return _forward(node, node.input(0), "transpose")
     first = producer(node.input(0), "Transpose")
     p1 = _perm(first) if first is not None else None
-    if first is None or p1 is None or len(p1) != len(perm):
+    if first is None:
+        return _ones_transpose(node, perm)
+    if p1 is None or len(p1) != len(perm):
         raise NoMatch()
     composed = [p1[p] for p in perm]
     if composed == list(range(len(composed))):
         return _forward(node, first.input(0), "transpose_pair")
     return _Rewire(require(first.input(0)), "transpose_pair", composed)
+
+
+_RELABELS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def _ones_transpose(node: Node, perm: list[int]) -> Found:
+    """Transpose(R(x)) = Reshape(R(x), its output shape) when the Transpose moves only
+    dimensions of size 1 (the others keep their order: the row-major elements are the same)
+    and R relabels (a Reshape, ...), so that the Reshape pair then merges into one. The
+    target is the output shape, one symbolic dimension written -1."""
+    x = node.input(0)
+    src = producer(x)
+    if src is None or src.op_type not in _RELABELS or x is None or x.shape is None or len(x.shape) != len(perm):
+        raise NoMatch()
+    out = node.outputs[0]
+    if out is None or out.is_graph_output:
+        raise NoMatch()
+    moved = [a for a in perm if x.shape[a] != 1]
+    if moved != sorted(moved):
+        raise NoMatch()
+    dims = [x.shape[a] for a in perm]
+    loose = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    if len(loose) > 1:
+        raise NoMatch("more than one symbolic dimension: no constant target")
+    target = tuple(-1 if i in loose else int(d) for i, d in enumerate(dims))
+    return _AsReshape(x, "transpose_of_ones", target)
 
 
 # -- Slice, Split, Concat, Pad ----------------------------------------------------------------
