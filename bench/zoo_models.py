@@ -24,6 +24,13 @@ import numpy as np
 def _torch():
     import torch
 
+    try:  # a working torchvision registers its own ops
+        import torchvision  # noqa: F401
+
+        warnings.filterwarnings("ignore")
+        return torch
+    except Exception:
+        pass
     try:  # torchvision's CPU ops may be absent here: timm and transformers only need schemas
         lib = torch.library.Library("torchvision", "DEF")
         lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
@@ -220,6 +227,29 @@ def _encoder(kind: str) -> Callable[[Path], None]:
             x = torch.randn(2, 16, 64)
             _export(Enc(model), [x], path, ["input_features"], {"input_features": {0: "batch"}})
             return
+        if kind == "segformer":  # reduced-KV attention: K and V from a strided Conv of X
+            cfg = tf.SegformerConfig(
+                num_encoder_blocks=2,
+                depths=[1, 1],
+                sr_ratios=[4, 2],
+                hidden_sizes=[16, 32],
+                num_attention_heads=[1, 2],
+                decoder_hidden_size=32,
+                num_labels=4,
+            )
+            model = tf.SegformerForSemanticSegmentation(cfg)
+
+            class Seg(torch.nn.Module):
+                def __init__(self, m):
+                    super().__init__()
+                    self.m = m
+
+                def forward(self, pixel_values):
+                    return self.m(pixel_values=pixel_values).logits
+
+            x = torch.randn(2, 3, 64, 64)
+            _export(Seg(model), [x], path, ["pixel_values"], {"pixel_values": {0: "batch"}})
+            return
         if kind == "vit":
             cfg = tf.ViTConfig(
                 image_size=32,
@@ -274,11 +304,17 @@ def _timm(arch: str, dynamo: bool) -> Callable[[Path], None]:
                 num_heads=(2, 4),
             ),
             "convnext": dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 128)),
+            # mobile ViT attention (unfold, transformer, fold) and LeViT's attention with
+            # its Slice-built heads: timm's small configs as they are, at 64x64
+            "mobilevit": {},
+            "levit": dict(img_size=64),
         }[arch]
         name = {
             "vit": "vit_tiny_patch16_224",
             "swin": "swin_tiny_patch4_window7_224",
             "convnext": "convnext_atto",
+            "mobilevit": "mobilevit_xxs",
+            "levit": "levit_128s",
         }[arch]
         model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
         size = 64
@@ -434,12 +470,17 @@ ZOO: list[ZooModel] = [
     ZooModel("hf_distilbert", _encoder("distilbert"), _SEQ, static={"batch": 1, "seq": 16}),
     ZooModel("hf_t5_encoder", _encoder("t5"), _SEQ, static={"batch": 1, "seq": 16}),
     ZooModel("hf_whisper_encoder", _encoder("whisper"), _BATCH, static={"batch": 1}),
+    ZooModel("hf_segformer", _encoder("segformer"), _BATCH, static={"batch": 1}),
     ZooModel("timm_vit", _timm("vit", False), _BATCH, static={"batch": 1}),
     ZooModel("timm_vit_dynamo", _timm("vit", True), _BATCH, static={"batch": 1}),
     ZooModel("timm_swin", _timm("swin", False), _BATCH, static={"batch": 1}),
     ZooModel("timm_swin_dynamo", _timm("swin", True), _BATCH, static={"batch": 1}),
     ZooModel("timm_convnext", _timm("convnext", False), _BATCH, static={"batch": 1}),
     ZooModel("timm_convnext_dynamo", _timm("convnext", True), _BATCH, static={"batch": 1}),
+    ZooModel("timm_mobilevit", _timm("mobilevit", False), _BATCH, static={"batch": 1}),
+    ZooModel("timm_mobilevit_dynamo", _timm("mobilevit", True), _BATCH, static={"batch": 1}),
+    ZooModel("timm_levit", _timm("levit", False), _BATCH, static={"batch": 1}),
+    ZooModel("timm_levit_dynamo", _timm("levit", True), _BATCH, static={"batch": 1}),
     ZooModel(
         "yolo",
         _yolo,
