@@ -362,7 +362,8 @@ def _validate(
     sub_feeds = [{name: values[name] for name in cut.input_names} for values in original]
     expected = [{name: values[name] for name in cut.output_names} for values in original]
     got = run_model(extracted, sub_feeds)
-    return compare_outputs(expected, got, **tolerance("fp32").to_dict())
+    tol = tolerance("fp32")
+    return compare_outputs(expected, got, atol=tol.atol, rtol=tol.rtol, min_cosine=tol.min_cosine)
 
 
 def _with_outputs(src: Path, names: Sequence[str]) -> onnx.ModelProto:

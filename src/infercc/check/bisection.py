@@ -445,15 +445,11 @@ def first_divergence(
             if name not in ref_values or name not in cand_values:
                 continue
             atol_rtol = (tolerances or {}).get(name)
-            tol = dict(tolerance)
+            tol: dict[str, Any] = dict(tolerance)
             if atol_rtol is not None and name in final:
                 tol.update(atol=atol_rtol[0], rtol=atol_rtol[1])
-            check = compare_outputs(
-                [{name: ref_values[name]}],
-                [{name: cand_values[name]}],
-                float_dtypes_may_differ=True,
-                **tol,
-            )
+            expected, got = [{name: ref_values[name]}], [{name: cand_values[name]}]
+            check = compare_outputs(expected, got, float_dtypes_may_differ=True, **tol)
             if not check.passed:
                 ref_node = ref_producers.get(name)
                 return _divergence(node, name, ref_node, check.outputs[name], position)

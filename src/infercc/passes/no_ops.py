@@ -158,10 +158,11 @@ def _apply(node: Node, found: Found, ctx: PassContext) -> None:
     if isinstance(found, _AsReshape):
         base = node.name or node.op_type
         target = graph.make_constant(np.array(found.target, dtype=np.int64), f"{base}_shape")
-        out = node.outputs[0]
+        out = require(node.outputs[0])
         new = graph.make_node("Reshape", [found.src, target], before=node, name=base)
-        new.outputs[0].dtype, new.outputs[0].shape = out.dtype, out.shape
-        graph.replace_all_uses_with(out, new.outputs[0])
+        reshaped = require(new.outputs[0])
+        reshaped.dtype, reshaped.shape = out.dtype, out.shape
+        graph.replace_all_uses_with(out, reshaped)
         graph.remove(node)
         return
     if isinstance(found, _Merged):
@@ -453,7 +454,9 @@ def _ones_transpose(node: Node, perm: list[int]) -> Found:
     target is the output shape, one symbolic dimension written -1."""
     x = node.input(0)
     src = producer(x)
-    if src is None or src.op_type not in _RELABELS or x is None or x.shape is None or len(x.shape) != len(perm):
+    if src is None or src.op_type not in _RELABELS or x is None or x.shape is None:
+        raise NoMatch()
+    if len(x.shape) != len(perm):
         raise NoMatch()
     out = node.outputs[0]
     if out is None or out.is_graph_output:
@@ -465,7 +468,7 @@ def _ones_transpose(node: Node, perm: list[int]) -> Found:
     loose = [i for i, d in enumerate(dims) if not isinstance(d, int)]
     if len(loose) > 1:
         raise NoMatch("more than one symbolic dimension: no constant target")
-    target = tuple(-1 if i in loose else int(d) for i, d in enumerate(dims))
+    target = tuple(d if isinstance(d, int) else -1 for d in dims)
     return _AsReshape(x, "transpose_of_ones", target)
 
 
@@ -519,7 +522,7 @@ def _slice_pair(node: Node, ctx: PassContext) -> Found:
     x = None if inner is None else inner.input(0)
     if inner is None or x is None or x.shape is None:
         raise NoMatch()
-    sliced = node.input(0)
+    sliced = require(node.input(0))
     if len(sliced.uses()) != 1 or sliced.is_graph_output:
         # the inner Slice stays for its other readers: merging removes nothing, and hides
         # the slice-of-a-slice that rotary matchers read (rotate_half of x[..., :rot])
