@@ -37,7 +37,7 @@ from infercc.ir.tensor import external_info
 from infercc.options import keyword_defaults
 from infercc.outputs import Staging, check_output_file, publish_files
 from infercc.passes.pipelines import FP16, OPTIMIZE, optimize_stages
-from infercc.precisions import tolerance
+from infercc.precisions import MOVEMENT_K, tolerance
 from infercc.runtime.artifact import (
     MODEL_FILE,
     check_destination,
@@ -647,7 +647,7 @@ class OptimizeFlow:
         if not cfg.validate:
             return None
         job.step("validating")
-        tol = tolerance(graph_precision(cfg), cfg.atol, cfg.rtol, cfg.min_cosine).to_dict()
+        tol = tolerance(graph_precision(cfg), cfg.atol, cfg.rtol, cfg.min_cosine)
         return validate(
             self.src,
             candidate,
@@ -660,7 +660,10 @@ class OptimizeFlow:
             strict_coverage=cfg.strict_coverage,
             assumptions=cfg.assume,
             fixed_shapes=cfg.static_map,
-            **tol,
+            movement_k=None if cfg.atol is not None or cfg.rtol is not None else MOVEMENT_K,
+            atol=tol.atol,
+            rtol=tol.rtol,
+            min_cosine=tol.min_cosine,
         )
 
     def _diagnose(self, job: Job, candidate: Path, validate_s: float) -> None:

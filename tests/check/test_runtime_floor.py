@@ -136,11 +136,13 @@ def optimized_runs(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return seen
 
 
-def test_a_passing_build_never_runs_the_reference_a_second_time(optimized_runs) -> None:
+def test_a_passing_fp32_build_measures_onnxruntimes_move_once(optimized_runs) -> None:
+    """The movement rule needs onnxruntime's own move on every fp32 build: one more run."""
     report = validate(_scale_model(2.0), _scale_model(2.0))
     assert report.passed
-    assert True not in optimized_runs
-    assert report.outputs["y"].runtime_rounding is None
+    assert optimized_runs.count(True) == 1
+    y = report.outputs["y"]
+    assert y.runtime_rounding == 0.0 and y.movement_ratio == 0.0
 
 
 def test_a_failing_fp32_build_is_measured_against_onnxruntimes_rounding(optimized_runs) -> None:
@@ -233,3 +235,31 @@ def test_a_real_change_is_not_taken_for_rounding(tmp_path: Path) -> None:
     logits = report.outputs[_logits_output(report)]
     assert logits.decided_by == "elementwise"
     assert "onnxruntime's own optimizer moves this output by" in logits.reason
+
+
+# -- the movement rule: a bug far past onnxruntime's own move fails inside the fixed tolerance
+
+
+def test_a_bug_inside_the_fixed_tolerance_fails_on_the_runtimes_movement() -> None:
+    """x * 2 against x * 2.0002: inside atol 1e-4 + rtol 1e-3 everywhere, but onnxruntime's
+    own optimizer moves it by nothing: far more than MOVEMENT_K times the floor."""
+    from infercc.precisions import MOVEMENT_K
+
+    report = validate(_scale_model(2.0), _scale_model(2.0002))
+    y = report.outputs["y"]
+    assert not report.passed and y.decided_by == "runtime-movement"
+    assert y.movement_ratio > MOVEMENT_K
+    assert f"more than {MOVEMENT_K:g}x is not rounding" in y.reason
+    assert report.to_dict()["outputs"]["y"]["movement_ratio"] == pytest.approx(y.movement_ratio)
+    # the fixed tolerance alone passes it; a tolerance the user states is the user's
+    assert validate(_scale_model(2.0), _scale_model(2.0002), movement_k=None).passed
+    loose = validate(_scale_model(2.0), _scale_model(2.0002), tolerances={"y": (1e-4, 1e-3)})
+    assert loose.passed and loose.outputs["y"].decided_by != "runtime-movement"
+
+
+def test_within_the_multiple_of_the_runtimes_move_passes() -> None:
+    ref, cand, own = _logits()
+    move = 0.9 * RUNTIME_ROUNDING_MULTIPLE * _own_move(own, ref)
+    ref, cand, own = _logits(move)
+    report, m = _compare(ref, cand, own)
+    assert report.passed and m.movement_ratio == pytest.approx(0.9 * RUNTIME_ROUNDING_MULTIPLE)

@@ -71,6 +71,7 @@ from infercc.data.signature import (
     warn_shape_conflicts,
 )
 from infercc.errors import InferccError
+from infercc.precisions import MOVEMENT_K
 from infercc.runtime.artifact import candidate_model_path, open_source, read_skeleton
 from infercc.runtime.ort_support import custom_op_libraries
 from infercc.runtime.registry import load_runner
@@ -205,8 +206,9 @@ def validate_candidate(
 
             config_for_candidate(candidate, target)  # refuses a --target the artifact records
         skeleton = _candidate_skeleton(candidate) if candidate is not None else None
-        if given_by_user and skeleton is not None and not Path(candidate).is_dir():
-            check_external_locations(skeleton, Path(candidate))
+        if given_by_user and skeleton is not None and candidate is not None:
+            if not Path(candidate).is_dir():
+                check_external_locations(skeleton, Path(candidate))
         step("running the reference")
         if golden is not None:
             feeds_list, expected, _meta = load_golden(golden)
@@ -240,6 +242,7 @@ def validate_candidate(
             floor,
             given_by_user,
             precision,
+            None if atol is not None or rtol is not None else MOVEMENT_K,
         )
         result = CandidateReport(
             _str(candidate), _str(reference), _str(golden), precision, report, saved
@@ -290,6 +293,7 @@ def _judge_candidate(
     floor: Floor | None = None,
     given_by_user: bool = False,
     precision: str | None = None,
+    movement_k: float | None = MOVEMENT_K,
 ) -> ValidationReport:
     model_path = candidate_model_path(candidate)
     rewritten = None
@@ -315,7 +319,15 @@ def _judge_candidate(
     if coverage is not None:
         coverage.strict = strict_coverage
     return judge(
-        plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor, precision
+        plan,
+        actual,
+        tol,
+        float_dtypes_may_differ,
+        tolerances,
+        coverage,
+        floor,
+        precision,
+        movement_k,
     )
 
 

@@ -31,8 +31,18 @@ what onnxruntime itself does to it. That only counts as rounding where own_max i
 `RUNTIME_ROUNDING_SHARE` of the output's largest magnitude (an optimizer that changes an output
 by more than that has changed what it computes, and gives no floor). The cosine is checked as
 always. The output's `runtime_rounding` is own_max (the worst over samples; None when not
-measured) and its `note` says when it decided. Validation measures `own` only for fp32
-candidates, and only when an element fails the table's tolerance (`infercc.check.validation`).
+measured) and its `note` says when it decided. Validation measures `own` for every fp32
+candidate (`infercc.check.validation`).
+
+**The runtime's own movement also tightens the tolerance.** A real bug of relative size 1e-4
+(a weight scaled by 1.0001) passes atol 1e-4 + rtol 1e-3, while a correct build moves an
+output by about what onnxruntime's own optimizer does. So an fp32 output whose largest error
+is more than `movement_k` (`infercc.precisions.MOVEMENT_K`) times onnxruntime's own move
+(at least `movement_floor`: 16 ulps of fp32 at the output's largest magnitude, for outputs the
+optimizer leaves bit-identical) fails, decided_by `runtime-movement`, however small the error
+is against the table; `movement_ratio` reports that ratio for every output where `own` was
+given and its move is rounding. bench/mutants.py measures the ratio on correct builds and on
+real bugs; docs/validate.md gives both and the k chosen.
 
 **Only rounding differs** when every failed output failed on elements alone, each of them
 outside the bound by at most `ROUNDING_ULPS` units in the last place of the output's largest
@@ -103,6 +113,8 @@ from infercc.errors import InferccError
 from infercc.ir import dtypes
 from infercc.precisions import (
     FP32,
+    MOVEMENT_FLOOR_ULPS,
+    MOVEMENT_K,
     RUNTIME_ROUNDING_MULTIPLE,
     RUNTIME_ROUNDING_SHARE,
     resolution,
@@ -162,6 +174,8 @@ class OutputMetrics:
     # |r| (what the tolerance accepted) and of those only onnxruntime's rounding excused
     within_tol_max_abs: float | None = None
     excused_max_abs: float | None = None
+    # max_abs over onnxruntime's own move of this output (at least its floor), when measured
+    movement_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -182,6 +196,7 @@ class OutputMetrics:
             "near_constant": bool(self.near_constant),
             "within_tol_max_abs": json_float(self.within_tol_max_abs),
             "excused_max_abs": json_float(self.excused_max_abs),
+            "movement_ratio": json_float(self.movement_ratio),
         }
 
 
@@ -488,6 +503,7 @@ class _Stats:
     rescued: int = 0  # outside atol + rtol * |r|, within onnxruntime's own rounding
     own_max: float | None = None  # onnxruntime's own largest move (None: not measured)
     excess_ulps: float = 0.0  # the worst bad element past its bound, in ulps of the scale
+    movement: float | None = None  # max_abs / onnxruntime's own move (None: not measured)
     within_max: float = 0.0  # the largest error of the elements inside atol + rtol * |r|
     excused_max: float = 0.0  # the largest error of those onnxruntime's rounding excused
     low: float = math.inf  # the reference's smallest and largest finite values
@@ -503,6 +519,7 @@ class _Tolerance:
     # values are then compared in float64 instead of failing on the dtype.
     float_dtypes_may_differ: bool = False
     precision: str | None = None  # the candidate's: near-constant outputs at its resolution
+    movement_k: float | None = None  # the movement rule's multiple (None: not applied)
 
 
 @dataclass
@@ -552,13 +569,16 @@ def compare_outputs(
     tolerances: Mapping[str, tuple[float, float]] | None = None,
     own: Sequence[Mapping[str, Any]] | None = None,
     precision: str | None = None,
+    movement_k: float | None = MOVEMENT_K,
 ) -> ValidationReport:
     """Compare outputs already computed (one name -> value dict per sample), by the rules above.
 
     `tolerances` maps an output name to its own (atol, rtol); `own` holds, per sample, the
     reference's outputs with onnxruntime's optimizations on (the rounding floor);
-    `precision` is the candidate's (its type's resolution judges near-constant outputs)."""
-    tol = _Tolerance(atol, rtol, min_cosine, float_dtypes_may_differ, precision)
+    `precision` is the candidate's (its type's resolution judges near-constant outputs);
+    `movement_k` the movement rule's multiple where `own` is given (None: not applied; nor to
+    the outputs `tolerances` names: a tolerance the user states is the user's)."""
+    tol = _Tolerance(atol, rtol, min_cosine, float_dtypes_may_differ, precision, movement_k)
     per_output = {
         name: _Tolerance(float(a), float(r), min_cosine, float_dtypes_may_differ, precision)
         for name, (a, r) in (tolerances or {}).items()
@@ -691,6 +711,7 @@ def _compare_floats(
     excess = _excess_ulps(diff, r, outside & (diff > floor), tol, ref.dtype)
     excused = outside & (diff <= floor) if floor else None
     worst = math.inf if mismatched else 0.0
+    moved = _movement(float(diff.max(initial=0.0)), own_max, r)
     return _Stats(
         max_abs=max(float(diff.max(initial=0.0)), worst),
         max_rel=max(_max_rel(diff, r), worst),
@@ -700,6 +721,7 @@ def _compare_floats(
         rescued=rescued,
         own_max=own_max,
         excess_ulps=excess,
+        movement=moved,
         within_max=float(diff[~outside].max(initial=0.0)),
         excused_max=float(diff[excused].max(initial=0.0)) if excused is not None else 0.0,
         low=float(r.real.min(initial=math.inf)),
@@ -727,6 +749,26 @@ def _own_max(r: np.ndarray, own: np.ndarray | None) -> float | None:
     o = own.astype(np.float64).ravel()
     both = np.isfinite(r) & np.isfinite(o)
     return float(np.abs(o[both] - r[both]).max(initial=0.0))
+
+
+def movement_floor(magnitude: float) -> float:
+    """The least movement the rule divides by: MOVEMENT_FLOOR_ULPS ulps of fp32 at the
+    output's largest magnitude (an output onnxruntime does not move at all still rounds)."""
+    if not math.isfinite(magnitude):
+        return math.inf
+    return MOVEMENT_FLOOR_ULPS * float(np.spacing(np.float32(magnitude)))
+
+
+def _movement(err: float, own_max: float | None, r: np.ndarray) -> float | None:
+    """err / onnxruntime's own move (at least the floor); None where the move was not measured
+    or is more than rounding (module docstring)."""
+    if own_max is None:
+        return None
+    magnitude = float(np.abs(r).max(initial=0.0)) if r.size else 0.0
+    if own_max > RUNTIME_ROUNDING_SHARE * magnitude and own_max > 0:
+        return None
+    bound = max(own_max, movement_floor(magnitude))
+    return err / bound if bound > 0 else (0.0 if err == 0 else math.inf)
 
 
 def _rounding_floor(own_max: float | None, r: np.ndarray) -> float:
@@ -780,6 +822,7 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
     metrics.reason, metrics.decided_by = _verdict(metrics, bad, total, tol, acc.kind)
     if metrics.reason is not None and metrics.near_constant:
         _within_resolution(metrics, acc.stats, tol)
+    _judge_movement(metrics, acc.stats, tol)
     _say_rounding(metrics, sum(s.rescued for s in acc.stats), total, tol)
     if metrics.decided_by == "runtime-rounding":
         metrics.within_tol_max_abs = max(s.within_max for s in acc.stats)
@@ -793,6 +836,24 @@ def _finish(acc: _Accumulator, tol: _Tolerance) -> OutputMetrics:
         metrics.rounding_only = _only_rounding(metrics)
     metrics.passed = metrics.reason is None
     return metrics
+
+
+def _judge_movement(m: OutputMetrics, stats: list[_Stats], tol: _Tolerance) -> None:
+    """The movement rule (module docstring): an fp32 output that passed the table fails when
+    its error is more than `movement_k` times onnxruntime's own move."""
+    moves = [s.movement for s in stats if s.movement is not None]
+    if not moves or not math.isfinite(tol.atol):  # reduced precisions: not rounding-bound
+        return
+    m.movement_ratio = max(moves)
+    k = tol.movement_k
+    if k is None or m.reason is not None or not m.movement_ratio > k:
+        return
+    m.reason = (
+        f"max abs {m.max_abs:.3g} is {m.movement_ratio:.3g}x what onnxruntime's own optimizer "
+        f"moves this output by ({m.runtime_rounding:.2g}; more than {k:g}x is not rounding): "
+        "within the fixed tolerance, but a real change"
+    )
+    m.decided_by = "runtime-movement"
 
 
 def _within_resolution(m: OutputMetrics, stats: list[_Stats], tol: _Tolerance) -> None:

@@ -40,7 +40,7 @@ from infercc.check.profiles import ORIGINAL, FeedPlan, plan_feeds, reference_gra
 from infercc.check.tolerances import model_precision
 from infercc.data.samples import SampleData
 from infercc.errors import InferccError
-from infercc.precisions import FP32
+from infercc.precisions import FP32, MOVEMENT_K
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ def validate(
     role: str = "the optimized model",
     assumptions: Sequence[str] = (),
     fixed_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    movement_k: float | None = MOVEMENT_K,
 ) -> ValidationReport:
     """Compare `candidate` with `reference` (module docstring).
 
@@ -77,7 +78,8 @@ def validate(
     candidate changed on purpose (float16 I/O). `rewritten` names the bodies the build
     rewrote (`infercc.check.coverage.BodyTracker.finish`); None compares the bodies with the
     reference's. `skip_hint` is the flag that skips validation (named when the original fails
-    on the generated inputs); `role` names the candidate in messages.
+    on the generated inputs); `role` names the candidate in messages; `movement_k` is the
+    movement rule's multiple (`infercc.check.compare`; None where the user set atol or rtol).
     """
     model, constants = reference_graph(reference)
     plan = plan_feeds(
@@ -104,7 +106,15 @@ def validate(
     precision = model_precision(skeleton)
     floor = runtime_floor(reference, plan) if precision == "fp32" else None
     return judge(
-        plan, actual, tol, float_dtypes_may_differ, tolerances, coverage, floor, precision
+        plan,
+        actual,
+        tol,
+        float_dtypes_may_differ,
+        tolerances,
+        coverage,
+        floor,
+        precision,
+        movement_k,
     )
 
 
@@ -161,6 +171,7 @@ def judge(
     coverage: cov.CoverageReport | None = None,
     floor: Floor | None = None,
     precision: str | None = None,
+    movement_k: float | None = MOVEMENT_K,
 ) -> ValidationReport:
     """The verdict on `actual` (the candidate's outputs on `plan.feeds`), overall and per
     profile, with the coverage; `floor` gives the reference's outputs with onnxruntime's
@@ -171,12 +182,13 @@ def judge(
         float_dtypes_may_differ=float_dtypes_may_differ,
         tolerances=tolerances,
         precision=precision,
+        movement_k=movement_k,
         **tol,
     )
-    report = compare_outputs(expected, actual, **options)
-    own = floor() if floor is not None and _elementwise_failure(report) else None
-    if own is not None:
-        report = compare_outputs(expected, actual, own=own, **options)
+    # fp32: onnxruntime's own move is the floor of the tolerance and the scale of the
+    # movement rule (infercc.check.compare), so it is measured whenever a floor is offered
+    own = floor() if floor is not None else None
+    report = compare_outputs(expected, actual, own=own, **options)
     start = 0
     for profile in plan.profiles:
         end = start + len(profile.feeds)
@@ -214,11 +226,6 @@ def _say_weak(report: ValidationReport, plan: FeedPlan) -> None:
             m.cosine = None
         weak = WEAK_DATA if given else WEAK_GENERATED
         m.note = f"{m.note}; {weak}" if m.note else weak
-
-
-def _elementwise_failure(report: ValidationReport) -> bool:
-    """Some output failed on elements outside atol + rtol * |r|."""
-    return any(m.decided_by == "elementwise" for m in report.failures())
 
 
 def failed_run(plan: FeedPlan, exc: ModelRunError, tol: Mapping[str, float]) -> ValidationReport:
