@@ -214,3 +214,75 @@ def test_the_loop_does_not_spin_unless_asked(decoder_path, monkeypatch):
     assert done.returncode == 0, done.stderr
     assert "threads spinning (--spin)" in done.stdout
     assert opened[2] is None
+
+
+def _fixed(model: onnx.ModelProto, dims: dict[str, dict[int, int]]) -> onnx.ModelProto:
+    """`model` with input `name`'s axis `axis` declared static at `size`."""
+    for vi in model.graph.input:
+        for axis, size in dims.get(vi.name, {}).items():
+            vi.type.tensor_type.shape.dim[axis].Clear()
+            vi.type.tensor_type.shape.dim[axis].dim_value = size
+    return model
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_a_decode_step_graph_is_fed_its_prompt_token_by_token(tmp_path, decoder_path, batch):
+    """input_ids (and position_ids) static at [batch, 1], as a decode-step export declares
+    them (batch symbolic, or static on every input): the prompt goes in one token per call,
+    and the tokens equal the dynamic graph's."""
+    model = tiny_decoder()
+    dims = {"input_ids": {1: 1}, "position_ids": {1: 1}}
+    if batch is not None:
+        for vi in model.graph.input:
+            dims.setdefault(vi.name, {})[0] = batch
+    path = tmp_path / "step.onnx"
+    onnx.save(_fixed(model, dims), path)
+    prompt = np.random.default_rng(2).integers(0, 50, (batch or 3, 6))
+    report = generate(path, 5, prompt=prompt, warmup=0, runs=1, memory=False)
+    assert report.prefill == "token by token" and report.to_dict()["prefill"] == "token by token"
+    assert report.stats.tokens == greedy_reference(decoder_path, prompt, 5).tolist()
+    assert generate(decoder_path, 2, prompt_len=3, warmup=0, runs=1, memory=False).prefill == (
+        "one call"
+    )
+    if batch == 2:  # the declared batch is the default, another is refused by name
+        assert generate(path, 2, prompt_len=3, warmup=0, runs=1, memory=False).batch == 2
+        with pytest.raises(InferccError, match="--batch 3: input 'input_ids' is declared"):
+            generate(path, 2, prompt_len=3, batch=3, warmup=0, runs=1, memory=False)
+    done = run_cli(
+        "bench",
+        str(path),
+        "--generate",
+        "3",
+        "--prompt-len",
+        "4",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--no-memory",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fed token by token" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        ({"input_ids": {1: 4}, "position_ids": {1: 4}}, "input 'input_ids' is declared [batch, 4]"),
+        (
+            {f"past_key_values.{i}.{kv}": {2: 8} for i in range(2) for kv in ("key", "value")},
+            "cache input 'past_key_values.0.key' has dims ['batch', 4, 8, 16]",
+        ),
+        (
+            {"attention_mask": {1: 8}},
+            "input 'attention_mask' is declared [batch, 8]: a fixed mask length",
+        ),
+    ],
+)
+def test_a_decoder_that_cannot_generate_names_the_input_and_shape(tmp_path, dims, message):
+    path = tmp_path / "fixed.onnx"
+    onnx.save(_fixed(tiny_decoder(), dims), path)
+    done = run_cli("bench", str(path), "--generate", "3", "--no-memory")
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

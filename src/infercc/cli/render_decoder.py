@@ -31,6 +31,12 @@ def render_generate(report, console: Console) -> None:
         f"{'spinning (--spin)' if report.spinning else 'not spinning between steps'}",
         highlight=False,
     )
+    if report.prefill != "one call":
+        console.print(
+            "the model takes one token per call (input_ids fixed at [batch, 1]): the prompt "
+            "was fed token by token, and TTFT is those calls together",
+            highlight=False,
+        )
     t = table()
     for col in ("TTFT ms", "TPOT p50 ms", "TPOT p90 ms", "TPOT p99 ms", "decode tokens/s"):
         number_column(t, col)

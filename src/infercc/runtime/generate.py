@@ -61,6 +61,7 @@ from infercc.analysis.decoder import (
     require_decoder,
     step_inputs,
 )
+from infercc.data.signature import declared_dims
 from infercc.errors import InferccError
 from infercc.runtime.artifact import read_skeleton
 from infercc.runtime.bench import host_info
@@ -155,6 +156,14 @@ def make_plan(
         raise InferccError(f"--batch {batch} is not positive", "e.g. --batch 1")
     if prompt_len is not None and prompt_len < 1:
         raise InferccError(f"--prompt-len {prompt_len} is not positive", "e.g. --prompt-len 64")
+    if sig.fixed.batch is not None:
+        if batch is not None and batch != sig.fixed.batch:
+            raise InferccError(
+                f"--batch {batch}: input {sig.input_ids!r} is declared with batch "
+                f"{sig.fixed.batch}",
+                f"drop --batch (it is {sig.fixed.batch}) or export with a dynamic batch axis",
+            )
+        batch = sig.fixed.batch
     if prompt is not None:
         return Plan(_sized_prompt(sig, prompt, prompt_len, batch), int(new_tokens))
     if sig.vocab is None:
@@ -218,6 +227,7 @@ class Decoder:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.logits_index = self.outputs.index(sig.logits)
         self.present_index = {c.past: self.outputs.index(c.present) for c in sig.caches}
+        self.stepwise = sig.fixed.new == 1  # a decode-step graph: the prompt token by token
 
     def _run(self, feeds: dict[str, Any]) -> list[ort.OrtValue]:
         values = {
@@ -239,7 +249,14 @@ class Decoder:
         return tokens, cache
 
     def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, dict[str, ort.OrtValue]]:
-        return self._next(self._run(prefill_feeds(self.sig, prompt)))
+        """The first token after `prompt`: one call, or (a graph whose `input_ids` is fixed at
+        one token) one call per prompt token, each feeding the cache of the one before."""
+        if not self.stepwise:
+            return self._next(self._run(prefill_feeds(self.sig, prompt)))
+        tokens, cache = self._next(self._run(prefill_feeds(self.sig, prompt[:, :1])))
+        for i in range(1, prompt.shape[1]):
+            tokens, cache = self.step(prompt[:, i : i + 1], cache, i)
+        return tokens, cache
 
     def step(
         self, tokens: np.ndarray, cache: dict[str, ort.OrtValue], past_length: int
@@ -372,6 +389,7 @@ class GenerateReport:
     decoder: dict[str, Any]
     host: dict[str, Any]
     spinning: bool = False  # onnxruntime's idle threads spun between steps
+    prefill: str = "one call"  # or "token by token": input_ids fixed at one token
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -381,6 +399,7 @@ class GenerateReport:
             "new_tokens": self.new_tokens,
             "warmup": self.warmup,
             "spinning": self.spinning,
+            "prefill": self.prefill,
             **self.stats.to_dict(),
             "decoder": self.decoder,
             "host": self.host,
@@ -476,7 +495,35 @@ def open_decoder(path: str | os.PathLike[str], spinning: bool = False) -> Decode
             "pass the artifact's model.onnx",
         )
     skeleton = read_skeleton(p)
-    return Decoder(p, require_decoder(skeleton, str(p)), spinning)
+    sig = require_decoder(skeleton, str(p))
+    _check_drivable(sig, skeleton)
+    return Decoder(p, sig, spinning)
+
+
+def _check_drivable(sig: DecoderSignature, model: Any) -> None:
+    """Refuse a decoder whose declared shapes leave no greedy loop: `input_ids` fixed at more
+    than one token (a step feeds one), or a mask of fixed length (each step grows it; a cache
+    of fixed length is refused by its signature). The error names the input and its shape."""
+    declared = {vi.name: declared_dims(vi) for vi in model.graph.input}
+
+    def shape(name: str) -> str:
+        dims = declared.get(name) or []
+        return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+    fixed = sig.fixed
+    if fixed.new is not None and fixed.new != 1:
+        raise InferccError(
+            f"input {sig.input_ids!r} is declared {shape(sig.input_ids)}: {fixed.new} new "
+            "tokens per call, but each decode step feeds 1",
+            "export the decoder with a dynamic sequence axis on input_ids (or one fixed at 1: "
+            "then the prompt is fed one token at a time)",
+        )
+    if fixed.total is not None and sig.attention_mask is not None:
+        raise InferccError(
+            f"input {sig.attention_mask!r} is declared {shape(sig.attention_mask)}: a fixed "
+            "mask length, but each step adds one token",
+            "export the decoder with a dynamic axis 1 on attention_mask",
+        )
 
 
 def generate(
@@ -519,6 +566,7 @@ def generate(
         decoder.sig.to_dict(),
         host_info(),
         spinning,
+        "token by token" if decoder.stepwise else "one call",
     )
 
 
