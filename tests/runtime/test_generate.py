@@ -286,3 +286,18 @@ def test_a_decoder_that_cannot_generate_names_the_input_and_shape(tmp_path, dims
     assert done.returncode == 2, done.stderr
     assert message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_run_that_onnxruntime_refuses_names_what_was_fed(decoder_path, monkeypatch):
+    from infercc.runtime import generate as gen
+
+    decoder = gen.open_decoder(decoder_path)
+
+    def refuse(*_args):
+        raise RuntimeError("Got invalid dimensions for input: input_ids")
+
+    monkeypatch.setattr(decoder.session, "run_with_ort_values", refuse)
+    with pytest.raises(InferccError) as err:
+        decoder.prefill(np.zeros((1, 3), np.int64))
+    assert "invalid dimensions for input: input_ids" in err.value.message
+    assert "input_ids [1, 3] (declared ['batch', 'seq'])" in str(err.value)

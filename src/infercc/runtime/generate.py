@@ -239,8 +239,17 @@ class Decoder:
         except Exception as exc:  # onnxruntime raises its own exception types
             raise InferccError(
                 f"onnxruntime failed to run {str(self.path)!r}: {first_line(exc)}",
-                "check that the decoder's inputs follow the past/present convention",
+                self._fed_shapes(values),
             ) from exc
+
+    def _fed_shapes(self, values: dict[str, ort.OrtValue]) -> str:
+        """What was fed, against what the model declares, input by input."""
+        declared = {i.name: i.shape for i in self.session.get_inputs()}
+        parts = [
+            f"{name} {list(v.shape())} (declared {declared.get(name)})"
+            for name, v in values.items()
+        ]
+        return "fed " + "; ".join(parts)
 
     def _next(self, outs: list[ort.OrtValue]) -> tuple[np.ndarray, dict[str, ort.OrtValue]]:
         logits = outs[self.logits_index].numpy()
