@@ -357,3 +357,15 @@ def test_load_samples_refuses_pickled_npy(tmp_path: Path) -> None:
     np.save(tmp_path / "ids.npy", np.zeros(1, np.int64))
     with pytest.raises(InferccError, match="x.npy', input 'x'"):
         load_samples(tmp_path, small_model())
+
+
+def test_numbered_npy_files_name_the_layouts_that_work(tmp_path: Path) -> None:
+    """000.npy, 001.npy for a two-input model: the error says what the files were read as
+    and both layouts that would work, with the model's own input names."""
+    for i in range(2):
+        np.save(tmp_path / f"{i:03d}.npy", np.zeros((2, 3), np.float32))
+    with pytest.raises(InferccError) as err:
+        load_samples(tmp_path, small_model())
+    text = str(err.value)
+    assert "lacks input 'x' (it holds '000', '001': no model input has that name)" in text
+    assert "x.npy, ids.npy" in text and "np.savez(path, x=..., ids=...)" in text

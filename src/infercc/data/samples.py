@@ -332,9 +332,15 @@ def check_sample(
     missing = [name for name in expected if name not in sample]
     unknown = sorted(set(sample) - set(expected))
     if missing:
+        named = ", ".join(repr(u) for u in unknown)
+        strays = f" (it holds {named}: no model input has that name)" if unknown else ""
         raise InferccError(
-            f"{str(source)!r} lacks input {missing[0]!r}",
-            f"a sample needs every model input: {', '.join(expected)}",
+            f"{str(source)!r} lacks input {missing[0]!r}{strays}",
+            f"a sample needs every model input ({', '.join(expected)}): give a folder of "
+            f"<input>.npy files ({', '.join(n + '.npy' for n in expected)}; N samples stacked "
+            "on axis 0), or .npz files keyed by input name (np.savez(path, "
+            + ", ".join(f"{n}=..." for n in expected)
+            + "))",
         )
     if unknown:
         raise InferccError(
