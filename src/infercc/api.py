@@ -648,7 +648,7 @@ class OptimizeFlow:
             return None
         job.step("validating")
         tol = tolerance(graph_precision(cfg), cfg.atol, cfg.rtol, cfg.min_cosine)
-        return validate(
+        report = validate(
             self.src,
             candidate,
             shapes=cfg.shape_pins,
@@ -665,6 +665,14 @@ class OptimizeFlow:
             rtol=tol.rtol,
             min_cosine=tol.min_cosine,
         )
+        target = get_target(cfg.target)
+        if target.kind == "gpu":
+            report.notes.append(
+                f"the target is {target.name}, and validation ran the model on this host's "
+                f"{report.ran_on} (graph optimizations off), not on {target.name}: its kernels' "
+                "numerics and its speed there were not measured"
+            )
+        return report
 
     def _diagnose(self, job: Job, candidate: Path, validate_s: float) -> None:
         """A model infercc wrote fails: bisect the pipeline when it is cheap (or asked), else

@@ -51,7 +51,7 @@ import numpy as np
 import onnx
 
 from infercc.check import coverage as cov
-from infercc.check.compare import ModelRunError, ValidationReport, run_model
+from infercc.check.compare import ModelRunError, ValidationReport, ort_cpu, run_model
 from infercc.check.goldens import Feeds, Outputs, load_golden, save_golden
 from infercc.check.profiles import FeedPlan, Profile, plan_feeds, reference_graph
 from infercc.check.tolerances import (
@@ -318,7 +318,7 @@ def _judge_candidate(
         return failed_run(plan, exc, tol)
     if coverage is not None:
         coverage.strict = strict_coverage
-    return judge(
+    report = judge(
         plan,
         actual,
         tol,
@@ -329,6 +329,8 @@ def _judge_candidate(
         precision,
         movement_k,
     )
+    report.ran_on = f"its {open_source(path).backend} runner" if path.is_dir() else ort_cpu()
+    return report
 
 
 def check_external_locations(skeleton: onnx.ModelProto, model_path: Path) -> None:

@@ -222,6 +222,7 @@ class ValidationReport:
     notes: list[str] = field(default_factory=list)
     coverage: Any = None  # infercc.check.coverage.CoverageReport
     error: str | None = None
+    ran_on: str | None = None  # the runtime that ran the candidate ("onnxruntime ... CPU")
     # The samples it ran on (for a bisection that follows); not part of the report.
     feeds: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False, compare=False)
 
@@ -283,7 +284,14 @@ class ValidationReport:
             "notes": list(self.notes),
             "coverage": self.coverage.to_dict() if self.coverage is not None else None,
             "rounding_only": self.rounding_only(),
+            "ran_on": self.ran_on,
         }
+
+
+def ort_cpu() -> str:
+    """How a report names where validation ran a plain model: this onnxruntime's CPU
+    provider, graph optimizations off (never a GPU, whatever the target)."""
+    return f"onnxruntime {ort.__version__}, CPUExecutionProvider"
 
 
 def _round_up(x: float) -> float:

@@ -34,6 +34,7 @@ from infercc.check.compare import (
     ValidationReport,
     _log_report,
     compare_outputs,
+    ort_cpu,
     run_model,
 )
 from infercc.check.profiles import ORIGINAL, FeedPlan, plan_feeds, reference_graph
@@ -105,7 +106,7 @@ def validate(
     coverage.strict = strict_coverage
     precision = model_precision(skeleton)
     floor = runtime_floor(reference, plan) if precision == "fp32" else None
-    return judge(
+    report = judge(
         plan,
         actual,
         tol,
@@ -116,6 +117,8 @@ def validate(
         precision,
         movement_k,
     )
+    report.ran_on = ort_cpu()
+    return report
 
 
 def runtime_floor(reference: ModelSource, plan: FeedPlan) -> Floor:
