@@ -354,3 +354,23 @@ def test_no_status_line_for_json_or_help(terminal: io.StringIO, args: list[str])
     app_module = sys.modules["infercc.cli.app"]
     app_module.start_status(args)
     assert app_module._status.display is None and terminal.getvalue() == ""
+
+
+def test_a_large_relative_error_that_passed_is_explained_under_the_table():
+    """max rel 14.4 beside 'ok yes' (an fp16 output near zero): one line says what max rel
+    is and which criterion passed it; none when every max rel is within rtol."""
+    from rich.console import Console
+
+    from infercc.check.compare import OutputMetrics, ValidationReport
+    from infercc.cli.render import render_validation
+
+    def text(max_rel: float) -> str:
+        out = OutputMetrics("logits", (1, 4), "float16", 1e-3, max_rel, 0.9999, 0.1)
+        out.decided_by = "cosine"
+        report = ValidationReport(True, {"logits": out}, 2, 1e-2, 1e-2, 0.999)
+        console = Console(record=True, width=100)
+        render_validation(report, console, precision="fp16")
+        return console.export_text()
+
+    assert "max rel is the largest" in text(14.4) and "(logits: cosine)" in text(14.4)
+    assert "max rel is the largest" not in text(0.005)

@@ -313,6 +313,17 @@ def render_validation(
         prose(console, v.error, style="red")
     if v.outputs and level >= 0:
         console.print(_outputs_table(v))
+        large_rel = [m for m in v.outputs.values() if m.passed and (m.max_rel or 0) > v.rtol]
+        if large_rel:
+            by = "; ".join(f"{m.name}: {m.decided_by or 'elementwise'}" for m in large_rel)
+            prose(
+                console,
+                "max rel is the largest |optimized - original| / |original| over the elements: "
+                "large where the original is near zero; an output passes when every element "
+                "is within atol + rtol x |original|, or on the criterion its 'decided by' "
+                f"names ({by})",
+                indent="  ",
+            )
         for m in v.outputs.values():
             if m.note is not None:
                 prose(console, f"{m.name}: {m.note}", indent="  ")
