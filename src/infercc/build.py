@@ -110,6 +110,7 @@ class Job:
     pipelines_seconds: float = 0.0
     passed: bool = True
     ran: list[str] = field(default_factory=list)  # the steps run, in order
+    seconds: dict[str, float] = field(default_factory=dict)  # each step's wall time, once done
     _staging: Staging | None = None
 
     @property
@@ -183,7 +184,9 @@ def run_steps(job: Job) -> Job:
             if not job.passed:
                 break
             job.ran.append(name)
+            t0 = time.perf_counter()
             step(job)
+            job.seconds[name] = time.perf_counter() - t0
     finally:
         job.close()
     return job

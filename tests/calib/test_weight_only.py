@@ -275,6 +275,10 @@ def test_cli_json_and_table(decoder, tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["method"] == "rtn" and data["block_size"] == 32 and data["symmetric"]
+    # the split of the wall time: each step of the build, together under the whole command's
+    split = data["timings"]
+    assert list(split) == ["load", "passes", "plan", "quantize_write", "validate"]
+    assert all(s >= 0 for s in split.values()) and sum(split.values()) <= data["seconds"]
     nbits = [
         n
         for n in onnx.load(tmp_path / "c" / "model_int4.onnx").graph.node

@@ -245,6 +245,10 @@ class Int4CalibrationReport:
     # --bisect: the verdict of the fp32 passes bisected against the original
     # (`infercc.check.bisection.BisectReport.to_dict()`).
     bisect: dict[str, Any] | None = None
+    # wall seconds of the build's steps: load, the fp32 passes, the plan (the fp32 reference
+    # saved and run, the method's search), quantize and write, validate (evaluation, the
+    # accuracy level, the race); `seconds` is the whole command's
+    timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         q = self.quantize
@@ -282,6 +286,7 @@ class Int4CalibrationReport:
             "message": self.message,
             "files": list(self.files),
             "seconds": round(self.seconds, 3),
+            "timings": {name: round(s, 3) for name, s in self.timings.items()},
         }
 
 
@@ -691,6 +696,8 @@ class Int4Flow:
         report.size = _sizes(self.src, stage / INT4_FILE)
         report.files = [str(dest / name) for name in (INT4_FILE, REPORT_FILE, MANIFEST)]
         report.seconds = time.perf_counter() - self.t0
+        names = {"pipelines": "passes", "write": "quantize_write"}
+        report.timings = {names.get(k, k): v for k, v in job.seconds.items()}
         (stage / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
         manifest = calibration_manifest(self.src, self.job.target, report.files, INT4_FILE, "int4")
         manifest["criterion"] = calibrated_criterion(
