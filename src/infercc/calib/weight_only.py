@@ -286,8 +286,13 @@ class Int4CalibrationReport:
             "message": self.message,
             "files": list(self.files),
             "seconds": round(self.seconds, 3),
-            "timings": {name: round(s, 3) for name, s in self.timings.items()},
+            "timings": {name: _seconds(s) for name, s in (self.timings or {}).items()},
         }
+
+
+def _seconds(value: float | None) -> float | None:
+    seconds = json_float(value)
+    return None if seconds is None else round(seconds, 3)
 
 
 def _cause(reason: str) -> str:

@@ -301,12 +301,12 @@ def render_validation(
     of outputs; why each failed output failed, always, on a line of its own under the table
     (never inside a column, where a narrow terminal would break its words)."""
     status = "[green]passed[/]" if v.passed else "[red]FAILED[/]"
-    where = f" under {escape(v.ran_on)}" if v.ran_on else ""
     console.print(
-        f"validation {status} on {v.samples} sample(s){where}: "
-        f"{escape(tolerance_text(v, precision))}",
+        f"validation {status} on {v.samples} sample(s): {escape(tolerance_text(v, precision))}",
         highlight=False,
     )
+    if v.ran_on and level >= 0:
+        prose(console, f"ran on {v.ran_on}", indent="  ")
     if level >= 0:
         _render_profiles(v, console)
     if v.error is not None:

@@ -142,8 +142,8 @@ def render_int4(report, console: Console, explain: bool = False) -> None:
     _render_int4_choices(d, console)
     if d["timings"]:
         words = {"passes": "fp32 passes", "plan": "reference", "quantize_write": "quantize+write"}
-        split = ", ".join(f"{words.get(k, k)} {v:.1f} s" for k, v in d["timings"].items())
-        console.print(f"time {d['seconds']:.1f} s: {split}", highlight=False)
+        split = ", ".join(f"{words.get(k, k)} {num(v, '.1f')} s" for k, v in d["timings"].items())
+        console.print(f"time {num(d['seconds'], '.1f')} s: {split}", highlight=False)
     for name, counts in d["fusions"].items():
         fired = ", ".join(f"{k} {v}" for k, v in counts.items())
         console.print(f"fused: {name} ({fired})", highlight=False)
