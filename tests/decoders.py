@@ -65,6 +65,7 @@ def tiny_decoder(
     guard: bool = False,
     empty_tail: bool = False,
     rows: bool | str = False,
+    mask_value: float = -1e9,
 ) -> onnx.ModelProto:
     """`attention="bias"` writes the scores as torch's export does: Div(Q K^T, sqrt(d)) plus an
     additive causal bias; `"where"` (default) masks them with Where; `"sdpa"` is the bias form
@@ -86,7 +87,8 @@ def tiny_decoder(
     partial_rotary_factor of 1.0. `rows`: the attention output projected as GPT-2's Conv1D
     does it, the merged heads viewed as rows [-1, hidden], Gemm, and viewed back as
     [B, S, hidden] (the dynamo export); `rows="both"`: the merged heads also reshaped to
-    [B, S, hidden], whose Shape gives the view back (the TorchScript export)."""
+    [B, S, hidden], whose Shape gives the view back (the TorchScript export). `mask_value`:
+    what a masked score becomes (-1e9; torch's masks use float32's lowest, its SDPA -inf)."""
     b = _Builder(seed)
     d = hidden // heads
     kv = kv_heads or heads
@@ -112,7 +114,7 @@ def tiny_decoder(
             rows = [b.op("Gather", [t, "position_ids"]) for t in ("cos_cache", "sin_cache")]
     shape_bsc = b.const("shape_bsc", np.array([0, 0, hidden], np.int64))
     scale = b.const("scale", np.array(1.0 / np.sqrt(d), np.float32))
-    neg = b.const("neg", np.array(-1e9, np.float32))
+    neg = b.const("neg", np.array(mask_value, np.float32))
     zero_f = b.const("zero_f", np.array(0.0, np.float32))
     sqrt_d = b.const("sqrt_d", np.array(np.sqrt(d), np.float32))
     zero = b.const("zero", np.array(0, np.int64))

@@ -23,10 +23,12 @@ The assumptions:
   onnxruntime's Attention op is emitted without the NaN filter on its output. On an input
   that breaks it (an all-zero attention_mask row) those rows come out NaN instead of zeros.
   In a causal decoder it also rules out left padding: a padding token before a prompt's
-  first real one keeps no key. Under it a decoder's attention becomes onnxruntime's
-  GroupQueryAttention (`fuse-group-query-attention`), which on such a row computes over its
-  causal keys where the original spreads it over every key; the real tokens' results are the
-  same either way. Validation's feeds keep the first position of every mask row.
+  first real one keeps no key. onnxruntime's GroupQueryAttention (`fuse-group-query-attention`)
+  computes such a row over its causal keys where the original spreads it over every key;
+  without the assumption the pass fixes those rows up (one flag per step, a Where per layer)
+  where torch's mask value makes that exact, and under it leaves the fix-up out (and fuses a
+  -1e9 mask at all); the real tokens' results are the same either way. Validation's feeds
+  keep the first position of every mask row.
 """
 
 from __future__ import annotations

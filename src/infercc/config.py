@@ -560,7 +560,8 @@ class BuildConfig:
             "exact; the model is then exact only on inputs that satisfy it. nonempty-sequences: "
             "no sequence is all padding (its attention_mask is not all zeros) and no decoder "
             "prompt is padded on the left, which removes the NaN guard after attention Softmax "
-            "and turns a decoder's attention with its KV cache into GroupQueryAttention. "
+            "and the fix-up of GroupQueryAttention's rows that keep no key (a decoder whose "
+            "mask is -1e9 fuses only under it). "
             "Recorded in the manifest and the report; validation's random inputs satisfy it.",
             str,
             many=True,

@@ -191,3 +191,75 @@ def test_a_pattern_value_read_outside_the_attention_is_refused():
     assert count == 1
     assert any("has readers outside the attention" in r for r in reasons(ctx))
     assert_equal_everywhere(proto, out)
+
+
+LOWEST = float(np.finfo(np.float32).min)
+# (batch, past, new, rows padded on the left, rows all padding): a left-padded prefill, a
+# chunk after a padded past, decode steps after them, a sequence of padding only
+PADDED = [(2, 0, 6, 1, 0), (3, 0, 5, 1, 1), (2, 6, 1, 1, 0), (3, 4, 3, 1, 1), (3, 7, 1, 0, 1)]
+
+
+def padded_feeds(proto, batch, past, new, left, empty, seed=3):
+    f = feeds(proto, batch, past, new, 0, seed)
+    for row in range(left):
+        f["attention_mask"][row, : (past + new) // 2] = 0
+    for row in range(batch - empty, batch):
+        f["attention_mask"][row] = 0
+    return f
+
+
+def largest_difference(a, b, shapes=PADDED):
+    worst = 0.0
+    for shape in shapes:
+        f = padded_feeds(a, *shape)
+        for want, got in zip(run_ort(a, f), run_ort(b, f), strict=True):
+            assert want.shape == got.shape
+            worst = max(worst, float(np.max(np.abs(want.astype(np.float64) - got))))
+    return worst
+
+
+@pytest.mark.parametrize(
+    "kwargs, form",
+    [
+        ({"kv_heads": 2, "rotary": True, "attention": "sdpa", "mask_value": LOWEST}, "mean"),
+        ({"attention": "bias", "mask_value": LOWEST}, "mean"),  # no repeat of the heads
+        ({"kv_heads": 2, "attention": "bias", "mask_value": -np.inf, "guard": True}, "zero"),
+    ],
+    ids=["llama-lowest", "no-repeat-lowest", "sdpa-inf-guard"],
+)
+def test_without_the_assumption_the_fusion_is_exact_on_rows_that_keep_no_key(kwargs, form):
+    """torch's masks (float32's lowest; -inf with SDPA's NaN guard): every layer fuses with
+    no assumption, and the rows that keep no key (left padding, an all-padding sequence) are
+    fixed up from one flag per step: equal to the original at prefill, chunk and decode."""
+    proto = tiny_decoder(layers=3, heads=HEADS, hidden=HEADS * SIZE, **kwargs)
+    out, count, ctx = fused(proto, assumptions=frozenset())
+    assert count == 3
+    ops = op_counts(out)
+    assert ops["GroupQueryAttention"] == 3 and ops["Softmax"] == 0
+    assert ops["ReduceMax"] == 1  # the flag: once for every layer
+    assert ops["ReduceMean"] == (3 if form == "mean" else 0)
+    assert not ctx.assumed and not ctx.wanted  # nothing assumed, no hint
+    assert largest_difference(proto, out) < 1e-4
+    assert_equal_everywhere(proto, out)
+    # the assumption's form is leaner; with a finite mask it differs on exactly those rows
+    # (with -inf, this onnxruntime's kernel gives such a row 0 itself: measured, not proven)
+    lean, lean_count, _ = fused(proto)
+    assert lean_count == 3 and op_counts(lean)["ReduceMax"] == op_counts(lean)["ReduceMean"] == 0
+    if form == "mean":
+        assert largest_difference(proto, lean, shapes=PADDED[:2]) > 1e-2
+    assert largest_difference(proto, lean, shapes=[(2, 0, 6, 0, 0), (2, 6, 1, 0, 0)]) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"mask_value": -1e9}, {"mask_value": -np.inf}],
+    ids=["minus-1e9", "inf-no-guard"],
+)
+def test_a_mask_value_with_no_exact_fix_up_still_needs_the_assumption(kwargs):
+    """-1e9 leaves the scores' rounding in an empty row's softmax; -inf with no guard gives
+    NaN there: neither has a cheap exact form, so the fusion waits for the assumption."""
+    proto = tiny_decoder(layers=1, kv_heads=2, attention="bias", **kwargs)
+    _out, count, ctx = fused(proto, assumptions=frozenset())
+    assert count == 0
+    assert any("gives no exact fix-up" in r for r in reasons(ctx))
+    assert ctx.wanted[NONEMPTY_SEQUENCES][PASS] == 1

@@ -145,8 +145,8 @@ AssumeOpt = shared_option(
     "--assume",
     "--int4 MatMulNBits: state an assumption about the inputs (repeatable). "
     "nonempty-sequences: no sequence is all padding and no prompt is padded on the "
-    "left, under which a decoder's attention becomes onnxruntime's GroupQueryAttention "
-    "(listed in the report).",
+    "left, under which a decoder's GroupQueryAttention needs no fix-up of the rows that "
+    "keep no key (and one whose mask is -1e9 fuses at all; listed in the report).",
 )
 CalibrateShapeOpt = shared_option(
     "--shape",

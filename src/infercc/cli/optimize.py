@@ -98,7 +98,7 @@ def optimize(
     """Optimize MODEL: fold constants, drop dead code and no-ops, fuse Conv+BN+activation,
     Q/K/V projections and MatMul+bias (into Gemm), attention into onnxruntime's Attention op
     and RoPE into RotaryEmbedding (cpu target; a decoder's attention with its KV cache into
-    GroupQueryAttention with --assume nonempty-sequences), schedule for memory; validate
+    GroupQueryAttention, exact on padded rows too), schedule for memory; validate
     against the original; write the result atomically, with its memory plan
     (<stem>.memory_plan.json) beside it.
 

@@ -1,5 +1,6 @@
 """fuse-group-query-attention: a decoder's attention with its KV cache into onnxruntime's
-com.microsoft.GroupQueryAttention, under `--assume nonempty-sequences`.
+com.microsoft.GroupQueryAttention, exact on every input where torch's mask values allow a fix-up
+of the rows that keep no key, else under `--assume nonempty-sequences`.
 
 The pattern (Llama's attention as torch.onnx writes it, after fold-constants and, where the
 model rotates, fuse-rotary-embedding), for one layer with H query heads and KV key/value heads
@@ -40,10 +41,19 @@ past followed by the new keys and values as present:
   `key index <= query position`, the key index Range(0, T, 1) along the last axis and the
   query position T - S + s (Range(T - S, T, 1), or Range(0, S, 1) + T - S) along the one
   before. So every key j > T - S + s adds exp(NEG + ...) = 0 to its row's softmax, provided the
-  row keeps one key whose bias is 0: that is `nonempty-sequences` ("every attention row keeps
-  at least one position"). A decoder's row that keeps none (a padding token before a
-  left-padded prompt's first real one) gives, in the original, a softmax over all T keys, in
-  GroupQueryAttention one over its causal keys; so the fusion fires only under the assumption;
+  row keeps one key whose bias is 0. A decoder's row that keeps none (a padding token before
+  a left-padded prompt's first real one, a sequence of padding only) gives, in the original, a
+  softmax over all T keys, in GroupQueryAttention one over its causal keys. Such rows are
+  fixed up where the mask value allows it exactly (`empty_row_form`): with a finite NEG <=
+  -1e30 (torch's masks use float32's lowest) every masked score rounds to NEG, the row is the
+  Softmax of T equal values, so the mean of V over all T keys; with -inf and the SDPA
+  export's NaN guard, 0. The rewrite then adds, once per step for every layer, a flag of the
+  rows whose bias row's largest value is a mask value (ReduceMax over the keys, Less), and
+  per layer Where(flag, ReduceMean of the present value over the keys with each KV head
+  repeated G times, or 0, the fused output). Under `--assume nonempty-sequences` ("every
+  attention row keeps at least one position") no row needs it and none is added; with -1e9
+  (its rounding reaches the row's softmax) or -inf with no guard (NaN) the fusion fires only
+  under the assumption;
 - RotaryEmbedding rotates each head's D values of a [B, S, H * D] row with that row's position
   id, the same numbers as on [B, H, S, D] (equal bit for bit in the tests); a partial rotation
   (rotary_embedding_dim r, num_heads H) rotates the first r of each head's D values on both;
@@ -65,9 +75,11 @@ onnxruntime's GroupQueryAttention takes attention_bias and query_seqlens; the cp
 named by its Softmax. transformers' Llama export (its NaN guard removed first, by the same
 assumption) fuses as torch's SDPA export does. The guard, `Where(IsNaN(P), 0, P)` between the
 Softmax and the MatMul by V, is matched and removed along with the rest where it is still there
-(remove-nan-guard disabled): under the assumption no row is all -inf, so it never fires. Without
-the assumption a layer that matches all the same is counted as wanting it
-(`PassContext.wants`): the report's hint.
+(without the assumption remove-nan-guard keeps it): under the assumption no row is all -inf, so
+it never fires; without it the fix-up gives those rows the guard's 0, and remove-nan-guard's
+want of the assumption at that guard is withdrawn (`PassContext.settled`). Without the
+assumption, a layer that matches all the same but has no exact fix-up is counted as wanting
+it (`PassContext.wants`): the report's hint.
 """
 
 from __future__ import annotations
@@ -113,6 +125,10 @@ from infercc.passes.rules import NoMatch, Rule, apply_rules
 log = logging.getLogger(__name__)
 
 NEG_LIMIT = -1e9  # a masked score at most this: its exp is 0 beside any real score
+# a finite mask value at most this absorbs any score a float32 attention makes: s + NEG
+# rounds to NEG for |s| < ulp(NEG) / 2 (3.8e22 at -1e30), so a row that keeps no key is
+# Softmax of T equal values, the mean of V over all T keys (float32's lowest: torch's mask)
+ABSORBING = -1e30
 ATTENTION_OPSET = 23  # the standard Attention, with past and present and grouped heads
 _GQA_INPUTS = {"attention_bias": 10, "query_seqlens": 16}
 
@@ -173,6 +189,8 @@ class _Match:
     new: S.Dim | None = None  # S, the new tokens' length
     removed: list[Node] = field(default_factory=list)
     form: str = "contrib"  # or "standard": the opset-23 Attention
+    guarded: bool = False  # torch's NaN guard read the Softmax (removed with the rest)
+    empty_rows: str | None = None  # the fix-up of rows that keep no key: "mean", "zero"
 
 
 def _whole_heads(rotary: Node) -> bool:
@@ -344,7 +362,8 @@ def match(softmax: Node, sym: SymbolicShapes) -> _Match:
     if out is None:
         raise NoMatch("the attention output is not Transpose [0, 2, 1, 3] then Reshape", av)
     anchor = out.anchor
-    return _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
+    found_match = _finish(softmax, q, key, value, found, out, anchor, groups, removed, sym)
+    return replace(found_match, guarded=guard is not None)
 
 
 def _finish(
@@ -445,10 +464,10 @@ def bias_shape(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> SymShape:
     return shape
 
 
-def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> None:
-    """Returns when `bias` [B or 1, 1, S, T] is NEG at every key after its row's query
-    position T - S + s (module docstring), with S = `new`; else NoMatch says why that is not
-    proven."""
+def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> np.ndarray:
+    """The mask values NEG when `bias` [B or 1, 1, S, T] is NEG at every key after its row's
+    query position T - S + s (module docstring), with S = `new`; else NoMatch says why that
+    is not proven."""
     total = bias_shape(bias, sym, new)[3]
     not_where = "the attention bias is not Where(condition, 0, a large negative number)"
     where = producer(bias, "Where")
@@ -464,6 +483,21 @@ def causal_bias(bias: Value, sym: SymbolicShapes, new: S.Dim | None) -> None:
         raise NoMatch(
             "the attention bias is not provably causal (no key <= query position term)", where
         )
+    return neg
+
+
+def empty_row_form(neg: np.ndarray, guarded: bool) -> str | None:
+    """How the original computes a row that keeps no key, when a cheap fix-up can give it
+    exactly: "mean" (a finite mask value that absorbs every score: Softmax of T equal values,
+    the mean of V over all T keys), "zero" (-inf everywhere, the NaN guard turning the row's
+    NaN probabilities into 0: the output 0); None otherwise (-1e9 leaves the scores' rounding
+    in the row's softmax; -inf with no guard gives NaN)."""
+    values = np.asarray(neg, np.float64)
+    if np.all(np.isneginf(values)):
+        return "zero" if guarded else None
+    if np.all(np.isfinite(values)) and float(np.max(values)) <= ABSORBING:
+        return "mean"
+    return None
 
 
 def _has_causal_term(
@@ -554,15 +588,34 @@ def _query_position(
 
 
 class _Lengths:
-    """seqlens_k, total_sequence_length and query_seqlens, built once per bias."""
+    """seqlens_k, total_sequence_length and query_seqlens, and the flag of the rows that keep
+    no key, built once per bias."""
 
     def __init__(self) -> None:
         self.built: dict[int, tuple[Value, Value, Value]] = {}
+        self.flags: dict[int, Value] = {}
 
     def get(self, graph: Graph, m: _Match, before: Node) -> tuple[Value, Value, Value]:
         if id(m.bias) not in self.built:
             self.built[id(m.bias)] = _lengths(graph, m.bias, m.past_key, before)
         return self.built[id(m.bias)]
+
+    def empty(self, graph: Graph, m: _Match, before: Node) -> Value:
+        """[B or 1, S, 1] bool: the query row keeps no key (its bias row's largest value is a
+        mask value): one ReduceMax over the bias per step, shared by every layer."""
+        if id(m.bias) not in self.flags:
+            top = _reduce(graph, "ReduceMax", m.bias, [1, 3], before, keepdims=0)  # [B, S]
+            if default_opset(graph) >= 13:
+                last = graph.make_constant(np.array([-1], np.int64), "gqa_last_axis")
+                top = graph.make_node("Unsqueeze", [top, last], 1, before=before).output
+            else:
+                top = graph.make_node(
+                    "Unsqueeze", [top], 1, before=before, attributes={"axes": [-1]}
+                ).output
+            limit = graph.make_constant(np.array(NEG_LIMIT, np.float32), "gqa_neg_limit")
+            flag = graph.make_node("Less", [top, limit], 1, before=before, name="gqa_empty_row")
+            self.flags[id(m.bias)] = flag.output
+        return self.flags[id(m.bias)]
 
 
 def _lengths(
@@ -588,6 +641,45 @@ def _lengths(
     scalar = op("Cast", [op("Squeeze", [total])], to=int32)
     query = op("Cast", [op("Expand", [new, batch])], to=int32)
     return seqlens_k, scalar, query
+
+
+def _reduce(
+    graph: Graph, op_type: str, x: Value, axes: list[int], before: Node, keepdims: int
+) -> Value:
+    """A Reduce* over `axes`: an input from opset 18, an attribute before."""
+    if default_opset(graph) >= 18:
+        ax = graph.make_constant(np.array(axes, np.int64), "gqa_axes")
+        inputs: list[Value] = [x, ax]
+        attrs: dict[str, int | list[int]] = {"keepdims": keepdims}
+    else:
+        inputs, attrs = [x], {"keepdims": keepdims, "axes": axes}
+    node = graph.make_node(
+        op_type, inputs, 1, before=before, name=f"gqa_{op_type}", attributes=attrs
+    )
+    return node.output
+
+
+def _empty_rows_fixed(
+    graph: Graph, m: _Match, out: Value, pv: Value, empty: Value, before: Node
+) -> Value:
+    """Where(empty, what the original gives such a row, out) (`empty_row_form`): the mean
+    over all T keys of the present value, each of the KV heads repeated G times in a row as
+    the original's repeat does, or 0."""
+    if m.empty_rows == "zero":
+        fill = graph.make_constant(np.array(0.0, np.float32), "gqa_zero")
+    else:
+        fill = _reduce(graph, "ReduceMean", pv, [2], before, keepdims=1)  # [B, KV, 1, D]
+        groups = m.heads // m.kv_heads
+        if groups > 1:  # [B, KV, G, D]: query head h reads KV head h // G
+            reps = graph.make_constant(np.array([1, 1, groups, 1], np.int64), "gqa_repeat")
+            fill = graph.make_node("Tile", [fill, reps], 1, before=before).output
+        width = graph.make_constant(np.array([0, 1, -1], np.int64), "gqa_row_shape")
+        fill = graph.make_node("Reshape", [fill, width], 1, before=before).output  # [B,1,H*D]
+    fixed = graph.make_node(
+        "Where", [empty, fill, out], 1, before=before, name=f"{m.softmax.name}_empty_rows"
+    ).output
+    fixed.dtype, fixed.shape = out.dtype, out.shape
+    return fixed
 
 
 def _rewrite_with(lengths: _Lengths) -> Callable[[Node, _Match, PassContext], None]:
@@ -619,14 +711,24 @@ def _rewrite_with(lengths: _Lengths) -> Callable[[Node, _Match, PassContext], No
             attributes=attributes,
         )
         out, pk, pv = (fused.out(i) for i in range(3))
-        for old, new in ((m.out.out, out), (m.present_key, pk), (m.present_value, pv)):
+        for old, new in ((m.present_key, pk), (m.present_value, pv)):
             if old is not None:
                 new.dtype, new.shape = old.dtype, old.shape
                 graph.replace_all_uses_with(old, new)
-        m.out.hand_over(out)
         # onnx cannot infer a contrib op's output; the file states what is known (exporter)
+        old_out = m.out.out
+        if old_out is not None:
+            out.dtype, out.shape = old_out.dtype, old_out.shape
         out.dtype = out.dtype if out.dtype is not None else q.dtype
         out.shape = out.shape if out.shape is not None else _output_shape(m, q)
+        if m.empty_rows is not None:
+            empty = lengths.empty(graph, m, anchor)
+            out = _empty_rows_fixed(graph, m, out, pv, empty, anchor)
+            for gone in m.removed:  # the NaN guard, exact now: remove-nan-guard's want is met
+                ctx.settled(NONEMPTY_SEQUENCES, gone)
+        if old_out is not None:
+            graph.replace_all_uses_with(old_out, out)
+        m.out.hand_over(out)
         for dead in reversed(in_order(graph, m.removed)):  # every reader is removed first
             graph.remove(dead)
 
@@ -684,11 +786,12 @@ def _check_with(sym: SymbolicShapes) -> Callable[[Node, PassContext], _Match]:
                 f"{ATTENTION_OPSET} (the model has {opset})"
             )
         found = match(node, sym)
+        exact = None
         if contrib:
             support = runtime_support()
             if support is not None:
                 raise NoMatch(support)
-            causal_bias(found.bias, sym, found.new)
+            exact = empty_row_form(causal_bias(found.bias, sym, found.new), found.guarded)
         else:
             for side in (found.q, found.k):
                 if side.rotary is not None and not side.rotary.is_standard:
@@ -697,13 +800,16 @@ def _check_with(sym: SymbolicShapes) -> Callable[[Node, PassContext], _Match]:
                         side.rotary,
                     )
             found = replace(found, form="standard")
-        if not ctx.assumes(NONEMPTY_SEQUENCES):
-            ctx.wants(NONEMPTY_SEQUENCES, node)  # the one thing missing: the report's hint
-            raise NoMatch(
-                "GroupQueryAttention differs on a row that keeps no key (a left-padded "
-                "prompt's padding): needs --assume nonempty-sequences"
-            )
-        return found
+        if ctx.assumes(NONEMPTY_SEQUENCES):
+            return found
+        if exact is not None:  # exact on every row: those that keep no key fixed up
+            return replace(found, empty_rows=exact)
+        ctx.wants(NONEMPTY_SEQUENCES, node)  # the one thing missing: the report's hint
+        raise NoMatch(
+            "GroupQueryAttention differs on a row that keeps no key (a left-padded prompt's "
+            "padding) and this mask's value gives no exact fix-up (a finite one at most "
+            f"{ABSORBING:g}, or -inf with the NaN guard): needs --assume nonempty-sequences"
+        )
 
     return check
 

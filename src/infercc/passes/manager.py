@@ -265,6 +265,19 @@ class PassContext:
         per_pass = self.wanted.setdefault(name, {})
         per_pass[self.current_pass] = per_pass.get(self.current_pass, 0) + 1
 
+    def settled(self, name: str, node: Node) -> None:
+        """A later rewrite removed `node` exactly without assumption `name`: an earlier
+        pass's want of it at that node (`wants`) is withdrawn from the hint."""
+        label = node.name or str(id(node))
+        for key in [k for k in self._wanted_at if k[0] == name and k[2] == label]:
+            self._wanted_at.discard(key)
+            per_pass = self.wanted[name]
+            per_pass[key[1]] -= 1
+            if per_pass[key[1]] == 0:
+                del per_pass[key[1]]
+            if not per_pass:
+                del self.wanted[name]
+
     @property
     def fused_ops_allowed(self) -> bool:
         """True when the output may use onnxruntime's contrib ops (com.microsoft)."""

@@ -21,9 +21,9 @@ of `FP32_LEAVES_OUT`, each with its reason.
   elimination, dead code, the Conv/BatchNormalization, Conv/activation and QKV fusions,
   onnxruntime's Attention op on the cpu target, MatMul + bias into Gemm, the decoder fusions
   (less `FP32_LEAVES_OUT`: the NaN guard where no row can be empty or under `--assume
-  nonempty-sequences`, RoPE into RotaryEmbedding and, under the assumption, a decoder's
-  attention with its KV cache into GroupQueryAttention, faster in generation on the cpu
-  target, bench/decoder_fusions.py), and last the memory schedule.
+  nonempty-sequences`, RoPE into RotaryEmbedding and a decoder's attention with its KV cache
+  into GroupQueryAttention, its rows that keep no key fixed up unless assumed away, faster
+  in generation on the cpu target, bench/decoder_fusions.py), and last the memory schedule.
 - `fp16`: after `optimize`, with `--fp16`: float32 compute to float16, then the Conv/activation
   fusion and dead code. The fusion waits for the precision decision: its FusedConv runs float32
   only, so fused first every Conv of a CNN would have kept float32; optimize runs without it
