@@ -263,3 +263,34 @@ def test_a_mask_value_with_no_exact_fix_up_still_needs_the_assumption(kwargs):
     assert count == 0
     assert any("gives no exact fix-up" in r for r in reasons(ctx))
     assert ctx.wanted[NONEMPTY_SEQUENCES][PASS] == 1
+
+
+@pytest.mark.parametrize(
+    "name, mask_is_finite",
+    [("qwen2-dynamo-eager", True), ("llama-torchscript-sdpa", False)],
+)
+def test_users_exports_fuse_without_the_assumption_and_stay_exact(name, mask_is_finite):
+    """transformers' exports (tests/data/decoder_exports): the eager mask is float32's
+    lowest, the TorchScript SDPA one -inf with the NaN guard. Every layer fuses with nothing
+    assumed, equal to the export on left-padded and all-padding rows at prefill, a chunk after
+    a past and decode, at two batch sizes; the assumed form differs there on the finite mask."""
+    from tests.decoders import cache_feeds
+    from tests.exports import exports
+
+    export = next(e for e in exports() if e.name == name)
+    proto = onnx.load(export.path)
+    out, count, ctx = fused(proto, assumptions=frozenset())
+    assert count == export.layers and op_counts(out)["GroupQueryAttention"] == export.layers
+    assert not ctx.wanted
+    lean, _, _ = fused(proto)
+    worst = {"default": 0.0, "assumed": 0.0}
+    for batch, past, new in [(2, 0, 6), (3, 5, 3), (3, 7, 1), (2, 4, 1)]:
+        f = cache_feeds(proto, batch, past, new, seed=batch + past)
+        f["attention_mask"][0, : (past + new) // 2] = 0  # left padding
+        f["attention_mask"][-1] = 0  # a sequence of padding only
+        want = run_ort(proto, f)
+        for label, model in (("default", out), ("assumed", lean)):
+            for a, b in zip(want, run_ort(model, f), strict=True):
+                worst[label] = max(worst[label], float(np.max(np.abs(a - b))))
+    assert worst["default"] < 1e-4
+    assert (worst["assumed"] > 1e-2) == mask_is_finite
