@@ -365,3 +365,18 @@ def test_verify_checks_the_int4_rewrite_after_it_runs(tmp_path, monkeypatch):
     )
     assert done.returncode == 0, done.stderr
     assert checked == []  # without --verify, no checks
+
+
+def test_a_large_model_without_data_is_evaluated_on_fewer_random_prompts():
+    """Past LARGE_WEIGHT_BYTES of weights the evaluation (three whole-model runs a sample)
+    takes RANDOM_SAMPLES_LARGE random prompts, and what it was evaluated on says so."""
+    from infercc.analysis.decoder import decoder_signature
+    from infercc.calib import weight_only as wo
+
+    proto = tiny_decoder()
+    sig = decoder_signature(proto)
+    small, why_small = wo._samples(None, proto, sig, None, None)
+    large, why_large = wo._samples(None, proto, sig, None, None, None, wo.LARGE_WEIGHT_BYTES + 1)
+    assert len(small) == wo.RANDOM_SAMPLES and why_small == "random inputs (no --data)"
+    assert len(large) == wo.RANDOM_SAMPLES_LARGE < wo.RANDOM_SAMPLES
+    assert f"{wo.RANDOM_SAMPLES_LARGE} of {wo.RANDOM_SAMPLES}: 1.07 GB of weights" in why_large

@@ -51,7 +51,9 @@ onnxruntime in the tests, every block size, both modes, K not a multiple of the 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,15 +152,21 @@ def block_params(
     """(scales float32 [N, nb], zero points uint8 [N, nb]) of blocks [N, nb, bs]; `clip` (per
     block, or one ratio) shrinks each range (1.0: min-max)."""
     clip = np.asarray(clip, np.float64)
-    if symmetric:
-        idx = np.abs(blocks).argmax(axis=-1)
-        peak = np.take_along_axis(blocks, idx[..., None], axis=-1)[..., 0] * clip
+    if symmetric:  # the value of largest magnitude, the first such (argmax of |x|)
+        hi, lo = blocks.max(axis=-1), blocks.min(axis=-1)
+        peak = np.where(-lo > hi, lo, hi)
+        tie = np.nonzero(-lo == hi)  # x and -x both there: the one that comes first
+        if tie[0].size:
+            b = blocks[tie]
+            first_lo = (b == lo[tie][:, None]).argmax(-1) < (b == hi[tie][:, None]).argmax(-1)
+            peak[tie] = np.where(first_lo, lo[tie], hi[tie])
+        peak = peak.astype(np.float64) * clip
         scales = peak / -float(SYMMETRIC_ZERO)
         scales = np.where(np.abs(scales) < _TINY, 1.0, scales)  # an all-zero block
         zero = np.full(scales.shape, SYMMETRIC_ZERO, np.uint8)
         return scales.astype(np.float32), zero
-    lo = np.minimum(blocks.min(axis=-1), 0.0) * clip
-    hi = np.maximum(blocks.max(axis=-1), 0.0) * clip
+    lo = np.minimum(blocks.min(axis=-1).astype(np.float64), 0.0) * clip
+    hi = np.maximum(blocks.max(axis=-1).astype(np.float64), 0.0) * clip
     scales = (hi - lo) / LEVELS
     scales = np.where(scales < _TINY, 1.0, scales)
     zero = np.clip(np.rint(-lo / scales), 0, LEVELS).astype(np.uint8)
@@ -166,9 +174,13 @@ def block_params(
 
 
 def round_codes(blocks: np.ndarray, scales: np.ndarray, zero: np.ndarray) -> np.ndarray:
-    """Nearest codes of blocks [N, nb, bs] under (scales, zero points), clipped to 0..15."""
-    q = np.rint(blocks / scales[..., None].astype(np.float64)) + zero[..., None]
-    return np.clip(q, 0, LEVELS).astype(np.uint8)
+    """Nearest codes of blocks [N, nb, bs] under (scales, zero points), clipped to 0..15, in
+    the blocks' float type, in place of one temporary."""
+    q = blocks / scales[..., None].astype(blocks.dtype)
+    np.rint(q, out=q)
+    q += zero[..., None]
+    np.clip(q, 0, LEVELS, out=q)
+    return q.astype(np.uint8)
 
 
 # Bytes of float64 working arrays one slice of output columns may take: `quantize_rtn` works
@@ -182,7 +194,8 @@ def quantize_rtn(
     w: np.ndarray, block_size: int, symmetric: bool, clip: np.ndarray | float = 1.0
 ) -> Blocks:
     """Round-to-nearest int4 of W [K, N] (module docstring), `RTN_CHUNK_BYTES` of columns at a
-    time."""
+    time, the slices on a thread each (numpy releases the GIL in these loops), in float32
+    (exact for float16 and float32 weights; the scales' arithmetic in float64)."""
     w = _check_weight(w)
     k, n = w.shape
     nb = n_blocks(k, block_size)
@@ -191,10 +204,11 @@ def quantize_rtn(
     codes = np.empty((n, nb, block_size), np.uint8)
     scales = np.empty((n, nb), np.float32)
     zero = np.empty((n, nb), np.uint8)
-    step = max(1, RTN_CHUNK_BYTES // (8 * nb * block_size))
-    for j in range(0, n, step):
+    step = max(1, RTN_CHUNK_BYTES // (4 * nb * block_size))
+
+    def columns(j: int) -> None:
         cols = slice(j, min(j + step, n))
-        blocks = block_view(w[:, cols], block_size)
+        blocks = _blocks32(w[:, cols], block_size)
         part_clip = clip_a[cols] if per_column else clip_a
         s, z = block_params(blocks, symmetric, part_clip)
         if w.dtype == np.float16:  # the scales are stored as float16: round to those first
@@ -202,9 +216,29 @@ def quantize_rtn(
             s = np.where(half == 0, np.copysign(_TINY_F16, s), half).astype(np.float32)
         codes[cols] = round_codes(blocks, s, z)
         scales[cols], zero[cols] = s, z
-        del blocks
+
+    starts = range(0, n, step)
+    if len(starts) > 1 and RTN_THREADS > 1:
+        with ThreadPoolExecutor(min(RTN_THREADS, len(starts))) as pool:
+            list(pool.map(columns, starts))
+    else:
+        for j in starts:
+            columns(j)
     _pad_with_zero_point(codes, zero, k)
     return Blocks(codes, scales, zero, int(k), int(block_size), symmetric)
+
+
+RTN_THREADS = os.cpu_count() or 1  # quantize_rtn's threads, one slice of columns each
+
+
+def _blocks32(w: np.ndarray, block_size: int) -> np.ndarray:
+    """W [K, N] as float32 blocks [N, n_blocks, block_size] (`block_view`'s layout), the K
+    padding zeros: one transposing copy."""
+    k, n = w.shape
+    nb = n_blocks(k, block_size)
+    out = np.zeros((n, nb * block_size), np.float32)
+    out[:, :k] = w.T
+    return out.reshape(n, nb, block_size)
 
 
 def all_finite(w: np.ndarray) -> bool:
