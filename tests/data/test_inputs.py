@@ -369,3 +369,20 @@ def test_numbered_npy_files_name_the_layouts_that_work(tmp_path: Path) -> None:
     text = str(err.value)
     assert "lacks input 'x' (it holds '000', '001': no model input has that name)" in text
     assert "x.npy, ids.npy" in text and "np.savez(path, x=..., ids=...)" in text
+
+
+def test_numbered_npy_files_are_the_samples_of_a_one_input_model(tmp_path: Path) -> None:
+    """A one-input model: each .npy file is that input, one sample or N stacked on axis 0."""
+    model = parse(HEADER + "g (float[batch, 3] x) => (float[batch, 3] y) { y = Identity(x) }")
+    np.save(tmp_path / "000.npy", np.zeros((2, 3), np.float32))  # one sample
+    np.save(tmp_path / "001.npy", np.ones((4, 2, 3), np.float32))  # 4 stacked
+    samples = load_samples(tmp_path, model)
+    assert len(samples) == 5 and [set(s) for s in samples] == [{"x"}] * 5
+    assert samples[0]["x"].shape == (2, 3) and float(samples[-1]["x"].sum()) == 6.0
+
+
+def test_many_numbered_files_are_named_by_their_first_and_last(tmp_path: Path) -> None:
+    for i in range(32):
+        np.save(tmp_path / f"{i:03d}.npy", np.zeros((2, 3), np.float32))
+    with pytest.raises(InferccError, match=r"it holds 32 arrays, '000'..'031'"):
+        load_samples(tmp_path, small_model())

@@ -188,6 +188,14 @@ def _array_samples(
     root: Path, files: list[Path], inputs: list[onnx.ValueInfoProto]
 ) -> Iterator[tuple[Path, dict[str, np.ndarray]]]:
     if root.is_dir() and files[0].suffix == ".npy":
+        names = [vi.name for vi in inputs]
+        if len(names) == 1 and all(f.stem != names[0] for f in files):
+            # a one-input model: each file is that input (one sample, or N stacked)
+            for file in files:
+                with _reading(file, names[0]):
+                    array = np.load(file, allow_pickle=False)
+                yield from _unstack(file, {names[0]: array}, inputs)
+            return
         merged = {k: v for file in files for k, v in _load_file(file).items()}
         yield from _unstack(root, merged, inputs)
         return
@@ -333,6 +341,8 @@ def check_sample(
     unknown = sorted(set(sample) - set(expected))
     if missing:
         named = ", ".join(repr(u) for u in unknown)
+        if len(unknown) > 3:
+            named = f"{len(unknown)} arrays, {unknown[0]!r}..{unknown[-1]!r}"
         strays = f" (it holds {named}: no model input has that name)" if unknown else ""
         raise InferccError(
             f"{str(source)!r} lacks input {missing[0]!r}{strays}",
