@@ -61,3 +61,20 @@ def test_optimize_takes_per_output_tolerances(tmp_path: Path) -> None:
     report = json.loads(r.stdout)
     assert report["validation"]["tolerances"] == {"output": {"atol": 1e-3, "rtol": 1e-2}}
     assert report["build"]["tolerances"] == {"output": [1e-3, 1e-2]}
+
+
+def test_a_step_after_ticks_is_a_spinner_again() -> None:
+    """calibrate ticks 13 samples, then races: the race's line is not left at 0/13."""
+    from rich.progress import Progress as RichProgress
+
+    progress = Progress(quiet=True)
+    progress.progress = RichProgress()
+    progress.step("collecting")
+    progress.tick(5, 13)
+    assert [(t.description, t.completed, t.total) for t in progress.progress.tasks] == [
+        ("collecting", 5, 13)
+    ]
+    progress.step("racing int8 against fp32")
+    assert [(t.description, t.completed, t.total) for t in progress.progress.tasks] == [
+        ("racing int8 against fp32", 0, None)
+    ]

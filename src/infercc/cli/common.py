@@ -240,8 +240,20 @@ class Progress:
         return self.main
 
     def step(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self._line(), description=escape(text), completed=0, total=None)
+        """A new step: its name on a spinner line (rich's update cannot take a bar back to a
+        spinner, total=None there meaning "unchanged": a bar of an earlier step's ticks would
+        stay at 0/N through every later step; the line is made anew instead)."""
+        if self.progress is None:
+            return
+        task = self._line()
+        if self.progress.tasks[self._index(task)].total is not None:
+            self.progress.remove_task(task)
+            self.main = self.progress.add_task(escape(text), total=None)
+        else:
+            self.progress.update(task, description=escape(text), completed=0)
+
+    def _index(self, task: Any) -> int:
+        return next(i for i, t in enumerate(self.progress.tasks) if t.id == task)
 
     def tick(self, done: int, total: int | None) -> None:
         if self.progress is not None:
