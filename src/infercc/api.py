@@ -640,7 +640,29 @@ class OptimizeFlow:
             report.validation = self._validate(job, self.staged[0])
             if report.validation is not None and not report.validation.outputs_passed:
                 self._diagnose(job, self.staged[0], time.perf_counter() - t0)
+        if report.passed:
+            self._replan_at_validated(job)
         return report.passed
+
+    def _replan_at_validated(self, job: Job) -> None:
+        """The memory plan again at the shapes validation ran, where those are not the plan's
+        (the default shapes failed or left an output flat, `infercc.check.profiles`): a plan
+        at a shape the original cannot run at says nothing. The staged plan is rewritten."""
+        v, report = self.report.validation if self.report else None, self.report
+        if v is None or report is None or self.memory_plan is None or not v.profiles:
+            return
+        shapes = {k: tuple(d) for k, d in v.profiles[0]["shapes"].items()}
+        if self.profile is None or shapes == {k: tuple(d) for k, d in self.profile.items()}:
+            return
+        if set(shapes) != set(self.profile):
+            return  # validation fed another set of inputs (a decoder's calls): keep the plan
+        job.step("planning memory at the validated shapes")
+        self.memory_plan = _plan(load_model(self.staged[0]), shapes, job.config.alignment, None)
+        plan_file = next((p for p in self.staged if p.name == self.build.plan_path.name), None)
+        if self.memory_plan is not None and plan_file is not None:
+            _write_json(plan_file, self.memory_plan.to_dict())
+        self.profile = shapes
+        report.memory = _memory_summary(self.memory_plan, shapes, self.build.plan_path)
 
     def _validate(self, job: Job, candidate: Path) -> ValidationReport | None:
         cfg = job.config

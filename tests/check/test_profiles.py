@@ -241,6 +241,10 @@ def test_a_reflect_pad_longer_than_the_default_is_validated_at_a_larger_size(tmp
     assert "fails on the default inputs (x float32[1, 8]" in note
     assert "Pad" in note or "Reshape" in note
     assert "validated at x float32[1, 64]" in note
+    # the memory plan is at that shape too, not at the default [1, 8] the original fails at
+    assert report.memory["shape_profile"] == {"x": [1, 64]}
+    plan = json.loads((tmp_path / "out.memory_plan.json").read_text())
+    assert plan["shape_profile"] == {"x": [1, 64]}
 
 
 def test_cli_shows_the_profiles_and_why_the_default_failed(tmp_path, monkeypatch, capsys):
