@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import json
 import logging
 import os
 import tempfile
@@ -50,6 +51,7 @@ from infercc.runtime.backend import CompileOptions
 from infercc.runtime.ort_support import check_ir_version, custom_op_libraries, warn_ir_version
 from infercc.runtime.registry import get_backend, require_available
 from infercc.util import json_text
+from infercc.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -620,6 +622,7 @@ class OptimizeFlow:
 
     def _save(self, job: Job) -> list[Path]:
         cfg, build = job.config, self.build
+        job.ir.metadata_props = provenance(job.ir.metadata_props, cfg)
         external = True if cfg.external_data else None
         staged = save_model(job.ir, job.stage_dir / build.model_name, external_data=external)
         if self.memory_plan is not None:
@@ -977,6 +980,42 @@ def _remedy(cfg: BuildConfig) -> str:
     if cfg.precision == "int8":
         return "calibrate again with a higher --min-cosine, or build with --backend ort"
     return "build with --backend ort, and report the model"
+
+
+# What the written model records of its build (metadata_props, read by Netron and
+# onnx.load): the options that change the model's bytes, so that the same build of the same
+# input writes the same file (validation's options change nothing in it, and are left out).
+PROVENANCE_PREFIX = "infercc."
+_MODEL_OPTIONS = (
+    "portable",
+    "disable_passes",
+    "fp16_io",
+    "keep_fp32",
+    "static_shapes",
+    "fold_limit",
+    "freeze_initializers",
+)
+
+
+def provenance(props: list[tuple[str, str]], cfg: BuildConfig) -> list[tuple[str, str]]:
+    """`props` (the input's own metadata, an earlier build's `infercc.*` entries dropped)
+    with this build's: infercc's version, the target, the precision, the options that shaped
+    the model (those not at their defaults, as JSON) and, where any, the assumptions it is
+    exact under: this build's and an earlier build's (a model built under one stays so)."""
+    data, default = cfg.to_dict(), BuildConfig().to_dict()
+    options = {k: data[k] for k in _MODEL_OPTIONS if data.get(k) != default.get(k)}
+    earlier = dict(props).get(f"{PROVENANCE_PREFIX}assume", "")
+    assumed = sorted({*cfg.assume, *(a for a in earlier.split(",") if a)})
+    kept = [(k, v) for k, v in props if not k.startswith(PROVENANCE_PREFIX)]
+    record = [
+        (f"{PROVENANCE_PREFIX}version", __version__),
+        (f"{PROVENANCE_PREFIX}target", cfg.target),
+        (f"{PROVENANCE_PREFIX}precision", cfg.precision),
+        (f"{PROVENANCE_PREFIX}options", json.dumps(options, sort_keys=True)),
+    ]
+    if assumed:
+        record.append((f"{PROVENANCE_PREFIX}assume", ",".join(assumed)))
+    return kept + record
 
 
 def memory_plan_name(out: Path) -> str:
