@@ -301,3 +301,15 @@ def test_a_run_that_onnxruntime_refuses_names_what_was_fed(decoder_path, monkeyp
         decoder.prefill(np.zeros((1, 3), np.int64))
     assert "invalid dimensions for input: input_ids" in err.value.message
     assert "input_ids [1, 3] (declared ['batch', 'seq'])" in str(err.value)
+
+
+def test_peak_memory_is_the_childs_own_not_its_parents(decoder_path):
+    """ru_maxrss survives exec: a child of a large process read its parent's peak. The child
+    now reads its own high-water mark (VmHWM)."""
+    from infercc.runtime.generate import _rss_now
+
+    ballast = np.ones(50_000_000)  # 400 MB touched in this process
+    parent = _rss_now()
+    report = generate(decoder_path, 3, prompt_len=4, warmup=0, runs=1, memory=True)
+    assert report.stats.memory.peak_rss_bytes < parent / 2, (report.stats.memory, parent)
+    del ballast

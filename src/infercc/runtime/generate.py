@@ -680,8 +680,19 @@ def _probe_main(argv: Sequence[str]) -> None:
     baseline = _rss_now()
     decoder = open_decoder(path)
     timed = run_generation(decoder, Plan(np.load(prompt_file), int(new_tokens)))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    sys.stdout.write(json.dumps({"peak": peak, "baseline": baseline, "kv": timed.kv_bytes}))
+    sys.stdout.write(json.dumps({"peak": _peak_rss(), "baseline": baseline, "kv": timed.kv_bytes}))
+
+
+def _peak_rss() -> int:
+    """This process's own peak resident set: VmHWM on Linux. ru_maxrss is kept across exec,
+    so a child of a large parent would report the parent's peak (measured: every model of one
+    bench run read the same 1016 MiB, the fp32 model's parent)."""
+    try:
+        with open("/proc/self/status") as f:
+            hwm = next(line for line in f if line.startswith("VmHWM:"))
+        return int(hwm.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def _rss_now() -> int:
