@@ -21,7 +21,10 @@ Measured, at batch 1 on this CPU (host line first):
 - **genai's own generator** (`onnxruntime_genai.Generator`, greedy) against infercc's model in
   the plain loop, alternated run by run: tokens/s ratio infercc / genai-generator.
 - each against fp32 in the same loop: tokens/s ratio;
-- size on disk (model and its data files);
+- size on disk (model and its data files), and the peak RSS of one generation (prompt, new
+  tokens) of each model in a fresh process (`generate(..., memory=True)`), fp32 included;
+- onnxruntime's own `MatMulNBitsQuantizer` (block 32, symmetric) of the export as another row
+  (`--skip-ort-quantizer` leaves it out): raced like infercc's builds;
 - the fused ops of each model (GroupQueryAttention, RotaryEmbedding, MatMulNBits,
   SkipSimplifiedLayerNormalization, GatherBlockQuantized).
 - `--trained`: a tiny model of the same kind trained on standard-library docstrings
@@ -65,6 +68,7 @@ from hostinfo import host_line  # noqa: E402
 from infercc.runtime.generate import compare_generation, generate  # noqa: E402
 
 CACHE = HERE / ".cache" / "genai_race"
+ORT_QUANTIZER = "ort quantizer int4"
 NONEMPTY = "nonempty-sequences"
 FUSED = ("GroupQueryAttention", "RotaryEmbedding", "MatMulNBits",
          "SkipSimplifiedLayerNormalization", "GatherBlockQuantized")
@@ -122,6 +126,34 @@ def builds(extra: list[str]) -> dict[str, list[str]]:
             raise SystemExit(f"--build {text!r}: write NAME=ARGS, e.g. 'sym=--symmetric'")
         out[f"infercc {name.strip()}"] = flags.split()
     return out
+
+
+ORT_INT4 = """
+import sys, onnx
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+q = MatMulNBitsQuantizer(onnx.load(sys.argv[1]), block_size=32, is_symmetric=True)
+q.process()
+q.model.save_model_to_file(sys.argv[2], use_external_data_format=False)
+"""
+
+
+def build_ort_int4(export: Path, out: Path) -> tuple[Path, float]:
+    """onnxruntime's MatMulNBitsQuantizer on the user's export (block 32, symmetric RTN, as
+    its documentation shows it): no fusion, the export's own attention."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    _run([sys.executable, "-c", ORT_INT4, str(export), str(out / "model.onnx")],
+         out.with_suffix(".log"))
+    return out / "model.onnx", time.perf_counter() - t0
+
+
+def peak_rss(model: Path, args) -> int:
+    """Peak resident bytes of one generation of `model` in a fresh process (the loop's)."""
+    report = generate(model, new_tokens=args.new_tokens, prompt_len=args.prompt_len, batch=1,
+                      warmup=0, runs=1, memory=True)
+    assert report.stats.memory is not None
+    return report.stats.memory.peak_rss_bytes
 
 
 def build_infercc(export: Path, out: Path, flags: list[str]) -> tuple[Path, float]:
@@ -230,6 +262,11 @@ def bench_one(kind: str, args) -> dict:
         path, seconds = build_infercc(export, work / folder.rstrip("_"), flags)
         ours[name] = path
         row[f"{name} build_s"] = seconds
+    if not args.skip_ort_quantizer:
+        path, seconds = build_ort_int4(export, work / "ort_int4")
+        ours[ORT_QUANTIZER] = path
+        row["builds"][ORT_QUANTIZER] = []
+        row[f"{ORT_QUANTIZER} build_s"] = seconds
     row["ops"] = {"export": fused_ops(export), "genai": fused_ops(genai_model),
                   **{k: fused_ops(v) for k, v in ours.items()}}
     row["size_bytes"] = {"fp32": size_of(export), "genai": size_of(genai / "model.onnx"),
@@ -242,6 +279,8 @@ def bench_one(kind: str, args) -> dict:
         row[name].update(versus_generator(genai, path, vocab, args))
         row[name]["tokens_per_s_ratio_vs_fp32"] = versus_fp32(export, path, args)
     row["genai tokens_per_s_ratio_vs_fp32"] = versus_fp32(export, genai_model, args)
+    row["peak_rss_bytes"] = {"fp32": peak_rss(export, args), "genai": peak_rss(genai_model, args),
+                             **{k: peak_rss(v, args) for k, v in ours.items()}}
     if args.trained:
         held = np.load(hf / "heldout.npy")
         row["agreement"] = agreement(export, {"genai": genai_model, **ours}, held)
@@ -252,20 +291,25 @@ def bench_one(kind: str, args) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | build | tokens/s vs genai (same loop) | vs genai generator | vs fp32 | "
-        "TPOT p50/p90 ms | TTFT ratio (512) | size MiB | GQA/Rotary/SkipRMS/NBits |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "TPOT p50/p90 ms | TTFT ratio (512) | size MiB | peak RSS MiB | "
+        "GQA/Rotary/SkipRMS/NBits |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         mib = {k: v / 2**20 for k, v in r["size_bytes"].items()}
+        rss = {k: f"{v / 2**20:.0f}" for k, v in r.get("peak_rss_bytes", {}).items()}
         g_ops = r["ops"]["genai"]
         first = next(k for k in r if k.startswith("infercc") and isinstance(r[k], dict))
         tp = r[first]["genai_tpot_ms"]
         lines.append(
             f"| {r['model']} | genai | 1.00x | | {r['genai tokens_per_s_ratio_vs_fp32']:.2f}x | "
-            f"{tp[0]:.2f}/{tp[1]:.2f} | 1.00 | {mib['genai']:.1f} | "
+            f"{tp[0]:.2f}/{tp[1]:.2f} | 1.00 | {mib['genai']:.1f} | {rss.get('genai', '')} | "
             f"{g_ops['GroupQueryAttention']}/{g_ops['RotaryEmbedding']}/"
             f"{g_ops['SkipSimplifiedLayerNormalization']}/{g_ops['MatMulNBits']} |"
         )
+        fp32 = 1.0 / r["genai tokens_per_s_ratio_vs_fp32"]
+        lines.append(f"| | fp32 (the export) | {fp32:.2f}x | | 1.00x | | | {mib['fp32']:.1f} | "
+                     f"{rss.get('fp32', '')} | |")
         for name in r["builds"]:
             s, o = r[name], r["ops"][name]
             ttft = next(v for k, v in s.items() if k.startswith("ttft_ratio_prompt"))
@@ -274,7 +318,8 @@ def table(rows: list[dict]) -> str:
                 f"{s['tokens_per_s_ratio_vs_genai_generator']:.2f}x | "
                 f"{s['tokens_per_s_ratio_vs_fp32']:.2f}x | "
                 f"{s['infercc_tpot_ms'][0]:.2f}/{s['infercc_tpot_ms'][1]:.2f} | "
-                f"{ttft['median']:.2f} | {mib[name]:.1f} | {o['GroupQueryAttention']}/"
+                f"{ttft['median']:.2f} | {mib[name]:.1f} | {rss.get(name, '')} | "
+                f"{o['GroupQueryAttention']}/"
                 f"{o['RotaryEmbedding']}/{o['SkipSimplifiedLayerNormalization']}/"
                 f"{o['MatMulNBits']} |"
             )
@@ -293,6 +338,8 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--ttft-prompt", type=int, default=512)
+    p.add_argument("--skip-ort-quantizer", action="store_true",
+                   help="leave out onnxruntime's MatMulNBitsQuantizer row")
     p.add_argument("--build", action="append", default=[], metavar="NAME=ARGS",
                    help="another infercc build to race, with these calibrate flags "
                         "(e.g. 'sym=--assume nonempty-sequences --symmetric'); repeatable")
