@@ -25,9 +25,9 @@ every timed run, and decode tokens/s = B x (N - 1) / (time of the N - 1 decode s
 median over runs. The garbage collector is paused while timing.
 
 **Peak memory** (`memory=True`): one more generation in a fresh process (spawned, so the
-figure is this model's alone): its peak resident set (`ru_maxrss`), the resident set before the
-model was loaded, and the difference; plus the KV cache's bytes at the last step and the model
-file's bytes.
+figure is this model's alone): its peak resident set (VmHWM on Linux, not `ru_maxrss`, which
+exec keeps from the parent), the resident set before the model was loaded, and the
+difference; plus the KV cache's bytes at the last step and the model file's bytes.
 
 `compare(a, b, ...)` runs the two models **interleaved per step** on the same prompt: A's
 prefill, B's prefill, then A's step 1, B's step 1, ... (both sides' sessions with thread
