@@ -318,7 +318,7 @@ def _judge_candidate(
         return failed_run(plan, exc, tol)
     if coverage is not None:
         coverage.strict = strict_coverage
-    report = judge(
+    return judge(
         plan,
         actual,
         tol,
@@ -328,9 +328,8 @@ def _judge_candidate(
         floor,
         precision,
         movement_k,
+        f"its {open_source(path).backend} runner" if path.is_dir() else ort_cpu(),
     )
-    report.ran_on = f"its {open_source(path).backend} runner" if path.is_dir() else ort_cpu()
-    return report
 
 
 def check_external_locations(skeleton: onnx.ModelProto, model_path: Path) -> None:

@@ -106,7 +106,7 @@ def validate(
     coverage.strict = strict_coverage
     precision = model_precision(skeleton)
     floor = runtime_floor(reference, plan) if precision == "fp32" else None
-    report = judge(
+    return judge(
         plan,
         actual,
         tol,
@@ -116,9 +116,8 @@ def validate(
         floor,
         precision,
         movement_k,
+        ort_cpu(),
     )
-    report.ran_on = ort_cpu()
-    return report
 
 
 def runtime_floor(reference: ModelSource, plan: FeedPlan) -> Floor:
@@ -175,11 +174,13 @@ def judge(
     floor: Floor | None = None,
     precision: str | None = None,
     movement_k: float | None = MOVEMENT_K,
+    ran_on: str | None = None,
 ) -> ValidationReport:
     """The verdict on `actual` (the candidate's outputs on `plan.feeds`), overall and per
     profile, with the coverage; `floor` gives the reference's outputs with onnxruntime's
     optimizations on, asked for only when an element is outside the tolerance; `precision`
-    is the candidate's (`infercc.check.compare.compare_outputs`)."""
+    is the candidate's (`infercc.check.compare.compare_outputs`); `ran_on` names what ran
+    the candidate."""
     expected = plan.expected
     options: dict[str, Any] = dict(
         float_dtypes_may_differ=float_dtypes_may_differ,
@@ -207,6 +208,7 @@ def judge(
     report.notes = list(plan.notes)
     report.coverage = coverage
     report.feeds = plan.feeds
+    report.ran_on = ran_on
     if coverage is not None:
         if coverage.message() is not None:
             logger.info("%s", coverage.message())
