@@ -61,7 +61,7 @@ from infercc.analysis.decoder import (
     require_decoder,
     step_inputs,
 )
-from infercc.data.signature import declared_dims
+from infercc.data.signature import _format_dims, declared_dims
 from infercc.errors import InferccError
 from infercc.runtime.artifact import read_skeleton
 from infercc.runtime.bench import host_info
@@ -516,8 +516,7 @@ def _check_drivable(sig: DecoderSignature, model: Any) -> None:
     declared = {vi.name: declared_dims(vi) for vi in model.graph.input}
 
     def shape(name: str) -> str:
-        dims = declared.get(name) or []
-        return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+        return _format_dims(declared.get(name) or [])
 
     fixed = sig.fixed
     if fixed.new is not None and fixed.new != 1:
