@@ -106,23 +106,11 @@ def models(zoo: bool) -> dict[str, Callable[[Path], Path]]:
 
 
 def session_outputs(model: Path | onnx.ModelProto, feeds: list[Feeds], opt: bool) -> list[dict]:
-    import onnxruntime as ort
+    """Each feed's outputs under onnxruntime's CPU provider, its optimizations on (`opt`) or
+    off: the runner validation itself uses (`infercc.check.compare.run_model`)."""
+    from infercc.check.compare import run_model
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if opt
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    so.intra_op_num_threads = 2
-    src = str(model) if isinstance(model, Path) else model.SerializeToString()
-    sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    declared = {i.name for i in sess.get_inputs()}
-    return [
-        dict(zip(names, sess.run(None, {k: v for k, v in f.items() if k in declared}), strict=True))
-        for f in feeds
-    ]
+    return run_model(model, feeds, optimize=opt)
 
 
 def make_feeds(path: Path) -> list[Feeds]:

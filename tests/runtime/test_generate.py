@@ -16,6 +16,9 @@ from infercc.runtime.generate import compare_generation, generate, read_prompt
 from tests.decoders import greedy_reference, tiny_decoder
 from tests.helpers import make_model, run_cli
 
+# bench --generate at its cheapest: 3 tokens after a 4-token prompt, one timed run
+QUICK = ("--generate", "3", "--prompt-len", "4", "--iters", "1", "--warmup", "0", "--no-memory")
+
 
 @pytest.fixture(scope="module")
 def decoder_path(tmp_path_factory):
@@ -157,15 +160,7 @@ def test_cli_json(decoder_path):
     done = run_cli(
         "bench",
         str(decoder_path),
-        "--generate",
-        "3",
-        "--prompt-len",
-        "4",
-        "--iters",
-        "1",
-        "--warmup",
-        "0",
-        "--no-memory",
+        *QUICK,
         "--json",
     )
     assert done.returncode == 0, done.stderr
@@ -251,15 +246,7 @@ def test_a_decode_step_graph_is_fed_its_prompt_token_by_token(tmp_path, decoder_
     done = run_cli(
         "bench",
         str(path),
-        "--generate",
-        "3",
-        "--prompt-len",
-        "4",
-        "--iters",
-        "1",
-        "--warmup",
-        "0",
-        "--no-memory",
+        *QUICK,
     )
     assert done.returncode == 0, done.stderr
     assert "fed token by token" in done.stdout
